@@ -1,0 +1,8 @@
+"""longjax: long-context LLM methods (Activation Beacon, FocusLLM) on frozen decoders in JAX/Flax."""
+from longjax.checkpoint import load, load_any, save
+from longjax.generate import GenerateOutput, PlainLM, generate
+from longjax.models.config import ModelConfig
+from longjax.models.decoder import Decoder, KVPrefix, init_params
+
+__all__ = ["ModelConfig", "Decoder", "KVPrefix", "init_params", "PlainLM", "generate",
+           "GenerateOutput", "load", "save", "load_any"]

@@ -1,0 +1,243 @@
+"""Read and write HF safetensors checkpoints, one tensor at a time.
+
+Reading never holds more than the output tree plus one tensor: each shard is opened on its own
+(``safetensors`` numpy API, memory-mapped), every tensor is transformed straight into its slot of a
+preallocated output array, then dropped. Writing goes to a temporary directory that is renamed into
+place only when every shard is complete, so an interrupted export never leaves a half-written
+checkpoint that looks whole.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+import jax
+import numpy as np
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+from longjax.convert.table import (IGNORED_SUFFIXES, expected_names, get_path, hf_shape, rows_for,
+                                   set_path)
+from longjax.models.config import ModelConfig
+from longjax.models.decoder import param_shapes
+
+INDEX_FILE = "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"
+
+
+class CheckpointError(ValueError):
+  """A checkpoint does not match what the model config says it should hold."""
+
+
+def _listing(names, limit=20) -> str:
+  names = sorted(names)
+  more = f" ... and {len(names) - limit} more" if len(names) > limit else ""
+  return ", ".join(names[:limit]) + more
+
+
+def shard_map(hf_dir) -> dict:
+  """HF tensor name -> shard file path, for single-file and sharded checkpoints."""
+  hf_dir = Path(hf_dir)
+  if (hf_dir / INDEX_FILE).exists():
+    weight_map = json.loads((hf_dir / INDEX_FILE).read_text())["weight_map"]
+    return {name: hf_dir / f for name, f in weight_map.items()}
+  if (hf_dir / SINGLE_FILE).exists():
+    with safe_open(hf_dir / SINGLE_FILE, framework="np") as f:
+      return {name: hf_dir / SINGLE_FILE for name in f.keys()}
+  if list(hf_dir.glob("*.bin")) or list(hf_dir.glob("*.pt")):
+    raise CheckpointError(f"{hf_dir} holds only pickle checkpoints (.bin/.pt); longjax loads "
+                          "safetensors only. Re-save it with save_pretrained(safe_serialization=True).")
+  raise CheckpointError(f"no {SINGLE_FILE} or {INDEX_FILE} in {hf_dir}")
+
+
+def read_hf_config(hf_dir) -> dict:
+  path = Path(hf_dir) / "config.json"
+  if not path.exists():
+    raise CheckpointError(f"{hf_dir} has no config.json: is it a HF model directory?")
+  return json.loads(path.read_text())
+
+
+def config_from_hf_dir(hf_dir, names=None, **overrides) -> ModelConfig:
+  """The model config of a HF directory; beacon/candidate extras are detected from tensor names."""
+  names = set(shard_map(hf_dir)) if names is None else names
+  present = tuple(p for p in "qkvo" if f"model.layers.0.self_attn.beacon_{p}_proj.weight" in names)
+  has_embed = "model.beacon_embed_tokens.weight" in names
+  overrides.setdefault("alt_projections", present)
+  overrides.setdefault("num_alt_embeddings", 1 if has_embed else 0)
+  return ModelConfig.from_hf(read_hf_config(hf_dir), **overrides)
+
+
+def load_hf(hf_dir, *, param_dtype: Optional[str] = None, alt_init: Optional[str] = None,
+            alt_embed_init: Optional[str] = None, **overrides):
+  """Load a HF checkpoint as ``(ModelConfig, params)`` with numpy leaves.
+
+  Args:
+    param_dtype: convert parameters to this dtype (default: the checkpoint's own, so bf16 stays bf16).
+    alt_init: ``"copy"`` fills alternative (beacon / candidate) projections that the config asks for
+      but the checkpoint lacks with copies of the base q/k/v/o, as the official ``from_pretrained``
+      does. ``None`` makes their absence an error.
+    alt_embed_init: ``"eos"`` / ``"bos"`` fills a missing beacon embedding row from that token's
+      embedding.
+    overrides: ModelConfig fields (e.g. ``alt_projections=("q","k","v")``).
+  """
+  names_to_file = shard_map(hf_dir)
+  names = set(names_to_file)
+  cfg = config_from_hf_dir(hf_dir, names, **overrides)
+  if param_dtype is not None:
+    cfg = cfg.replace(param_dtype=param_dtype)
+  expected = expected_names(cfg)
+
+  initialisable = set()
+  if alt_init == "copy":
+    initialisable |= {n for n in expected if ".beacon_" in n and "_proj." in n}
+  elif alt_init is not None:
+    raise ValueError(f"alt_init must be 'copy' or None, got {alt_init!r}")
+  if alt_embed_init in ("eos", "bos"):
+    initialisable.add("model.beacon_embed_tokens.weight")
+  elif alt_embed_init is not None:
+    raise ValueError(f"alt_embed_init must be 'eos', 'bos' or None, got {alt_embed_init!r}")
+  missing = set(expected) - names - initialisable
+  extra = {n for n in names - set(expected) if not n.endswith(IGNORED_SUFFIXES)}
+  if missing or extra:
+    lines = [f"checkpoint {hf_dir} does not match a {cfg.family} model with {cfg.num_layers} layers"
+             f" (alt projections {cfg.alt_projections or 'none'}):"]
+    if missing:
+      lines.append(f"  missing tensors ({len(missing)}): {_listing(missing)}")
+      if any(".beacon_" in n for n in missing):
+        lines.append("  (beacon/candidate tensors missing: pass alt_init='copy' / "
+                     "alt_embed_init='eos' to initialise them as the official from_pretrained does)")
+    if extra:
+      lines.append(f"  unexpected tensors ({len(extra)}): {_listing(extra)}")
+    raise CheckpointError("\n".join(lines))
+
+  shapes = param_shapes(cfg)
+  by_file = {}
+  for name in sorted(set(expected) & names):
+    by_file.setdefault(names_to_file[name], []).append(name)
+
+  # Pass 1: headers only, so every shape mismatch is reported before any data is read.
+  bad = []
+  for path, file_names in by_file.items():
+    with safe_open(path, framework="np") as f:
+      for name in file_names:
+        row, layer = expected[name]
+        want = get_path(shapes, row.path).shape
+        want = hf_shape(row, cfg, want[1:] if row.per_layer else want)
+        got = tuple(f.get_slice(name).get_shape())
+        if got != tuple(want):
+          bad.append(f"{name}: checkpoint {got}, config expects {tuple(want)}")
+  if bad:
+    raise CheckpointError(f"shape mismatches in {hf_dir} ({len(bad)}):\n  " + "\n  ".join(bad))
+
+  # Pass 2: preallocate the output, then fill it shard by shard, tensor by tensor.
+  dtype = np.dtype(cfg.params_dtype)
+  params: dict = {}
+  for row in rows_for(cfg):
+    set_path(params, row.path, np.empty(get_path(shapes, row.path).shape, dtype))
+  for path, file_names in by_file.items():
+    with safe_open(path, framework="np") as f:
+      for name in file_names:
+        row, layer = expected[name]
+        value = row.transform.to_jax(f.get_tensor(name), cfg)
+        target = get_path(params, row.path)
+        if layer is None:
+          target[...] = value
+        else:
+          target[layer] = value
+        del value
+
+  _init_missing_alt(cfg, params, names, alt_embed_init)
+  return cfg, params
+
+
+def _init_missing_alt(cfg, params, names, alt_embed_init):
+  attn = params.get("layers", {}).get("attn", {})
+  for p in cfg.alt_projections:
+    if f"model.layers.0.self_attn.beacon_{p}_proj.weight" not in names:
+      for leaf, value in attn[f"{p}_proj"].items():
+        attn[f"alt_{p}_proj"][leaf][...] = value
+  if cfg.num_alt_embeddings and "model.beacon_embed_tokens.weight" not in names:
+    token = cfg.eos_token_id if alt_embed_init == "eos" else cfg.bos_token_id
+    if isinstance(token, (tuple, list)):
+      token = token[0]
+    if token is None:
+      raise CheckpointError(f"alt_embed_init={alt_embed_init!r} but the config has no "
+                            f"{alt_embed_init}_token_id")
+    params["alt_embedding"][...] = params["embedding"][token]
+
+
+def hf_tensors(cfg: ModelConfig, params):
+  """Yield ``(hf_name, numpy array)`` in HF layout, one tensor at a time."""
+  for row in rows_for(cfg):
+    value = get_path(params, row.path)
+    if row.per_layer:
+      for i in range(cfg.num_layers):
+        yield row.hf.format(i=i), np.ascontiguousarray(row.transform.to_hf(np.asarray(value[i]), cfg))
+    else:
+      yield row.hf, np.ascontiguousarray(row.transform.to_hf(np.asarray(value), cfg))
+
+
+def save_hf(out_dir, cfg: ModelConfig, params, *, max_shard_bytes: int = 5 * 2**30,
+            extra_config: Optional[dict] = None, overwrite: bool = False):
+  """Write ``params`` as a HF checkpoint (safetensors shards + index + config.json).
+
+  ``extra_config`` adds fields to config.json (e.g. the official beacon_* settings).
+  """
+  out_dir = Path(out_dir)
+  if out_dir.exists() and not overwrite:
+    raise FileExistsError(f"{out_dir} exists; pass overwrite=True (--overwrite) to replace it")
+  out_dir.parent.mkdir(parents=True, exist_ok=True)
+  tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.partial-", dir=out_dir.parent))
+  try:
+    shards, current, size, weight_map = [], {}, 0, {}
+
+    def flush():
+      nonlocal current, size
+      if current:
+        shards.append(current)
+        name = f"model-{len(shards):05d}.safetensors"
+        save_file(current, str(tmp / name), metadata={"format": "pt"})
+        for key in current:
+          weight_map[key] = name
+        current, size = {}, 0
+
+    for name, value in hf_tensors(cfg, params):
+      if current and size + value.nbytes > max_shard_bytes:
+        flush()
+      current[name] = value
+      size += value.nbytes
+    flush()
+    total = len(shards)
+    if total == 1:
+      os.rename(tmp / "model-00001.safetensors", tmp / SINGLE_FILE)
+    else:
+      for i in range(1, total + 1):
+        os.rename(tmp / f"model-{i:05d}.safetensors", tmp / f"model-{i:05d}-of-{total:05d}.safetensors")
+      weight_map = {k: v.replace(".safetensors", f"-of-{total:05d}.safetensors")
+                    for k, v in weight_map.items()}
+      index = {"metadata": {"total_size": int(sum(int(x.nbytes) for x in jax.tree.leaves(params)))}, "weight_map": weight_map}
+      (tmp / INDEX_FILE).write_text(json.dumps(index, indent=2))
+    hf_config = cfg.to_hf()
+    hf_config.update(extra_config or {})
+    (tmp / "config.json").write_text(json.dumps(hf_config, indent=2))
+    _replace_dir(tmp, out_dir)
+  except BaseException:
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise
+  return out_dir
+
+
+
+def _replace_dir(tmp: Path, out_dir: Path):
+  """Move a finished ``tmp`` into ``out_dir``; an old ``out_dir`` is removed only afterwards."""
+  if out_dir.exists():
+    old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
+    os.rename(out_dir, old)
+    os.rename(tmp, out_dir)
+    shutil.rmtree(old, ignore_errors=True)
+  else:
+    os.rename(tmp, out_dir)

@@ -1,0 +1,134 @@
+"""HF tensor names <-> longjax parameter paths: one table, one transform per row.
+
+Each row says where an HF tensor lives in the longjax parameter tree and how its layout changes.
+Per-layer rows (``{i}`` in the name) map onto one stacked array with a leading layer axis (the
+decoder's ``nn.scan``). The official Activation Beacon / FocusLLM extras (``beacon_*``) are rows in
+the same table; in longjax they are the decoder's generic "alternative" projections/embeddings.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Optional
+
+import numpy as np
+
+from longjax.models.config import ModelConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class Transform:
+  """HF layout -> longjax layout and back; ``shape`` gives the longjax shape from the HF one."""
+  name: str
+  to_jax: Callable
+  to_hf: Callable
+
+
+def _heads(n_heads_attr):
+  def to_jax(w, cfg):  # HF Linear [heads*hd, in] -> [in, heads, hd]
+    return w.T.reshape(w.shape[1], getattr(cfg, n_heads_attr), cfg.head_dim)
+
+  def to_hf(w, cfg):
+    return w.reshape(w.shape[0], -1).T
+  return to_jax, to_hf
+
+
+IDENTITY = Transform("identity", lambda w, cfg: w, lambda w, cfg: w)
+LINEAR = Transform("linear", lambda w, cfg: w.T, lambda w, cfg: w.T)
+Q_HEADS = Transform("linear->[in,heads,hd]", *_heads("num_heads"))
+KV_HEADS = Transform("linear->[in,kv_heads,hd]", *_heads("num_kv_heads"))
+O_HEADS = Transform(  # HF o_proj [hidden, heads*hd] -> [heads, hd, hidden]
+    "linear->[heads,hd,out]",
+    lambda w, cfg: w.T.reshape(cfg.num_heads, cfg.head_dim, w.shape[0]),
+    lambda w, cfg: w.reshape(-1, w.shape[-1]).T)
+Q_BIAS = Transform("bias->[heads,hd]", lambda b, cfg: b.reshape(cfg.num_heads, cfg.head_dim),
+                   lambda b, cfg: b.reshape(-1))
+KV_BIAS = Transform("bias->[kv_heads,hd]",
+                    lambda b, cfg: b.reshape(cfg.num_kv_heads, cfg.head_dim),
+                    lambda b, cfg: b.reshape(-1))
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+  hf: str  # HF name; "{i}" marks a per-layer tensor
+  path: tuple  # longjax parameter path (per-layer rows live under ("layers", ...))
+  transform: Transform
+  when: Optional[Callable[[ModelConfig], bool]] = None
+
+  @property
+  def per_layer(self) -> bool:
+    return "{i}" in self.hf
+
+
+def _alt(p):
+  return lambda cfg: p in cfg.alt_projections
+
+
+def _alt_bias(p):
+  return lambda cfg: p in cfg.alt_projections and cfg.attention_bias
+
+
+_bias = lambda cfg: cfg.attention_bias  # noqa: E731
+_L = "model.layers.{i}."
+
+ROWS = (
+    Row("model.embed_tokens.weight", ("embedding",), IDENTITY),
+    Row("model.norm.weight", ("final_norm", "scale"), IDENTITY),
+    Row("lm_head.weight", ("lm_head", "kernel"), LINEAR, lambda cfg: not cfg.tie_word_embeddings),
+    Row("model.beacon_embed_tokens.weight", ("alt_embedding",), IDENTITY,
+        lambda cfg: cfg.num_alt_embeddings > 0),
+    Row(_L + "input_layernorm.weight", ("layers", "input_norm", "scale"), IDENTITY),
+    Row(_L + "post_attention_layernorm.weight", ("layers", "post_attention_norm", "scale"), IDENTITY),
+    Row(_L + "mlp.gate_proj.weight", ("layers", "mlp", "gate_proj", "kernel"), LINEAR),
+    Row(_L + "mlp.up_proj.weight", ("layers", "mlp", "up_proj", "kernel"), LINEAR),
+    Row(_L + "mlp.down_proj.weight", ("layers", "mlp", "down_proj", "kernel"), LINEAR),
+    Row(_L + "self_attn.o_proj.weight", ("layers", "attn", "o_proj", "kernel"), O_HEADS),
+    Row(_L + "self_attn.beacon_o_proj.weight", ("layers", "attn", "alt_o_proj", "kernel"), O_HEADS,
+        _alt("o")),
+) + tuple(
+    row for p, heads, bias in (("q", Q_HEADS, Q_BIAS), ("k", KV_HEADS, KV_BIAS), ("v", KV_HEADS, KV_BIAS))
+    for row in (
+        Row(_L + f"self_attn.{p}_proj.weight", ("layers", "attn", f"{p}_proj", "kernel"), heads),
+        Row(_L + f"self_attn.{p}_proj.bias", ("layers", "attn", f"{p}_proj", "bias"), bias, _bias),
+        Row(_L + f"self_attn.beacon_{p}_proj.weight", ("layers", "attn", f"alt_{p}_proj", "kernel"),
+            heads, _alt(p)),
+        Row(_L + f"self_attn.beacon_{p}_proj.bias", ("layers", "attn", f"alt_{p}_proj", "bias"), bias,
+            _alt_bias(p)),
+    ))
+
+# Tensors some checkpoints carry that hold nothing the model needs (non-persistent buffers saved by
+# old transformers versions).
+IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
+
+
+def rows_for(cfg: ModelConfig):
+  return [r for r in ROWS if r.when is None or r.when(cfg)]
+
+
+def expected_names(cfg: ModelConfig) -> dict:
+  """HF name -> (row, layer index or None) for every tensor a checkpoint of ``cfg`` must hold."""
+  out = {}
+  for row in rows_for(cfg):
+    if row.per_layer:
+      for i in range(cfg.num_layers):
+        out[row.hf.format(i=i)] = (row, i)
+    else:
+      out[row.hf] = (row, None)
+  return out
+
+
+def get_path(tree, path):
+  for p in path:
+    tree = tree[p]
+  return tree
+
+
+def set_path(tree, path, value):
+  for p in path[:-1]:
+    tree = tree.setdefault(p, {})
+  tree[path[-1]] = value
+
+
+def hf_shape(row: Row, cfg: ModelConfig, jax_shape) -> tuple:
+  """The HF shape a longjax parameter (per-layer slice) corresponds to."""
+  dummy = np.empty(jax_shape, np.int8)
+  return row.transform.to_hf(dummy, cfg).shape

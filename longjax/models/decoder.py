@@ -1,0 +1,215 @@
+"""The decoder shared by every longjax method: LLaMA-2/3, Qwen2 and Mistral in Flax Linen.
+
+One call runs ``T`` new tokens through all layers. Besides the tokens it takes
+
+* ``positions``  RoPE positions of the new tokens (never assumed to be ``arange``);
+* ``alt``        a boolean per token: flagged tokens use the alternative q/k/v(/o) projections
+                 (Activation Beacon's beacon tokens, FocusLLM's candidate tokens);
+* ``q_meta``     mask metadata of the new tokens (order / segment / validity);
+* ``memory``     an optional per-layer KV prefix (pre-RoPE keys, with their own positions and
+                 metadata) that the new tokens attend to: a KV cache, beacon memory, or FocusLLM
+                 candidate KV.
+
+and returns the logits (or final hidden states) plus the new tokens' **pre-RoPE** keys and values
+per layer, so that callers decide what to keep. Keys are rotated at use, with the positions the
+caller gives: that is what lets Beacon re-position its memory on every call.
+
+Layers are stacked with ``nn.scan`` (one compiled layer body; parameters carry a leading layer
+axis) and optionally rematerialised with ``nn.remat``.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from longjax.kernels import NO_WINDOW, MaskRule, TokenMeta, attention
+from longjax.models.config import ModelConfig
+from longjax.models.rope import apply_rope, rope_tables
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class KVPrefix:
+  """Keys/values the new tokens attend to before themselves, stacked over layers.
+
+  ``k``/``v``: ``[L, B, M, Hkv, D]`` pre-RoPE; ``positions``: ``[B, M]`` RoPE positions to rotate
+  the keys with in this call; ``meta``: mask metadata of these keys (``valid`` marks the filled
+  part of a fixed-capacity buffer).
+  """
+  k: jax.Array
+  v: jax.Array
+  positions: jax.Array
+  meta: TokenMeta
+
+
+class RMSNorm(nn.Module):
+  eps: float
+  param_dtype: jnp.dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x):
+    scale = self.param("scale", nn.initializers.ones, (x.shape[-1],), self.param_dtype)
+    # Normalise in fp32, cast back, then scale in the input dtype: HF's order of rounding.
+    xf = x.astype(jnp.float32)
+    xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
+    return scale.astype(x.dtype) * xf.astype(x.dtype)
+
+
+def _dense(cfg: ModelConfig, features, name, axis=-1, bias=False):
+  return nn.DenseGeneral(features=features, axis=axis, use_bias=bias, dtype=cfg.compute_dtype,
+                         param_dtype=cfg.params_dtype, name=name,
+                         kernel_init=nn.initializers.normal(0.02))
+
+
+class Attention(nn.Module):
+  cfg: ModelConfig
+  rule: MaskRule
+  impl: str
+
+  def _project(self, which, x, alt, features, axis=-1, bias=False):
+    base = _dense(self.cfg, features, f"{which}_proj", axis, bias)(x)
+    if which in self.cfg.alt_projections and (alt is not None or self.is_initializing()):
+      other = _dense(self.cfg, features, f"alt_{which}_proj", axis, bias)(x)
+      if alt is not None:
+        sel = alt.reshape(alt.shape + (1,) * (base.ndim - alt.ndim))
+        base = jnp.where(sel, other, base)
+    return base
+
+  @nn.compact
+  def __call__(self, x, alt, rope_q, rope_mem, mem_k, mem_v, q_meta, k_meta, window):
+    cfg = self.cfg
+    bias = cfg.attention_bias
+    q = self._project("q", x, alt, (cfg.num_heads, cfg.head_dim), bias=bias)
+    k = self._project("k", x, alt, (cfg.num_kv_heads, cfg.head_dim), bias=bias)
+    v = self._project("v", x, alt, (cfg.num_kv_heads, cfg.head_dim), bias=bias)
+    new_kv = (k, v)
+    q = apply_rope(q, *rope_q)
+    k_rot = apply_rope(k, *rope_q)
+    if mem_k is not None:
+      k_rot = jnp.concatenate([apply_rope(mem_k.astype(k.dtype), *rope_mem), k_rot], axis=1)
+      v = jnp.concatenate([mem_v.astype(v.dtype), v], axis=1)
+    out = attention(q, k_rot, v, q_meta, k_meta, self.rule, window=window, impl=self.impl)
+    out = self._project("o", out, alt, cfg.hidden_size, axis=(-2, -1))
+    return out, new_kv
+
+
+class MLP(nn.Module):
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, x):
+    cfg = self.cfg
+    gate = _dense(cfg, cfg.intermediate_size, "gate_proj")(x)
+    up = _dense(cfg, cfg.intermediate_size, "up_proj")(x)
+    return _dense(cfg, cfg.hidden_size, "down_proj")(nn.silu(gate) * up)
+
+
+class Block(nn.Module):
+  """One decoder layer; ``nn.scan`` carries ``x`` and maps over per-layer inputs."""
+  cfg: ModelConfig
+  rule: MaskRule
+  impl: str
+
+  @nn.compact
+  def __call__(self, x, layer_in, shared):
+    cfg = self.cfg
+    mem_k, mem_v, window = layer_in
+    alt, rope_q, rope_mem, q_meta, k_meta = shared
+    h = RMSNorm(cfg.rms_norm_eps, cfg.params_dtype, name="input_norm")(x)
+    a, new_kv = Attention(cfg, self.rule, self.impl, name="attn")(
+        h, alt, rope_q, rope_mem, mem_k, mem_v, q_meta, k_meta, window)
+    x = x + a
+    h = RMSNorm(cfg.rms_norm_eps, cfg.params_dtype, name="post_attention_norm")(x)
+    x = x + MLP(cfg, name="mlp")(h)
+    return x, new_kv
+
+
+class Decoder(nn.Module):
+  """Decoder-only LM. See the module docstring for the call contract."""
+  cfg: ModelConfig
+  rule: MaskRule = MaskRule(causal=True)
+  impl: str = "auto"
+
+  def layer_windows(self) -> jax.Array:
+    ws = self.cfg.sliding_windows or (None,) * self.cfg.num_layers
+    return jnp.asarray([NO_WINDOW if w is None else w for w in ws], jnp.int32)
+
+  @nn.compact
+  def __call__(self, tokens, positions, *, q_meta: Optional[TokenMeta] = None, alt=None,
+               memory: Optional[KVPrefix] = None, head: bool = True):
+    """Run ``tokens [B, T]`` at ``positions [B, T]``.
+
+    Returns ``(logits [B, T, V] fp32 — or final hidden [B, T, H] when head=False, (k, v))`` with
+    ``k``/``v`` the new tokens' pre-RoPE keys/values, ``[L, B, T, Hkv, D]``.
+    """
+    cfg = self.cfg
+    positions = jnp.asarray(positions, jnp.int32)
+    if q_meta is None:
+      q_meta = TokenMeta.causal(positions)
+    x = self._embed(tokens)
+    # Dynamic NTK needs the call's largest position; other rope types ignore it.
+    seq_len = jnp.max(positions) + 1
+    if memory is not None:
+      seq_len = jnp.maximum(seq_len, jnp.max(jnp.where(memory.meta.valid, memory.positions, 0)) + 1)
+    rope_q = rope_tables(cfg, positions, seq_len)
+    if memory is None:
+      mem_k = mem_v = rope_mem = None
+      k_meta = q_meta
+    else:
+      mem_k, mem_v = memory.k, memory.v
+      rope_mem = rope_tables(cfg, memory.positions, seq_len)
+      k_meta = memory.meta.concat(q_meta)
+    block = Block
+    if cfg.remat:
+      block = nn.remat(block, prevent_cse=False, policy=jax.checkpoint_policies.nothing_saveable)
+    stack = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True},
+                    in_axes=(0, nn.broadcast), length=cfg.num_layers)
+    x, new_kv = stack(cfg, self.rule, self.impl, name="layers")(
+        x, (mem_k, mem_v, self.layer_windows()), (alt, rope_q, rope_mem, q_meta, k_meta))
+    x = RMSNorm(cfg.rms_norm_eps, cfg.params_dtype, name="final_norm")(x)
+    if not head:
+      return x, new_kv
+    return self._logits(x), new_kv
+
+  def _embed(self, tokens):
+    cfg = self.cfg
+    table = self.param("embedding", nn.initializers.normal(1.0),
+                       (cfg.vocab_size, cfg.hidden_size), cfg.params_dtype)
+    x = jnp.take(table, jnp.clip(tokens, 0, cfg.vocab_size - 1), axis=0)
+    if cfg.num_alt_embeddings:
+      alt_table = self.param("alt_embedding", nn.initializers.normal(1.0),
+                             (cfg.num_alt_embeddings, cfg.hidden_size), cfg.params_dtype)
+      alt_ids = jnp.clip(tokens - cfg.vocab_size, 0, cfg.num_alt_embeddings - 1)
+      x = jnp.where((tokens >= cfg.vocab_size)[..., None], jnp.take(alt_table, alt_ids, axis=0), x)
+    return x.astype(cfg.compute_dtype)
+
+  def _logits(self, x):
+    cfg = self.cfg
+    if cfg.tie_word_embeddings:
+      table = self.get_variable("params", "embedding")
+      logits = jnp.einsum("bth,vh->btv", x, table.astype(x.dtype))
+    else:
+      logits = _dense(cfg, cfg.vocab_size, "lm_head")(x)
+    return logits.astype(jnp.float32)
+
+
+def init_params(cfg: ModelConfig, seed: int = 0):
+  """Random parameters (a plain pytree) with the layout the converters produce."""
+  model = Decoder(cfg)
+  tokens = jnp.zeros((1, 2), jnp.int32)
+  alt = jnp.zeros((1, 2), bool) if cfg.alt_projections else None
+  return model.init(jax.random.PRNGKey(seed), tokens, jnp.arange(2)[None], alt=alt)["params"]
+
+
+def param_shapes(cfg: ModelConfig):
+  """Abstract parameter tree (``ShapeDtypeStruct`` leaves) without allocating anything."""
+  return jax.eval_shape(lambda: init_params(cfg))
+
+
+def count_params(params) -> int:
+  return int(sum(np.prod(x.shape) for x in jax.tree.leaves(params)))

@@ -1,0 +1,78 @@
+"""Fixed-capacity KV cache for incremental decoding with the plain decoder.
+
+The cache is a pytree (``KVCache``): pre-RoPE keys/values ``[L, B, capacity, Hkv, D]`` and an
+explicit per-row ``length``. Every call attends to the whole buffer with the unfilled part masked,
+so one compiled step serves every length. Rows have independent lengths, which is what makes a
+batch of prompts of different lengths equal to running each prompt alone.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from longjax.kernels import TokenMeta
+from longjax.models.config import ModelConfig
+from longjax.models.decoder import Decoder, KVPrefix
+
+
+class CacheFullError(ValueError):
+  pass
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class KVCache:
+  k: jax.Array  # [L, B, capacity, Hkv, D], pre-RoPE
+  v: jax.Array
+  length: jax.Array  # [B] int32: filled entries per row (entry i sits at position i)
+
+  @classmethod
+  def create(cls, cfg: ModelConfig, batch: int, capacity: int, dtype=None) -> "KVCache":
+    if capacity < 1:
+      raise ValueError(f"KV cache capacity must be >= 1, got {capacity}")
+    shape = (cfg.num_layers, batch, capacity, cfg.num_kv_heads, cfg.head_dim)
+    dtype = dtype or cfg.compute_dtype
+    return cls(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), jnp.zeros((batch,), jnp.int32))
+
+  @property
+  def capacity(self) -> int:
+    return self.k.shape[2]
+
+
+def check_room(cache: KVCache, new_tokens: int):
+  """Raise when ``new_tokens`` more entries would not fit (only when lengths are concrete)."""
+  if isinstance(cache.length, jax.core.Tracer):
+    return
+  longest = int(jnp.max(cache.length)) + new_tokens
+  if longest > cache.capacity:
+    raise CacheFullError(
+        f"KV cache full: a row needs {longest} entries but the capacity is {cache.capacity}; "
+        f"create the cache with a larger capacity (prompt length + max_new_tokens)")
+
+
+def cache_forward(model: Decoder, params, cache: KVCache, tokens, valid=None):
+  """Run ``tokens [B, T]`` after the cached entries; returns ``(logits [B,T,V], new cache)``.
+
+  ``valid [B, T]`` marks real tokens; padding must come after a row's real tokens (right padding).
+  Padding is written past the row's new length, i.e. it stays invisible and is overwritten later.
+  """
+  check_room(cache, tokens.shape[1])
+  b, t = tokens.shape
+  if valid is None:
+    valid = jnp.ones((b, t), bool)
+  slots = jnp.broadcast_to(jnp.arange(cache.capacity, dtype=jnp.int32), (b, cache.capacity))
+  memory = KVPrefix(cache.k, cache.v, slots,
+                    TokenMeta.causal(slots, valid=slots < cache.length[:, None]))
+  positions = cache.length[:, None] + jnp.arange(t, dtype=jnp.int32)
+  logits, (k, v) = model.apply({"params": params}, tokens, positions,
+                               q_meta=TokenMeta.causal(positions, valid=valid), memory=memory)
+
+  def write(buf, new, start):  # buf [L, cap, H, D], new [L, T, H, D] for one row
+    return jax.lax.dynamic_update_slice(buf, new.astype(buf.dtype), (0, start, 0, 0))
+
+  write_rows = jax.vmap(write, in_axes=(1, 1, 0), out_axes=1)
+  cache = KVCache(write_rows(cache.k, k, cache.length), write_rows(cache.v, v, cache.length),
+                  cache.length + jnp.sum(valid, axis=-1, dtype=jnp.int32))
+  return logits, cache

@@ -1,0 +1,16 @@
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+
+jax.config.update("jax_compilation_cache_dir",
+                  os.environ.get("LONGJAX_JAX_CACHE", os.path.expanduser("~/.cache/longjax-jax")))
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+
+
+def pytest_configure(config):
+  config.addinivalue_line("markers", "slow: long-running test (run with -m slow)")
