@@ -20,6 +20,7 @@ axis) and optionally rematerialised with ``nn.remat``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Optional
 
 import flax.linen as nn
@@ -206,6 +207,7 @@ def init_params(cfg: ModelConfig, seed: int = 0):
   return model.init(jax.random.PRNGKey(seed), tokens, jnp.arange(2)[None], alt=alt)["params"]
 
 
+@functools.lru_cache(maxsize=32)
 def param_shapes(cfg: ModelConfig):
   """Abstract parameter tree (``ShapeDtypeStruct`` leaves) without allocating anything."""
   return jax.eval_shape(lambda: init_params(cfg))

@@ -1,0 +1,368 @@
+"""Attention kernels vs the dense reference (CPU; Pallas kernels in interpret mode).
+
+Shapes are small and lengths are never multiples of the block sizes (the kernels use 16 x 16
+blocks here so that several blocks, padding and block skipping are all exercised). Every case has
+at least one query that may see nothing (its output must be exactly 0, never NaN). Forward tests
+of every kernel run by default; gradient tests are marked ``slow``.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from longjax.kernels import attention, explain
+from longjax.kernels import decode as decode_lib
+from longjax.kernels import flash
+from longjax.kernels.blockwise import blockwise_attention
+from longjax.kernels.mask import (NO_WINDOW, MaskRule, TokenMeta, allowed, block_lists,
+                                  block_visits, kernel_allowed, kernel_meta, pad_kernel_meta)
+from longjax.kernels.reference import dense_attention
+
+TOL = {jnp.float32: 1e-5, jnp.bfloat16: 1e-2}
+BLOCKS = dict(block_q=16, block_k=16)
+
+
+# ------------------------------------------------------------------------------------------------
+# Cases: the attention shapes longjax runs (see issue 7).
+# ------------------------------------------------------------------------------------------------
+def _meta(order, valid=None, segment=None, kind=None):
+  order = np.asarray(order, np.int32)
+  return TokenMeta.causal(order, valid=None if valid is None else np.asarray(valid),
+                          segment=None if segment is None else np.asarray(segment, np.int32),
+                          kind=None if kind is None else np.asarray(kind, np.int32))
+
+
+def case_meta(name: str, rng):
+  """``(q_meta, k_meta, rule, window, b, tq, tk)`` for one named layout (B=2 unless noted)."""
+  if name == "beacon":
+    # keys: sink(3) | beacon memory (capacity 24, valid m<=24 per row) | raw cache 13 | window 37
+    b, sink, cap, raw, win = 2, 3, 24, 13, 37
+    m = np.array([17, 24])
+    mem_valid = np.arange(cap)[None] < m[:, None]
+    k_order = np.concatenate([np.arange(sink), sink + np.arange(cap), sink + cap + np.arange(raw),
+                              sink + cap + raw + np.arange(win)])[None].repeat(b, 0)
+    k_valid = np.concatenate([np.ones((b, sink), bool), mem_valid, np.ones((b, raw + win), bool)], 1)
+    q_order = k_order[:, -win:]
+    q_valid = np.ones((b, win), bool)
+    q_valid[1, -2:] = False  # padding at the end of the last window
+    q_seg = np.zeros((b, win), np.int32)
+    q_seg[0, 5] = 7  # a query with no key of its segment: sees nothing
+    k_seg = np.zeros(k_order.shape, np.int32)
+    return (_meta(q_order, q_valid, q_seg), _meta(k_order, k_valid, k_seg), MaskRule(True),
+            NO_WINDOW, b, win, k_order.shape[1])
+  if name == "step_expansion":
+    # append mode: window = raw tokens (kind 0) then beacons (kind 1); memory keys in front.
+    b, mem, raw, ratio = 2, 11, 40, 8
+    nb = raw // ratio
+    win_order = np.concatenate([mem + np.arange(raw), mem + (np.arange(nb) + 1) * ratio - 1])
+    win_kind = np.concatenate([np.zeros(raw), np.ones(nb)]).astype(np.int32)
+    k_order = np.concatenate([np.arange(mem), win_order])[None].repeat(b, 0)
+    k_kind = np.concatenate([np.zeros(mem, np.int32), win_kind])[None].repeat(b, 0)
+    q_order = win_order[None].repeat(b, 0).copy()
+    q_order[0, 0] = -1  # sees nothing (no key has order <= -1)
+    q_kind = win_kind[None].repeat(b, 0)
+    rule = MaskRule(True, kind_sees=(0b01, 0b11))
+    return (_meta(q_order, kind=q_kind), _meta(k_order, kind=k_kind), rule, NO_WINDOW, b,
+            q_order.shape[1], k_order.shape[1])
+  if name == "condense":
+    # FocusLLM chunk condensing: 3 chunks of capacity 45, causal, each with its own valid length.
+    b, t = 3, 45
+    lens = np.array([45, 30, 7])
+    valid = np.arange(t)[None] < lens[:, None]
+    order = np.arange(t)[None].repeat(b, 0)
+    return _meta(order, valid), _meta(order, valid), MaskRule(True), NO_WINDOW, b, t, t
+  if name == "focus_local":
+    # C candidate keys in front (visible to every local token) + causal over the local tokens.
+    b, c, loc = 2, 19, 35
+    k_order = np.concatenate([np.full(c, -1), np.arange(loc)])[None].repeat(b, 0)
+    k_valid = np.ones(k_order.shape, bool)
+    k_valid[1, 15:c] = False  # second row has only 15 candidates
+    q_order = np.arange(loc)[None].repeat(b, 0)
+    q_valid = np.ones((b, loc), bool)
+    q_valid[0, 3] = False
+    return (_meta(q_order, q_valid), _meta(k_order, k_valid), MaskRule(True), NO_WINDOW, b, loc,
+            k_order.shape[1])
+  if name == "window":
+    # Mistral-style sliding window (traced in the decoder), non-causal rule to cover that branch.
+    b, t = 2, 53
+    order = np.arange(t)[None].repeat(b, 0)
+    valid = np.ones((b, t), bool)
+    valid[1, 40:] = False
+    return _meta(order, valid), _meta(order, valid), MaskRule(True), 9, b, t, t
+  if name == "noncausal_segments":
+    b, tq, tk = 2, 29, 41
+    q_seg = rng.integers(0, 3, (b, tq))
+    k_seg = rng.integers(0, 2, (b, tk))  # segment 2 queries see nothing
+    return (_meta(np.zeros((b, tq)), segment=q_seg), _meta(np.zeros((b, tk)), segment=k_seg),
+            MaskRule(False), NO_WINDOW, b, tq, tk)
+  if name == "decode":
+    # 2 query tokens against a long-ish cache with a per-row valid length.
+    b, tk = 2, 150
+    lens = np.array([150, 61])
+    k_valid = np.arange(tk)[None] < lens[:, None]
+    k_order = np.arange(tk)[None].repeat(b, 0)
+    q_order = np.stack([lens, lens + 1], 1)
+    q_valid = np.array([[True, True], [True, False]])
+    q_seg = np.array([[0, 3], [0, 0]])  # (0, 1) sees nothing
+    return (_meta(q_order, q_valid, q_seg), _meta(k_order, k_valid), MaskRule(True), NO_WINDOW, b,
+            2, tk)
+  raise KeyError(name)
+
+
+def make_case(name, dtype=jnp.float32, hq=4, hkv=2, d=32, seed=0):
+  rng = np.random.default_rng(seed)
+  qm, km, rule, window, b, tq, tk = case_meta(name, rng)
+  q = jnp.asarray(rng.standard_normal((b, tq, hq, d)), dtype)
+  k = jnp.asarray(rng.standard_normal((b, tk, hkv, d)), dtype)
+  v = jnp.asarray(rng.standard_normal((b, tk, hkv, d)), dtype)
+  return q, k, v, qm, km, rule, window
+
+
+def rel_err(x, ref):
+  x, ref = np.asarray(x, np.float32), np.asarray(ref, np.float32)
+  return float(np.max(np.abs(x - ref)) / max(np.max(np.abs(ref)), 1e-30))
+
+
+def reference(q, k, v, qm, km, rule, window):
+  """Dense reference in fp32 on the (possibly bf16-rounded) inputs."""
+  f = lambda x: x.astype(jnp.float32)
+  return dense_attention(f(q), f(k), f(v), qm, km, rule, window=window)
+
+
+def check_forward(out, lse, q, k, v, qm, km, rule, window):
+  ref, ref_lse = reference(q, k, v, qm, km, rule, window)
+  assert out.shape == q.shape and out.dtype == q.dtype
+  assert np.all(np.isfinite(np.asarray(out, np.float32)))
+  assert rel_err(out, ref) < TOL[q.dtype.type], rel_err(out, ref)
+  empty = ~np.asarray(allowed(qm, km, rule, window)).any(-1)  # [B, Tq]
+  assert empty.any(), "every case must contain a query that sees nothing"
+  assert np.all(np.asarray(out, np.float32)[empty] == 0)
+  lse, ref_lse = np.asarray(lse), np.asarray(ref_lse)
+  np.testing.assert_array_equal(np.isneginf(lse), np.isneginf(ref_lse))
+  fin = np.isfinite(ref_lse)
+  np.testing.assert_allclose(lse[fin], ref_lse[fin], atol=1e-4 if q.dtype == jnp.float32 else 2e-2)
+
+
+# ------------------------------------------------------------------------------------------------
+# Mask description.
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["beacon", "step_expansion", "condense", "focus_local", "window",
+                                  "noncausal_segments", "decode"])
+def test_kernel_meta_and_block_visits_match_allowed(name):
+  qm, km, rule, window, b, tq, tk = case_meta(name, np.random.default_rng(1))
+  ok = np.asarray(allowed(qm, km, rule, window))
+  m = kernel_meta(qm, km, rule, window)
+  qa = lambda x: x[:, :, None]
+  ka = lambda x: x[:, None, :]
+  ok2 = kernel_allowed(qa(m.q_lo), qa(m.q_hi), qa(m.q_seg), qa(m.q_kind), ka(m.k_order),
+                       ka(m.k_seg), ka(m.k_kind), rule.kind_sees)
+  np.testing.assert_array_equal(ok, np.asarray(ok2))
+  # Block visits are conservative: every block holding an allowed pair is visited.
+  bq, bk = 8, 16
+  tqp, tkp = -(-tq // bq) * bq, -(-tk // bk) * bk
+  vis = np.asarray(block_visits(pad_kernel_meta(m, tqp, tkp), bq, bk))
+  okp = np.zeros((b, tqp, tkp), bool)
+  okp[:, :tq, :tk] = ok
+  need = okp.reshape(b, tqp // bq, bq, tkp // bk, bk).any((2, 4))
+  assert np.all(vis[need])
+  if name in ("beacon", "condense", "window"):
+    assert not vis.all(), "causal/windowed layouts must skip some blocks"
+  # Compacted lists: visited blocks first, in order; jnp and numpy (flash._lists) agree.
+  blocks, counts = block_lists(jnp.asarray(vis))
+  blocks, counts = np.asarray(blocks), np.asarray(counts)
+  for bi in range(b):
+    for i in range(vis.shape[1]):
+      np.testing.assert_array_equal(blocks[bi, i, :counts[bi, i]], np.nonzero(vis[bi, i])[0])
+  hb, hc, steps = flash._lists(pad_kernel_meta(m, tqp, tkp), bq, bk)
+  assert steps == max(1, counts.max())
+  np.testing.assert_array_equal(np.asarray(hc), counts)
+  np.testing.assert_array_equal(np.asarray(hb), blocks[..., :steps])
+
+
+def test_tokenmeta_kind_is_backward_compatible():
+  a = TokenMeta(order=jnp.arange(3)[None], segment=jnp.zeros((1, 3), jnp.int32),
+                valid=jnp.ones((1, 3), bool))
+  assert a.kind is None
+  c = a.concat(TokenMeta.causal(jnp.arange(2)[None], kind=jnp.ones((1, 2))))
+  np.testing.assert_array_equal(np.asarray(c.kind), [[0, 0, 0, 1, 1]])
+  assert jax.jit(lambda m: m.order.sum())(a) == 3  # still a pytree with a None leaf
+
+
+# ------------------------------------------------------------------------------------------------
+# Blockwise jnp fallback.
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name,dtype,hq,hkv", [
+    ("beacon", jnp.float32, 4, 2), ("step_expansion", jnp.bfloat16, 4, 4),
+    ("condense", jnp.float32, 2, 2), ("focus_local", jnp.bfloat16, 6, 2),
+    ("window", jnp.float32, 4, 1), ("noncausal_segments", jnp.float32, 2, 1),
+    ("decode", jnp.float32, 8, 2)])
+def test_blockwise_forward(name, dtype, hq, hkv):
+  q, k, v, qm, km, rule, window = make_case(name, dtype, hq, hkv)
+  out, lse = blockwise_attention(q, k, v, kernel_meta(qm, km, rule, window), scale=q.shape[-1] ** -0.5,
+                                 kind_sees=rule.kind_sees, **BLOCKS)
+  check_forward(out, lse, q, k, v, qm, km, rule, window)
+
+
+def _loss(fn, q, k, v):
+  out, lse = fn(q, k, v)
+  w = jnp.cos(jnp.arange(out.size, dtype=jnp.float32).reshape(out.shape))
+  return jnp.sum(out.astype(jnp.float32) * w) + 0.1 * jnp.sum(jnp.where(jnp.isfinite(lse), lse, 0.0))
+
+
+def check_grads(fn, q, k, v, qm, km, rule, window, tol=1e-4):
+  ref_fn = lambda q, k, v: dense_attention(q, k, v, qm, km, rule, window=window)
+  g_ref = jax.grad(functools.partial(_loss, ref_fn), (0, 1, 2))(q, k, v)
+  g = jax.grad(functools.partial(_loss, fn), (0, 1, 2))(q, k, v)
+  for a, r in zip(g, g_ref):
+    assert np.all(np.isfinite(np.asarray(a, np.float32)))
+    assert rel_err(a, r) < tol, rel_err(a, r)
+
+
+def test_blockwise_grads():
+  q, k, v, qm, km, rule, window = make_case("beacon")
+  m = kernel_meta(qm, km, rule, window)
+  fn = lambda q, k, v: blockwise_attention(q, k, v, m, scale=q.shape[-1] ** -0.5, **BLOCKS)
+  check_grads(fn, q, k, v, qm, km, rule, window)
+
+
+# ------------------------------------------------------------------------------------------------
+# Pallas kernels in interpret mode.
+# ------------------------------------------------------------------------------------------------
+def run_flash(backend, q, k, v, qm, km, rule, window, interpret=True, jit=False):
+  def fn(q, k, v, m):
+    return flash.flash_attention(q, k, v, m, scale=q.shape[-1] ** -0.5, kind_sees=rule.kind_sees,
+                                 backend=backend, interpret=interpret, **BLOCKS)
+  m = kernel_meta(qm, km, rule, window)
+  return (jax.jit(fn) if jit else fn)(q, k, v, m)
+
+
+FLASH_CASES = [  # (case, dtype, hq, hkv, jit): every backend runs each of these in the default run
+    ("beacon", jnp.float32, 4, 2, False),
+    ("step_expansion", jnp.bfloat16, 2, 2, True),
+    ("condense", jnp.bfloat16, 4, 1, False),
+    ("focus_local", jnp.float32, 2, 2, True),
+]
+
+
+@pytest.mark.parametrize("name,dtype,hq,hkv,jit", FLASH_CASES)
+def test_flash_gpu_forward(name, dtype, hq, hkv, jit):
+  q, k, v, qm, km, rule, window = make_case(name, dtype, hq, hkv)
+  out, lse = run_flash("gpu", q, k, v, qm, km, rule, window, jit=jit)
+  check_forward(out, lse, q, k, v, qm, km, rule, window)
+
+
+@pytest.mark.parametrize("name,dtype,hq,hkv,jit", FLASH_CASES)
+def test_flash_tpu_forward(name, dtype, hq, hkv, jit):
+  q, k, v, qm, km, rule, window = make_case(name, dtype, hq, hkv)
+  out, lse = run_flash("tpu", q, k, v, qm, km, rule, window, jit=jit)
+  check_forward(out, lse, q, k, v, qm, km, rule, window)
+
+
+def test_flash_tpu_interpret_params():
+  """The TPU kernel under ``pltpu.InterpretParams`` (simulated VMEM/SMEM, DMAs)."""
+  q, k, v, qm, km, rule, window = make_case("window", jnp.float32, 4, 2)
+  out, lse = run_flash("tpu", q, k, v, qm, km, rule, window,
+                       interpret=flash.resolve_interpret("tpu", "tpu"))
+  check_forward(out, lse, q, k, v, qm, km, rule, window)
+
+
+@pytest.mark.parametrize("backend,dtype,hq,hkv,splits", [
+    ("gpu", jnp.float32, 8, 2, 3), ("gpu", jnp.bfloat16, 4, 4, 2), ("tpu", jnp.float32, 8, 2, 3)])
+def test_decode_forward(backend, dtype, hq, hkv, splits):
+  q, k, v, qm, km, rule, window = make_case("decode", dtype, hq, hkv)
+  m = kernel_meta(qm, km, rule, window)
+  out, lse = decode_lib.decode_attention(q, k, v, m, scale=q.shape[-1] ** -0.5, backend=backend,
+                                         interpret=True, num_splits=splits, block_k=16)
+  check_forward(out, lse, q, k, v, qm, km, rule, window)
+
+
+# ------------------------------------------------------------------------------------------------
+# Entry point / dispatch.
+# ------------------------------------------------------------------------------------------------
+def test_dispatch_choices_and_errors(monkeypatch):
+  monkeypatch.delenv("LONGJAX_PALLAS_INTERPRET", raising=False)
+  monkeypatch.delenv("LONGJAX_PALLAS_BACKEND", raising=False)
+  f32 = jnp.float32
+  assert explain((1, 128, 4, 32), (1, 128, 2, 32), f32)[0] == "dense"
+  assert explain((1, 4096, 4, 32), (1, 4096, 2, 32), f32)[0] == "blockwise"
+  assert explain((1, 128, 4, 32), (1, 128, 2, 32), f32, impl="xla")[0] == "dense"
+  with pytest.raises(ValueError, match="interpret"):
+    explain((1, 128, 4, 32), (1, 128, 2, 32), f32, impl="pallas")
+  with pytest.raises(ValueError, match="unknown attention impl"):
+    explain((1, 128, 4, 32), (1, 128, 2, 32), f32, impl="cuda")
+  with pytest.raises(ValueError, match="head_dim"):
+    explain((1, 128, 4, 24), (1, 128, 2, 24), f32, impl="pallas", interpret=True, backend="gpu")
+  assert explain((1, 128, 4, 32), (1, 128, 2, 32), f32, impl="pallas", interpret=True)[0] == "pallas_flash"
+  assert explain((1, 2, 4, 32), (1, 999, 2, 32), f32, impl="pallas", interpret=True)[0] == "pallas_decode"
+  choice, reason = explain((1, 128, 4, 24), (1, 128, 2, 24), f32, interpret=True, backend="gpu")
+  assert choice == "dense" and "fell back" in reason and "head_dim" in reason
+  monkeypatch.setenv("LONGJAX_PALLAS_INTERPRET", "1")
+  assert explain((1, 128, 4, 32), (1, 128, 2, 32), f32, impl="pallas")[0] == "pallas_flash"
+
+
+@pytest.mark.parametrize("impl,backend", [("pallas", "gpu"), ("pallas", "tpu"), ("blockwise", None),
+                                          ("auto", None)])
+def test_entry_point_traced_window_and_meta(impl, backend, monkeypatch):
+  """As the decoder calls it: jitted, window and metadata traced; env-var interpret switch."""
+  monkeypatch.setenv("LONGJAX_PALLAS_INTERPRET", "1")
+  q, k, v, qm, km, rule, window = make_case("window", jnp.float32, 4, 2)
+
+  @jax.jit
+  def f(q, k, v, qm, km, window):
+    return attention(q, k, v, qm, km, rule, window=window, impl=impl, return_lse=True,
+                     pallas_backend=backend)
+
+  out, lse = f(q, k, v, qm, km, jnp.int32(window))
+  check_forward(out, lse, q, k, v, qm, km, rule, window)
+
+
+def test_entry_point_decode_dispatch(monkeypatch):
+  monkeypatch.setenv("LONGJAX_PALLAS_INTERPRET", "1")
+  q, k, v, qm, km, rule, window = make_case("decode", jnp.bfloat16, 8, 2)
+  assert explain(q.shape, k.shape, q.dtype, impl="pallas")[0] == "pallas_decode"
+  out, lse = attention(q, k, v, qm, km, rule, impl="pallas", return_lse=True)
+  check_forward(out, lse, q, k, v, qm, km, rule, window)
+
+
+# ------------------------------------------------------------------------------------------------
+# Gradients of the kernels (custom VJP) vs the dense reference's.
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["gpu", "tpu"])
+@pytest.mark.parametrize("name,hq,hkv", [("beacon", 4, 2), ("step_expansion", 2, 2)])
+def test_flash_grads(backend, name, hq, hkv):
+  q, k, v, qm, km, rule, window = make_case(name, jnp.float32, hq, hkv)
+  fn = lambda q, k, v: run_flash(backend, q, k, v, qm, km, rule, window)
+  check_grads(fn, q, k, v, qm, km, rule, window)
+
+
+@pytest.mark.slow
+def test_decode_grads():
+  q, k, v, qm, km, rule, window = make_case("decode", jnp.float32, 8, 2)
+  m = kernel_meta(qm, km, rule, window)
+  fn = lambda q, k, v: decode_lib.decode_attention(q, k, v, m, scale=q.shape[-1] ** -0.5,
+                                                   backend="gpu", interpret=True, num_splits=2,
+                                                   block_k=16)
+  check_grads(fn, q, k, v, qm, km, rule, window)
+
+
+@pytest.mark.slow
+def test_entry_point_grads_under_jit(monkeypatch):
+  monkeypatch.setenv("LONGJAX_PALLAS_INTERPRET", "1")
+  q, k, v, qm, km, rule, window = make_case("condense", jnp.float32, 4, 2)
+  fn = jax.jit(lambda q, k, v: attention(q, k, v, qm, km, rule, impl="pallas", return_lse=True))
+  check_grads(fn, q, k, v, qm, km, rule, window)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["focus_local", "decode", "window"])
+def test_blockwise_grads_more(name):
+  q, k, v, qm, km, rule, window = make_case(name, jnp.float32, 4, 2)
+  m = kernel_meta(qm, km, rule, window)
+  fn = lambda q, k, v: blockwise_attention(q, k, v, m, scale=q.shape[-1] ** -0.5,
+                                           kind_sees=rule.kind_sees, **BLOCKS)
+  check_grads(fn, q, k, v, qm, km, rule, window)
