@@ -1,0 +1,64 @@
+"""Convert-and-generate demo on the embedded tiny default (no downloads, a few seconds on CPU).
+
+Builds a tiny random Qwen2-shaped model with the built-in byte tokenizer, saves it as a longjax
+checkpoint, exports it to a HF directory (safetensors + config.json), imports that directory
+back, checks the round trip is bit-exact, and generates from a prompt with a KV cache.
+Real checkpoints are a flag away:  --hf_dir /path/to/hf-model (uses that model instead).
+
+  python scripts/demo.py [--workdir runs/demo] [--hf_dir DIR --prompt "..."]
+"""
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+import longjax  # noqa: E402
+from longjax.convert import load_hf, save_hf  # noqa: E402
+from longjax.data.tokenizer import ByteTokenizer  # noqa: E402
+
+
+def main():
+  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap.add_argument("--workdir", default="runs/demo")
+  ap.add_argument("--hf_dir", help="a real HF model directory (needs its tokenizer files)")
+  ap.add_argument("--prompt", default="The pass key is 12345. Remember it. What is the pass key?")
+  ap.add_argument("--max_new_tokens", type=int, default=24)
+  args = ap.parse_args()
+  work = Path(args.workdir)
+
+  if args.hf_dir:
+    from transformers import AutoTokenizer
+    tokenizer = AutoTokenizer.from_pretrained(args.hf_dir)
+    cfg, params = load_hf(args.hf_dir)
+    params = jax.tree.map(jax.numpy.asarray, params)
+  else:
+    tokenizer = ByteTokenizer()
+    cfg = longjax.ModelConfig(family="qwen2", vocab_size=tokenizer.vocab_size, hidden_size=64,
+                              intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
+                              head_dim=16, attention_bias=True, bos_token_id=1, eos_token_id=2)
+    params = longjax.init_params(cfg, seed=0)
+    t0 = time.time()
+    longjax.save(work / "tiny_longjax", cfg, params, overwrite=True)
+    save_hf(work / "tiny_hf", cfg, params, overwrite=True)
+    cfg2, params2 = load_hf(work / "tiny_hf")
+    same = all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(params2)))
+    print(f"saved {work / 'tiny_longjax'} and exported {work / 'tiny_hf'}; HF re-import bit-exact: "
+          f"{same} ({time.time() - t0:.1f}s, {longjax.models.decoder.count_params(params):,} params)")
+    if not same:
+      sys.exit("round trip mismatch")
+
+  t0 = time.time()
+  out = longjax.generate(longjax.PlainLM(cfg), params, args.prompt, max_new_tokens=args.max_new_tokens,
+                         tokenizer=tokenizer)
+  print(f"prompt: {args.prompt!r}")
+  print(f"generated {len(out.tokens[0])} tokens in {time.time() - t0:.1f}s (incl. compile): "
+        f"{out.text[0]!r}" + ("" if args.hf_dir else "  (random weights: gibberish is expected)"))
+
+
+if __name__ == "__main__":
+  main()
