@@ -166,3 +166,22 @@ def test_alternative_projections_follow_the_flag():
   plain, _ = model.apply({"params": params}, tokens % 50, pos)
   np.testing.assert_allclose(logits[0, :2], plain[0, :2], rtol=1e-5, atol=1e-5)
   assert np.abs(np.asarray(logits[0, 2:] - plain[0, 2:])).max() > 1e-3
+
+
+def test_remat_and_bf16_compute(tmp_root):
+  """nn.remat changes memory, not numbers; bf16 compute stays within bf16 tolerance of fp32."""
+  _, cfg, params = converted("llama2", tmp_root)
+  ids = jnp.asarray(_ids(batch=1, length=48))
+  pos = jnp.arange(48)[None]
+
+  def loss(p, c):
+    logits, _ = Decoder(c).apply({"params": p}, ids, pos)
+    return jnp.mean(jax.nn.logsumexp(logits, -1))
+
+  g_plain = jax.grad(loss)(params, cfg)
+  g_remat = jax.grad(loss)(params, cfg.replace(remat=True))
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), g_plain, g_remat)
+  ref = _forward(cfg, params, np.asarray(ids))
+  bf16 = _forward(cfg.replace(dtype="bfloat16"), params, np.asarray(ids))
+  scale = np.abs(ref).max()
+  assert np.abs(bf16 - ref).max() < 0.05 * scale and np.abs(bf16 - ref).mean() < 0.01 * scale
