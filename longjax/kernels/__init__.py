@@ -1,5 +1,10 @@
-"""Attention for longjax: one entry point, one mask description, several implementations."""
-from longjax.kernels.mask import NO_WINDOW, MaskRule, TokenMeta, allowed
-from longjax.kernels.attention import attention
+"""Attention for longjax: one entry point, one mask description, several implementations.
 
-__all__ = ["attention", "allowed", "MaskRule", "TokenMeta", "NO_WINDOW"]
+``attention`` dispatches between the dense reference, the blockwise jnp fallback and the Pallas
+kernels (``impl="auto"|"xla"|"blockwise"|"pallas"``); ``explain`` says which one a call would use
+and why.
+"""
+from longjax.kernels.mask import NO_WINDOW, MaskRule, TokenMeta, allowed
+from longjax.kernels.attention import attention, explain
+
+__all__ = ["attention", "explain", "allowed", "MaskRule", "TokenMeta", "NO_WINDOW"]

@@ -1,41 +1,159 @@
 """The single attention entry point used by the decoder (and so by Beacon and FocusLLM).
 
-Implementations are selected by ``impl``:
+Implementations, selected by ``impl``:
 
-* ``"xla"``  the dense jnp reference (``reference.dense_attention``).
-* ``"auto"`` today the same as ``"xla"``; the Pallas issue extends it to pick a kernel on GPU/TPU
-  where the shapes allow and to say why it fell back otherwise.
+* ``"xla"``        the dense jnp reference (``reference.dense_attention``): materialises
+  ``[B, H, Tq, Tk]`` scores; XLA fuses it well for short sequences.
+* ``"blockwise"``  online-softmax jnp (``blockwise.py``): never materialises ``Tq x Tk``, skips
+  fully masked KV blocks with ``lax.cond``; blockwise backward (custom VJP).
+* ``"pallas"``     Pallas flash kernels (``pallas_tpu.py`` on TPU, ``pallas_gpu.py`` on GPU), or the
+  decode kernel (``decode.py``: head packing + split-K) when ``G * Tq <= 64`` rows; backward via
+  the blockwise VJP. On CPU it needs interpret mode: ``interpret=True`` or
+  ``LONGJAX_PALLAS_INTERPRET=1`` (``=tpu``: TPU interpret params); the kernel flavour on CPU is
+  ``pallas_backend=`` / ``LONGJAX_PALLAS_BACKEND`` (default ``gpu``). An explicit ``"pallas"``
+  request that cannot run raises ``ValueError`` with the reason; it never falls back.
+* ``"auto"``       on GPU/TPU: Pallas when the backend is present and the shapes are supported,
+  otherwise XLA (dense, or blockwise when ``Tq * Tk > DENSE_MAX_SCORES``) with a logged warning
+  saying why (once per reason). On CPU: dense when ``Tq * Tk <= DENSE_MAX_SCORES`` (4M scores per
+  head, e.g. 2048 x 2048: XLA's fused dense path is fastest there and its memory is bounded), else
+  blockwise (skips masked blocks: causal / windowed long sequences cost about half / ``W/T``).
+  ``explain(...)`` returns the decision and reason without running anything.
 
-Anything else is refused with a clear error rather than silently falling back.
+The sliding ``window`` may be a traced scalar (it comes from ``nn.scan`` over layers): every
+implementation folds it into the per-query ``lo`` bound (``mask.kernel_meta``), so no fallback is
+needed for it. Metadata may be traced too (see ``flash.py`` for how block lists are built then).
 """
 from __future__ import annotations
 
-from longjax.kernels.mask import MaskRule, TokenMeta, NO_WINDOW
+import logging
+from typing import Optional
+
+import jax.numpy as jnp
+
+from longjax.kernels import decode as decode_lib
+from longjax.kernels import flash, pallas_gpu
+from longjax.kernels.blockwise import blockwise_attention
+from longjax.kernels.mask import MaskRule, TokenMeta, NO_WINDOW, kernel_meta
 from longjax.kernels.reference import dense_attention
 
-IMPLS = ("auto", "xla")
+IMPLS = ("auto", "xla", "blockwise", "pallas")
+# Above this many scores per (batch, head) the XLA paths use the blockwise implementation.
+DENSE_MAX_SCORES = 2048 * 2048
+_SUPPORTED_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
+
+logger = logging.getLogger("longjax.kernels")
+_warned = set()
+
+
+def _warn_once(msg: str):
+  if msg not in _warned:
+    _warned.add(msg)
+    logger.warning(msg)
+
+
+def pallas_unsupported_reason(q_shape, k_shape, dtype, *, interpret=None,
+                              backend: Optional[str] = None) -> Optional[str]:
+  """``None`` when the Pallas path can run these shapes here, else why not."""
+  try:
+    backend = flash.resolve_backend(backend)
+  except ValueError as e:
+    return str(e)
+  plat = flash.platform()
+  interp = flash.resolve_interpret(interpret, backend)
+  if not flash.backend_available(backend):
+    return f"the Pallas {backend} backend is not available in this jax installation"
+  if not interp:
+    if plat == "cpu":
+      return ("Pallas kernels run on CPU only in interpret mode (pass interpret=True or set "
+              "LONGJAX_PALLAS_INTERPRET=1)")
+    if (plat == "tpu") != (backend == "tpu"):
+      return f"the {backend} kernel cannot be compiled for platform {plat!r} (use interpret mode)"
+  if jnp.dtype(dtype) not in [jnp.dtype(t) for t in _SUPPORTED_DTYPES]:
+    return f"dtype {jnp.dtype(dtype)} is not supported by the kernels (fp32/bf16/fp16)"
+  d = q_shape[-1]
+  if backend == "gpu":
+    reason = pallas_gpu.supported(d, 16, 16)
+    if reason:
+      return reason
+  elif d % 8 and not interp:
+    return f"head_dim {d} must be a multiple of 8 for the TPU kernel"
+  if q_shape[1] == 0 or k_shape[1] == 0:
+    return "empty query or key sequence"
+  return None
+
+
+def explain(q_shape, k_shape, dtype, *, impl: str = "auto", interpret=None,
+            backend: Optional[str] = None):
+  """``(choice, reason)`` with choice in ``dense | blockwise | pallas_flash | pallas_decode``."""
+  if impl not in IMPLS:
+    raise ValueError(f"unknown attention impl {impl!r}; choose one of {IMPLS}")
+  b, tq, hq, _ = q_shape
+  tk, hkv = k_shape[1], k_shape[2]
+  long_seq = tq * tk > DENSE_MAX_SCORES
+  xla_choice = "blockwise" if long_seq else "dense"
+  if impl == "xla":
+    return "dense", "impl='xla' requested"
+  if impl == "blockwise":
+    return "blockwise", "impl='blockwise' requested"
+  pallas_kind = "pallas_decode" if (hq // hkv) * tq <= decode_lib.MAX_DECODE_ROWS else "pallas_flash"
+  if impl == "pallas":
+    reason = pallas_unsupported_reason(q_shape, k_shape, dtype, interpret=interpret, backend=backend)
+    if reason:
+      raise ValueError(f"impl='pallas' cannot run: {reason}")
+    return pallas_kind, "impl='pallas' requested"
+  # auto
+  plat = flash.platform()
+  if plat == "cpu" and not interpret:
+    return xla_choice, (f"CPU: {'blockwise (Tq*Tk > %d)' % DENSE_MAX_SCORES if long_seq else 'dense'}"
+                        " is the fastest XLA path; Pallas needs an accelerator")
+  reason = pallas_unsupported_reason(q_shape, k_shape, dtype, interpret=interpret, backend=backend)
+  if reason:
+    return xla_choice, f"fell back from Pallas to {xla_choice}: {reason}"
+  return pallas_kind, f"Pallas on {plat}"
 
 
 def attention(q, k, v, q_meta: TokenMeta, k_meta: TokenMeta, rule: MaskRule = MaskRule(), *,
-              window=NO_WINDOW, scale=None, impl: str = "auto", return_lse: bool = False):
+              window=NO_WINDOW, scale=None, impl: str = "auto", return_lse: bool = False,
+              interpret=None, pallas_backend: Optional[str] = None):
   """Masked grouped-query attention.
 
   Args:
     q: ``[B, Tq, Hq, D]`` queries (RoPE already applied).
     k, v: ``[B, Tk, Hkv, D]`` keys (RoPE applied) and values; ``Hq`` must be a multiple of ``Hkv``.
     q_meta, k_meta: per-token metadata (see ``longjax.kernels.mask``).
-    rule: static mask rule (causal or not).
+    rule: static mask rule (causal or not, optional kind table).
     window: sliding window in ``order`` units (traced scalar allowed); ``NO_WINDOW`` for none.
     scale: softmax scale, default ``D ** -0.5``.
-    impl: ``"auto" | "xla"``.
+    impl: ``"auto" | "xla" | "blockwise" | "pallas"`` (see module docstring).
     return_lse: also return the fp32 log-sum-exp ``[B, Hq, Tq]`` (for blockwise merging / kernels).
+    interpret: Pallas interpret mode (``None``: ``LONGJAX_PALLAS_INTERPRET``).
+    pallas_backend: ``"tpu" | "gpu"`` kernel flavour (``None``: from the platform / env).
+  Returns ``out [B, Tq, Hq, D]`` (and ``lse`` when ``return_lse``). Queries that may see no key
+  give zeros (and ``lse = -inf``), never NaN.
   """
   if q.ndim != 4 or k.ndim != 4 or v.shape != k.shape:
     raise ValueError(f"attention expects q [B,Tq,Hq,D] and k/v [B,Tk,Hkv,D]; got q {q.shape}, "
                      f"k {k.shape}, v {v.shape}")
   if q.shape[2] % k.shape[2]:
     raise ValueError(f"query heads ({q.shape[2]}) must be a multiple of KV heads ({k.shape[2]})")
-  if impl not in IMPLS:
-    raise ValueError(f"unknown attention impl {impl!r}; choose one of {IMPLS}")
-  out, lse = dense_attention(q, k, v, q_meta, k_meta, rule, window=window, scale=scale)
+  choice, reason = explain(q.shape, k.shape, q.dtype, impl=impl, interpret=interpret,
+                           backend=pallas_backend)
+  if "fell back" in reason:
+    _warn_once(f"attention impl='auto': {reason}")
+  scale = q.shape[-1] ** -0.5 if scale is None else scale
+  if choice == "dense":
+    out, lse = dense_attention(q, k, v, q_meta, k_meta, rule, window=window, scale=scale)
+  else:
+    km = kernel_meta(q_meta, k_meta, rule, window)
+    if choice == "blockwise":
+      out, lse = blockwise_attention(q, k, v, km, scale=scale, kind_sees=rule.kind_sees)
+    else:
+      backend = flash.resolve_backend(pallas_backend)
+      interp = flash.resolve_interpret(interpret, backend)
+      if choice == "pallas_decode":
+        out, lse = decode_lib.decode_attention(q, k, v, km, scale=scale, kind_sees=rule.kind_sees,
+                                               backend=backend, interpret=interp)
+      else:
+        out, lse = flash.flash_attention(q, k, v, km, scale=scale, kind_sees=rule.kind_sees,
+                                         backend=backend, interpret=interp)
   return (out, lse) if return_lse else out

@@ -223,6 +223,14 @@ def block_lists(visits: jax.Array):
   return blocks.astype(jnp.int32), counts
 
 
+def _tracer_type():
+  tracer = getattr(jax.core, "Tracer", None)
+  if tracer is None:  # pragma: no cover - moved in some jax versions
+    from jax._src.core import Tracer as tracer
+  return tracer
+
+
 def is_concrete(*xs) -> bool:
   """True when none of ``xs`` is a tracer (so block lists can be computed on the host)."""
-  return not any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(xs))
+  tracer = _tracer_type()
+  return not any(isinstance(x, tracer) for x in jax.tree.leaves(xs))

@@ -1,0 +1,179 @@
+"""Shared host side of the Pallas kernels: padding, layouts, block lists, backend choice, VJP.
+
+``flash_attention`` pads the sequences to the block sizes (padded queries see nothing, padded keys
+are never seen), transposes to head-major layouts, builds the per-(batch, query-block) KV block
+lists from the kernel metadata and calls the TPU (``pallas_tpu``) or GPU (``pallas_gpu``) forward
+kernel. Both return ``(out, lse)``.
+
+Block lists (which KV blocks a query block may touch): ``mask.block_visits`` compares per-block
+ranges of the folded metadata (query lo/hi/segment, key order/segment). When the metadata is
+concrete (eager calls, host-planned layouts) the lists are compacted in numpy and the kernel grid
+/ loop is as long as the longest list. When it is traced (inside ``jit``/``nn.scan``, which is how
+the decoder calls us) the same computation runs on device in jnp (a sort per row of the tiny
+``[B, nQ, nK]`` visit matrix) and the grid keeps the full ``nK`` extent; the kernels still skip
+the compute (TPU: ``pl.when``; GPU: dynamic trip count) and, on TPU, the DMA of unlisted blocks.
+So block skipping does not depend on concreteness, only the grid size does.
+
+Backward: ``blockwise.attention_with_vjp`` pairs the kernel forward with the blockwise jnp flash
+backward (recomputes probabilities from the kernel's ``lse``; never materialises T x T). A Pallas
+backward kernel is a later optimisation; the VJP is exact and memory-bounded today.
+
+Interpret mode (CPU): ``interpret=True`` or the environment variable
+``LONGJAX_PALLAS_INTERPRET=1`` (``=tpu`` uses ``pltpu.InterpretParams()`` for the TPU kernel,
+which also simulates DMAs/semaphores). ``LONGJAX_PALLAS_BACKEND=tpu|gpu`` chooses which kernel
+flavour runs on CPU (default: ``gpu``, the faster one to interpret).
+"""
+from __future__ import annotations
+
+import functools
+import os
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from longjax.kernels import pallas_gpu, pallas_tpu
+from longjax.kernels.blockwise import attention_with_vjp, blockwise_bwd
+from longjax.kernels.mask import (KernelMeta, block_lists, block_visits, is_concrete,
+                                  pad_kernel_meta)
+
+BACKENDS = ("tpu", "gpu")
+# Default block sizes per backend (query rows, key columns).
+DEFAULT_BLOCKS = {"tpu": (128, 128), "gpu": (128, 64)}
+
+
+def _round_up(x: int, m: int) -> int:
+  return (x + m - 1) // m * m
+
+
+def _next_pow2(x: int) -> int:
+  p = 1
+  while p < x:
+    p *= 2
+  return p
+
+
+def platform() -> str:
+  return jax.default_backend()
+
+
+def env_interpret():
+  """Interpret setting from ``LONGJAX_PALLAS_INTERPRET`` (``None`` when unset)."""
+  val = os.environ.get("LONGJAX_PALLAS_INTERPRET", "").strip().lower()
+  if val in ("", "0", "false", "no"):
+    return None
+  return "tpu" if val == "tpu" else True
+
+
+def resolve_backend(backend: Optional[str] = None) -> str:
+  if backend is None:
+    backend = os.environ.get("LONGJAX_PALLAS_BACKEND", "").strip().lower() or None
+  if backend is None:
+    plat = platform()
+    backend = "tpu" if plat == "tpu" else "gpu"
+  if backend not in BACKENDS:
+    raise ValueError(f"unknown Pallas backend {backend!r}; choose one of {BACKENDS}")
+  return backend
+
+
+def resolve_interpret(interpret, backend: str):
+  """Turn ``interpret`` (bool / 'tpu' / None=env) into what ``pallas_call`` accepts."""
+  if interpret is None:
+    interpret = env_interpret()
+  if interpret in (None, False):
+    return False
+  if interpret == "tpu" and backend == "tpu":
+    params = getattr(pallas_tpu.pltpu, "InterpretParams", None) if pallas_tpu.pltpu else None
+    return params() if params is not None else True
+  return True
+
+
+def backend_available(backend: str) -> bool:
+  return pallas_tpu.available() if backend == "tpu" else pallas_gpu.available()
+
+
+def block_sizes(backend: str, tq: int, tk: int, block_q=None, block_k=None):
+  """Effective (bq, bk): the defaults, shrunk for short sequences (powers of two on GPU)."""
+  dq, dk = DEFAULT_BLOCKS[backend]
+  block_q = block_q or dq
+  block_k = block_k or dk
+  if backend == "gpu":
+    return min(block_q, _next_pow2(max(tq, 16))), min(block_k, _next_pow2(max(tk, 16)))
+  return min(block_q, _round_up(tq, 8)), min(block_k, _round_up(tk, 8))
+
+
+def _lists(kmp: KernelMeta, bq: int, bk: int):
+  """Block lists and the loop/grid extent (see module docstring)."""
+  visits = block_visits(kmp, bq, bk)
+  if is_concrete(visits):
+    vis = np.asarray(visits)
+    nk = vis.shape[-1]
+    idx = np.arange(nk)
+    key = np.where(vis, idx, nk + idx)
+    blocks = np.sort(key, axis=-1)
+    counts = vis.sum(-1).astype(np.int32)
+    last = np.take_along_axis(blocks, np.maximum(counts - 1, 0)[..., None], axis=-1)
+    blocks = np.where(idx < counts[..., None], blocks, last)
+    blocks = np.where(blocks >= nk, 0, blocks).astype(np.int32)
+    n_steps = max(1, int(counts.max()) if counts.size else 1)
+    return jnp.asarray(blocks[..., :n_steps]), jnp.asarray(counts), n_steps
+  blocks, counts = block_lists(visits)
+  return blocks, counts, visits.shape[-1]
+
+
+def flash_fwd(q, k, v, km: KernelMeta, *, scale: float, kind_sees=None, backend: str = "gpu",
+              interpret=False, block_q=None, block_k=None, gpu_opts=None):
+  """Forward only: ``(out [B, Tq, Hq, D], lse [B, Hq, Tq])`` from the chosen Pallas kernel."""
+  b, tq, hq, d = q.shape
+  tk = k.shape[1]
+  bq, bk = block_sizes(backend, tq, tk, block_q, block_k)
+  tqp, tkp = _round_up(tq, bq), _round_up(tk, bk)
+  kmp = pad_kernel_meta(km, tqp, tkp)
+  blocks, counts, n_steps = _lists(kmp, bq, bk)
+
+  def head_major(x, t):
+    x = jnp.pad(x, ((0, 0), (0, t - x.shape[1]), (0, 0), (0, 0))) if t != x.shape[1] else x
+    return x.transpose(0, 2, 1, 3)
+
+  qt, kt, vt = head_major(q, tqp), head_major(k, tkp), head_major(v, tkp)
+  if backend == "tpu":
+    q_fields = jnp.stack([kmp.q_lo, kmp.q_hi, kmp.q_seg, kmp.q_kind], axis=-1)
+    k_fields = jnp.stack([kmp.k_order, kmp.k_seg, kmp.k_kind, jnp.zeros_like(kmp.k_kind)], axis=1)
+    out, lse = pallas_tpu.flash_fwd(qt, kt, vt, q_fields, k_fields, blocks, counts,
+                                    n_steps=n_steps, scale=scale, kind_sees=kind_sees,
+                                    block_q=bq, block_k=bk, interpret=interpret)
+    lse = lse[..., 0]
+  else:
+    out, lse = pallas_gpu.flash_fwd(qt, kt, vt, (kmp.q_lo, kmp.q_hi, kmp.q_seg, kmp.q_kind),
+                                    (kmp.k_order, kmp.k_seg, kmp.k_kind), blocks, counts,
+                                    scale=scale, kind_sees=kind_sees, block_q=bq, block_k=bk,
+                                    interpret=interpret, **dict(gpu_opts or ()))
+  return out.transpose(0, 2, 1, 3)[:, :tq], lse[:, :, :tq]
+
+
+@functools.lru_cache(maxsize=None)
+def _flash_pair(scale, kind_sees, backend, interpret, block_q, block_k, gpu_opts, bwd_blocks):
+  fwd = functools.partial(flash_fwd, scale=scale, kind_sees=kind_sees, backend=backend,
+                          interpret=interpret, block_q=block_q, block_k=block_k, gpu_opts=gpu_opts)
+  bwd = functools.partial(blockwise_bwd, scale=scale, kind_sees=kind_sees, block_q=bwd_blocks[0],
+                          block_k=bwd_blocks[1])
+  return fwd, bwd
+
+
+def _hashable_interpret(interpret):
+  try:
+    hash(interpret)
+    return interpret
+  except TypeError:
+    return True
+
+
+def flash_attention(q, k, v, km: KernelMeta, *, scale: float, kind_sees=None, backend: str = "gpu",
+                    interpret=False, block_q=None, block_k=None, gpu_opts=None,
+                    bwd_blocks=(512, 512)):
+  """Differentiable Pallas flash attention on kernel metadata; returns ``(out, lse)``."""
+  gpu_opts = tuple(sorted(dict(gpu_opts or {}).items()))
+  fwd, bwd = _flash_pair(float(scale), kind_sees, backend, _hashable_interpret(interpret), block_q,
+                         block_k, gpu_opts, tuple(bwd_blocks))
+  return attention_with_vjp(q, k, v, km, fwd, bwd)

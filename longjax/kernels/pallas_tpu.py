@@ -1,0 +1,154 @@
+"""Pallas TPU (Mosaic) flash-attention forward kernel with host/device block lists.
+
+Layout (prepared by ``flash.py``): ``q [B, Hq, Tq, D]``, ``k``/``v`` ``[B, Hkv, Tk, D]`` with the
+sequence lengths padded to the block sizes; GQA reads KV head ``h // G`` through the BlockSpec
+index map, so KV is never repeated in memory. Mask metadata travels in TPU-friendly layouts:
+query fields ``[B, Tq, 4]`` (lo, hi, segment, kind: a ``[bq, 4]`` block gives ``[bq, 1]`` columns)
+and key fields ``[B, 4, Tk]`` (order, segment, kind, 0: a ``[4, bk]`` block gives ``[1, bk]`` rows).
+
+Grid ``(B, Hq, nQ, W)``. ``W`` walks a per-(batch, query block) list of the KV blocks that may be
+visible, delivered by scalar prefetch (``PrefetchScalarGridSpec``): the KV index map reads
+``blocks[b, i, j]``, so only listed blocks are DMA'd; entries past ``counts[b, i]`` repeat the last
+listed block (the pipeline sees an unchanged block index and skips the copy) and their compute is
+disabled with ``pl.when``. With concrete metadata the lists are built on the host and ``W`` is the
+longest list (true block skipping in the grid); with traced metadata (inside ``jit``/``scan``) the
+lists are built on device and ``W = nK`` (compute still skipped, DMA of repeated blocks elided).
+
+Outputs: ``out [B, Hq, Tq, D]`` in q.dtype and ``lse [B, Hq, Tq, 1]`` fp32 (-inf for queries that
+see nothing; their output is 0). The running max / sum live in ``[bq, 1]`` VMEM scratch.
+
+On CPU the kernel runs with ``interpret=True`` or ``interpret=pltpu.InterpretParams()``.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+try:  # Pallas TPU may be missing from some jaxlib builds.
+  from jax.experimental.pallas import tpu as pltpu
+except Exception:  # pragma: no cover
+  pltpu = None
+
+from longjax.kernels.mask import kernel_allowed, kind_bits  # noqa: F401  (kind_bits used via allowed)
+
+NUM_META = 4
+
+
+def available() -> bool:
+  return pltpu is not None and hasattr(pltpu, "PrefetchScalarGridSpec")
+
+
+def _kernel(blocks_ref, counts_ref, q_ref, k_ref, v_ref, qm_ref, km_ref, o_ref, lse_ref,
+            m_sc, l_sc, acc_sc, *, scale, kind_sees, n_q, width, n_steps, precision):
+  b, i, j = pl.program_id(0), pl.program_id(2), pl.program_id(3)
+
+  @pl.when(j == 0)
+  def _init():
+    m_sc[...] = jnp.full(m_sc.shape, -jnp.inf, jnp.float32)
+    l_sc[...] = jnp.zeros(l_sc.shape, jnp.float32)
+    acc_sc[...] = jnp.zeros(acc_sc.shape, jnp.float32)
+
+  @pl.when(j < counts_ref[b * n_q + i])
+  def _compute():
+    q = q_ref[...]
+    k = k_ref[...]
+    s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32,
+                            precision=precision) * scale
+    qm = qm_ref[...]
+    km = km_ref[...]
+    ok = kernel_allowed(qm[:, 0:1], qm[:, 1:2], qm[:, 2:3], qm[:, 3:4],
+                        km[0:1, :], km[1:2, :], km[2:3, :], kind_sees)
+    s = jnp.where(ok, s, -jnp.inf)
+    m_prev = m_sc[...]
+    m_new = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))
+    m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)
+    alpha = jnp.exp(m_prev - m_safe)
+    p = jnp.exp(s - m_safe)
+    l_sc[...] = l_sc[...] * alpha + jnp.sum(p, axis=1, keepdims=True)
+    v = v_ref[...]
+    pv = jax.lax.dot_general(p.astype(v.dtype), v, (((1,), (0,)), ((), ())),
+                             preferred_element_type=jnp.float32, precision=precision)
+    acc_sc[...] = acc_sc[...] * alpha + pv
+    m_sc[...] = m_new
+
+  @pl.when(j == n_steps - 1)
+  def _finish():
+    l = l_sc[...]
+    pos = l > 0
+    l_safe = jnp.where(pos, l, 1.0)
+    o_ref[...] = (acc_sc[...] / l_safe).astype(o_ref.dtype)
+    m = m_sc[...]
+    m_safe = jnp.where(m == -jnp.inf, 0.0, m)
+    lse_ref[...] = jnp.where(pos, m_safe + jnp.log(l_safe), -jnp.inf)
+
+
+def flash_fwd(q, k, v, q_fields, k_fields, blocks, counts, *, n_steps: int, scale: float,
+              kind_sees, block_q: int, block_k: int, interpret=False):
+  """Run the kernel.
+
+  Args:
+    q: ``[B, Hq, Tq, D]``; k, v: ``[B, Hkv, Tk, D]`` (Tq, Tk multiples of the block sizes).
+    q_fields: ``[B, Tq, 4]`` int32 (lo, hi, seg, kind); k_fields: ``[B, 4, Tk]`` (order, seg, kind, 0).
+    blocks: ``[B, nQ, W]`` int32 KV block lists; counts: ``[B, nQ]`` int32.
+    n_steps: grid extent along the list (``<= W``).
+  Returns ``(out [B, Hq, Tq, D], lse [B, Hq, Tq, 1])``.
+  """
+  if not available():
+    raise RuntimeError("Pallas TPU (jax.experimental.pallas.tpu) is not available in this jax")
+  bsz, hq, tq, d = q.shape
+  hkv, tk = k.shape[1], k.shape[2]
+  g = hq // hkv
+  n_q = tq // block_q
+  width = blocks.shape[-1]
+  blocks_flat = blocks.reshape(-1).astype(jnp.int32)
+  counts_flat = counts.reshape(-1).astype(jnp.int32)
+  precision = jax.lax.Precision.HIGHEST if q.dtype == jnp.float32 else None
+
+  def kv_map(b, h, i, j, blk, cnt):
+    return (b, h // g, blk[(b * n_q + i) * width + j], 0)
+
+  def km_map(b, h, i, j, blk, cnt):
+    return (b, 0, blk[(b * n_q + i) * width + j])
+
+  grid_spec = pltpu.PrefetchScalarGridSpec(
+      num_scalar_prefetch=2,
+      grid=(bsz, hq, n_q, n_steps),
+      in_specs=[
+          pl.BlockSpec((None, None, block_q, d), lambda b, h, i, j, blk, cnt: (b, h, i, 0)),
+          pl.BlockSpec((None, None, block_k, d), kv_map),
+          pl.BlockSpec((None, None, block_k, d), kv_map),
+          pl.BlockSpec((None, block_q, NUM_META), lambda b, h, i, j, blk, cnt: (b, i, 0)),
+          pl.BlockSpec((None, NUM_META, block_k), km_map),
+      ],
+      out_specs=[
+          pl.BlockSpec((None, None, block_q, d), lambda b, h, i, j, blk, cnt: (b, h, i, 0)),
+          pl.BlockSpec((None, None, block_q, 1), lambda b, h, i, j, blk, cnt: (b, h, i, 0)),
+      ],
+      scratch_shapes=[pltpu.VMEM((block_q, 1), jnp.float32), pltpu.VMEM((block_q, 1), jnp.float32),
+                      pltpu.VMEM((block_q, d), jnp.float32)],
+  )
+  kernel = functools.partial(_kernel, scale=scale, kind_sees=kind_sees, n_q=n_q, width=width,
+                             n_steps=n_steps, precision=precision)
+  compiler_params = None
+  cp_cls = getattr(pltpu, "CompilerParams", None)
+  if cp_cls is not None:
+    compiler_params = cp_cls(dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"))
+  flops = 4 * bsz * hq * tq * tk * d
+  cost = None
+  if hasattr(pl, "CostEstimate"):
+    cost = pl.CostEstimate(flops=flops, transcendentals=bsz * hq * tq * tk,
+                           bytes_accessed=(q.size + 2 * k.size) * q.dtype.itemsize)
+  out, lse = pl.pallas_call(
+      kernel,
+      grid_spec=grid_spec,
+      out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
+                 jax.ShapeDtypeStruct((bsz, hq, tq, 1), jnp.float32)],
+      compiler_params=compiler_params,
+      interpret=interpret,
+      cost_estimate=cost,
+      name="longjax_flash_tpu",
+  )(blocks_flat, counts_flat, q, k, v, q_fields, k_fields)
+  return out, lse
