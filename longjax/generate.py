@@ -31,6 +31,9 @@ class GenerateOutput:
   tokens: list  # per prompt: generated ids (up to and including a stop id)
   logits: Optional[list] = None  # per prompt: [n_generated, V] float32 (return_logits=True)
   text: Optional[list] = None  # per prompt: decoded text, when a tokenizer was given
+  # The method's state after the last fed token (the last generated token is not fed back):
+  # lets a method continue from it (e.g. BeaconLM.resume for multi-turn).
+  state: object = None
 
 
 def _round_up(n: int, m: int) -> int:
@@ -118,7 +121,7 @@ def generate(method, params, prompts, max_new_tokens: int = 32, *, tokenizer=Non
 
   gen = np.stack(out, axis=1)
   rows = [[int(x) for x in row if x >= 0] for row in gen]
-  result = GenerateOutput(tokens=rows)
+  result = GenerateOutput(tokens=rows, state=state)
   if return_logits:
     lg = np.stack(out_logits, axis=1)
     result.logits = [lg[i, :len(r)] for i, r in enumerate(rows)]

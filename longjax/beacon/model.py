@@ -1,0 +1,426 @@
+"""Activation Beacon on the shared decoder: jitted window step, ``lax.scan`` prefill, loss, and
+the generation method (``prefill`` / ``step``) that ``longjax.generate`` drives.
+
+Device compute has static shapes:
+
+* query slots ``Q = W + W / r_min`` (interleave) or ``W + S / r_min`` (append) per step, or a small
+  decode bucket when every row's step fits (generation: 1 raw token, maybe a beacon);
+* memory buffers of ``capacity = sink + beacon capacity + R`` entries with ``R = Q`` (the raw
+  region slab), with explicit lengths from the planner.
+
+Prefill runs the planned steps through ``lax.scan`` in chunks of ``scan_chunk`` steps; a chunk's
+unused tail steps are skipped with ``lax.cond``, so one compiled chunk serves any number of
+windows (full windows and the final partial window alike). Decode steps use one jitted step.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import sys
+from typing import Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from longjax.beacon.config import BeaconConfig
+from longjax.beacon.memory import BeaconState, empty_state
+from longjax.beacon.planner import IGNORE, Planner, RowState, assemble
+from longjax.kernels import MaskRule, TokenMeta
+from longjax.models.config import ModelConfig
+from longjax.models.decoder import Decoder, KVPrefix
+
+
+class BeaconSetupError(ValueError):
+  """The model / checkpoint cannot run Activation Beacon as configured."""
+
+
+class CapacityError(ValueError):
+  """An input does not fit the memory capacity this BeaconLM was built for."""
+
+
+# Traces of the compiled functions (tests count them: compile once for any number of windows).
+TRACE_COUNTS = {"scan_chunk": 0, "step": 0}
+
+
+@dataclasses.dataclass
+class ForwardOutput:
+  next_logits: jax.Array  # [B, V] fp32: after each row's last new token
+  state: BeaconState
+  loss_sum: jax.Array  # [B] fp32 summed token CE (0 without labels)
+  loss_count: jax.Array  # [B] int32 labelled tokens
+  raw_logits: Optional[list] = None  # per row [n_new, V] (collect_logits=True)
+  steps: Optional[list] = None  # per row: list of StepDesc (the planned official calls)
+
+  @property
+  def loss(self) -> jax.Array:
+    """Official ``loss``: summed CE over all rows / labelled tokens."""
+    return jnp.sum(self.loss_sum) / jnp.maximum(jnp.sum(self.loss_count), 1)
+
+  @property
+  def batch_loss(self) -> jax.Array:
+    return self.loss_sum / jnp.maximum(self.loss_count, 1)
+
+
+def _head(cfg: ModelConfig, params, h):
+  """LM head on final hidden states (as ``Decoder._logits``)."""
+  if cfg.tie_word_embeddings:
+    table = params["embedding"].astype(h.dtype)
+    return jnp.einsum("...h,vh->...v", h, table).astype(jnp.float32)
+  kernel = params["lm_head"]["kernel"].astype(cfg.compute_dtype)
+  return jnp.einsum("...h,hv->...v", h.astype(cfg.compute_dtype), kernel).astype(jnp.float32)
+
+
+def window_step(model: Decoder, cfg: ModelConfig, sink_cap: int, params, k, v, plan: dict,
+                *, want_loss: bool, want_hidden: bool):
+  """One official call for every row (a no-op for rows without one).
+
+  Returns ``(k, v, out)`` with ``out`` holding ``last_logits [B, V]``, ``has_last [B]``,
+  ``loss_sum [B]``, ``loss_count [B]`` and optionally ``hidden [B, Q, H]``.
+  """
+  b, q = plan["tokens"].shape
+  cap = k.shape[2]
+  r_slots = plan["src"].shape[1]
+  j = jnp.arange(cap, dtype=jnp.int32)[None]
+  jr = j - sink_cap
+  nb = plan["beacon_len"][:, None]
+  in_sink = j < sink_cap
+  mem_valid = jnp.where(in_sink, j < plan["sink_len"][:, None],
+                        (jr >= 0) & (jr < nb + plan["raw_len"][:, None]))
+  mem_pos = jnp.where(in_sink, j, plan["sink_len"][:, None] + jr)
+  mem_order = jnp.where(jr >= nb, 2 * (jr - nb), -1)
+  kinds = model.rule.kind_sees is not None
+  mem_meta = TokenMeta.causal(mem_order, valid=mem_valid,
+                              kind=jnp.zeros((b, cap), jnp.int32) if kinds else None)
+  memory = KVPrefix(k, v, mem_pos, mem_meta)
+  q_meta = TokenMeta.causal(plan["order"], valid=plan["valid"],
+                            kind=plan["kind"] if kinds else None)
+  hidden, (nk, nv) = model.apply({"params": params}, plan["tokens"], plan["pos"], q_meta=q_meta,
+                                 alt=plan["alt"], memory=memory, head=False)
+
+  def update(buf, new, base, src, capture):  # one row: buf [L, C, H, D], new [L, Q, H, D]
+    new = new.astype(buf.dtype)
+    slab = jax.lax.dynamic_slice_in_dim(buf, base, r_slots, axis=1)
+    kept = jnp.take(jnp.concatenate([slab, new], axis=1), src, axis=1)
+    buf = jax.lax.dynamic_update_slice_in_dim(buf, kept, base, axis=1)
+    if sink_cap:
+      head = new[:, :sink_cap]
+      if head.shape[1] < sink_cap:
+        head = jnp.pad(head, ((0, 0), (0, sink_cap - head.shape[1]), (0, 0), (0, 0)))
+      buf = buf.at[:, :sink_cap].set(jnp.where(capture, head, buf[:, :sink_cap]))
+    return buf
+
+  upd = jax.vmap(update, in_axes=(1, 1, 0, 0, 0), out_axes=1)
+  base = sink_cap + plan["beacon_len"]
+  k = upd(k, nk, base, plan["src"], plan["capture"])
+  v = upd(v, nv, base, plan["src"], plan["capture"])
+
+  last = jnp.maximum(plan["last_slot"], 0)
+  h_last = jnp.take_along_axis(hidden, last[:, None, None], axis=1)[:, 0]
+  out = dict(last_logits=_head(cfg, params, h_last), has_last=plan["last_slot"] >= 0)
+  if want_loss:
+    logits = _head(cfg, params, hidden)
+    labels = plan["labels"]
+    ok = labels != IGNORE
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    nll = -jnp.take_along_axis(logp, jnp.where(ok, labels, 0)[..., None], axis=-1)[..., 0]
+    out["loss_sum"] = jnp.sum(jnp.where(ok, nll, 0.0), axis=-1)
+    out["loss_count"] = jnp.sum(ok, axis=-1, dtype=jnp.int32)
+  else:
+    out["loss_sum"] = jnp.zeros((b,), jnp.float32)
+    out["loss_count"] = jnp.zeros((b,), jnp.int32)
+  if want_hidden:
+    out["hidden"] = hidden
+  return k, v, out
+
+
+class BeaconLM:
+  """Activation Beacon over a frozen decoder; a ``longjax.generate`` method.
+
+  Args:
+    cfg: the decoder config; must have the beacon projections (``alt_projections`` ⊇ ``param``)
+      and the beacon embedding row (``num_alt_embeddings >= 1``). ``longjax.beacon.load_beacon``
+      produces such a config from an official or plain HF checkpoint.
+    bcfg: the beacon settings.
+    max_length: most tokens (prompt + generated, over all turns) one state can hold. Sizes the
+      memory: ``capacity = sink + (max_length // W) * W / r_min + Q`` entries per layer and row.
+    scan_chunk: windows per compiled ``lax.scan`` chunk in prefill.
+    decode_slots: query slots of the decode bucket (steps with few slots, i.e. generation).
+    ratio: force this ratio (must be in ``bcfg.ratios``), like the official ``Memory.set``.
+    training: official training mode (no beacons in the last window, first-window label rule).
+    progress: show a progress bar over windows (``None``: only for >= 32 windows on a terminal).
+  """
+
+  def __init__(self, cfg: ModelConfig, bcfg: BeaconConfig, *, max_length: int = 65536,
+               scan_chunk: int = 8, decode_slots: int = 8, impl: str = "auto",
+               ratio: Optional[int] = None, training: bool = False,
+               progress: Optional[bool] = None):
+    missing = [p for p in bcfg.param if p not in cfg.alt_projections]
+    if missing or cfg.num_alt_embeddings < 1:
+      raise BeaconSetupError(
+          "the model has no beacon tensors for "
+          f"{['embedding'] if cfg.num_alt_embeddings < 1 else []}{missing or ''}: load the "
+          "checkpoint with longjax.beacon.load_beacon(dir, init='official') to initialise them "
+          "as the official from_pretrained does (copies of q/k/v(/o), embedding row from eos/bos), "
+          "or use a checkpoint that has beacon_* tensors")
+    if ratio is not None:
+      bcfg.check_ratio(ratio)
+    if max_length < 1:
+      raise CapacityError(f"max_length must be >= 1, got {max_length}")
+    self.cfg = cfg
+    self.bcfg = bcfg
+    self.max_length = int(max_length)
+    self.scan_chunk = int(scan_chunk)
+    self.ratio = ratio
+    self.training = training
+    self.progress = progress
+    rule = MaskRule(causal=True, kind_sees=(0b01, 0b11) if bcfg.attn == "step-expansion" else None)
+    self.model = Decoder(cfg, rule=rule, impl=impl)
+    self.q_slots = bcfg.query_slots
+    self.r_slots = self.q_slots
+    self.decode_slots = min(int(decode_slots), self.q_slots)
+    self.sink_cap = bcfg.sink_size
+    self.beacon_capacity = (self.max_length // bcfg.window) * bcfg.max_memory_per_window
+    self.capacity = self.sink_cap + self.beacon_capacity + self.r_slots
+    rs = cfg.rope_scaling_dict or {}
+    max_positions = int(cfg.max_position_embeddings * rs.get("factor", 1))
+    self.planner = Planner(bcfg, cfg.vocab_size, max_positions, self.beacon_capacity)
+    step = functools.partial(window_step, self.model, cfg, self.sink_cap)
+    self._step_jit = jax.jit(self._counted_step(step), static_argnames=("want_loss", "want_hidden"))
+    self._chunk_jit = jax.jit(self._scan_chunk(step), static_argnames=("want_loss", "want_hidden"))
+
+  # ------------------------------------------------------------------------------------------
+  @staticmethod
+  def _counted_step(step):
+    def f(params, k, v, plan, *, want_loss, want_hidden):
+      TRACE_COUNTS["step"] += 1
+      return step(params, k, v, plan, want_loss=want_loss, want_hidden=want_hidden)
+    return f
+
+  @staticmethod
+  def _scan_chunk(step):
+    def f(params, carry, plans, active, *, want_loss, want_hidden):
+      TRACE_COUNTS["scan_chunk"] += 1
+
+      def body(carry, xs):
+        plan, act = xs
+
+        def run(c):
+          k, v, last, ls, lc = c
+          k, v, out = step(params, k, v, plan, want_loss=want_loss, want_hidden=want_hidden)
+          last = jnp.where(out["has_last"][:, None], out["last_logits"], last)
+          hid = out["hidden"] if want_hidden else None
+          return (k, v, last, ls + out["loss_sum"], lc + out["loss_count"]), hid
+
+        def skip(c):
+          hid = None
+          if want_hidden:
+            b, q = plan["tokens"].shape
+            hid = jnp.zeros((b, q, params_hidden(params)), c[0].dtype)
+          return c, hid
+
+        return jax.lax.cond(act, run, skip, carry)
+
+      return jax.lax.scan(body, carry, (plans, active))
+    return f
+
+  # ------------------------------------------------------------------------------------------
+  def init_state(self, batch: int) -> BeaconState:
+    c = self.cfg
+    return empty_state(c.num_layers, batch, self.capacity, c.num_kv_heads, c.head_dim,
+                       c.compute_dtype)
+
+  def _check_room(self, rows: Sequence[RowState], new: Sequence[int], extra: int = 0):
+    for i, (r, n) in enumerate(zip(rows, new)):
+      need = r.fed + n + extra
+      if need > self.max_length:
+        raise CapacityError(
+            f"row {i}: {r.fed} tokens already in memory + {n} new"
+            + (f" + {extra} to generate" if extra else "")
+            + f" = {need} tokens exceed this BeaconLM's max_length={self.max_length} (memory "
+            f"capacity {self.capacity} KV entries per layer: sink {self.sink_cap} + beacons "
+            f"{self.beacon_capacity} + window {self.r_slots}); build it with "
+            f"BeaconLM(..., max_length={_round_up(need, self.bcfg.window)}) or more")
+
+  def _plan(self, state: BeaconState, rows_ids, rows_labels, training, ratio):
+    descs, new_rows = [], []
+    for i, ids in enumerate(rows_ids):
+      labels = None if rows_labels is None else rows_labels[i]
+      d, st = self.planner.plan_row(state.rows[i], ids, labels, training, ratio)
+      descs.append(d)
+      new_rows.append(st)
+    return descs, tuple(new_rows)
+
+  def forward(self, params, ids, *, lengths=None, labels=None, state: Optional[BeaconState] = None,
+              training: Optional[bool] = None, ratio: Optional[int] = None,
+              collect_logits: bool = False, use_scan: bool = True, reserve: int = 0
+              ) -> ForwardOutput:
+    """Feed ``ids`` (``[T]``, ``[B, T]`` right-padded with ``lengths``, or a list of id lists)
+    after ``state`` (default: empty memory), as one official ``model(input_ids, labels=...)``.
+
+    Differentiable in ``params`` (planning only looks at ids). ``collect_logits`` also returns
+    the logits of every new raw token (tests / analysis: ``[n, V]`` per row).
+    """
+    rows_ids = _rows(ids, lengths)
+    rows_labels = None if labels is None else _rows(labels, lengths)
+    training = self.training if training is None else training
+    ratio = self.ratio if ratio is None else ratio
+    if ratio is not None:
+      self.bcfg.check_ratio(ratio)
+    if state is None:
+      state = self.init_state(len(rows_ids))
+    if len(rows_ids) != state.batch:
+      raise ValueError(f"{len(rows_ids)} rows of ids for a state of batch {state.batch}")
+    if any(len(r) == 0 for r in rows_ids):
+      raise ValueError("empty input: every row needs at least one token")
+    self._check_room(state.rows, [len(r) for r in rows_ids], reserve)
+    descs, new_rows = self._plan(state, rows_ids, rows_labels, training, ratio)
+    n_steps = max(len(d) for d in descs)
+    want_loss = rows_labels is not None
+    b = state.batch
+    k, v = state.k, state.v
+    last = jnp.zeros((b, self.cfg.vocab_size), jnp.float32)
+    ls = jnp.zeros((b,), jnp.float32)
+    lc = jnp.zeros((b,), jnp.int32)
+    hidden_chunks = []
+    small = all(x.n <= self.decode_slots for d in descs for x in d)
+    if n_steps == 1 and small:
+      q = self.decode_slots
+    else:
+      q = self.q_slots
+    if not use_scan or (n_steps == 1 and q == self.decode_slots):
+      for s in range(n_steps):
+        plan = assemble([d[s] if s < len(d) else None for d in descs], q, self.r_slots)
+        plan = {name: jnp.asarray(x) for name, x in plan.items() if name != "raw_index"}
+        k, v, out = self._step_jit(params, k, v, plan, want_loss=want_loss,
+                                   want_hidden=collect_logits)
+        last = jnp.where(out["has_last"][:, None], out["last_logits"], last)
+        ls, lc = ls + out["loss_sum"], lc + out["loss_count"]
+        if collect_logits:
+          hidden_chunks.append(out["hidden"][None])
+    else:
+      chunk = self.scan_chunk
+      bar = self._progress_bar(n_steps)
+      for c0 in range(0, n_steps, chunk):
+        plans = [assemble([d[s] if s < len(d) else None for d in descs], q, self.r_slots)
+                 for s in range(c0, min(c0 + chunk, n_steps))]
+        active = np.zeros(chunk, bool)
+        active[:len(plans)] = True
+        while len(plans) < chunk:
+          plans.append(assemble([None] * b, q, self.r_slots))
+        stacked = {name: jnp.asarray(np.stack([p[name] for p in plans]))
+                   for name in plans[0] if name != "raw_index"}
+        (k, v, last, ls, lc), hid = self._chunk_jit(
+            params, (k, v, last, ls, lc), stacked, jnp.asarray(active), want_loss=want_loss,
+            want_hidden=collect_logits)
+        if collect_logits:
+          hidden_chunks.append(hid[:int(active.sum())])
+        if bar is not None:
+          bar.update(int(active.sum()))
+      if bar is not None:
+        bar.close()
+    state = BeaconState(k, v, new_rows)
+    out = ForwardOutput(next_logits=last, state=state, loss_sum=ls, loss_count=lc, steps=descs)
+    if collect_logits:
+      hidden = jnp.concatenate(hidden_chunks, axis=0)  # [steps, B, Q, H]
+      out.raw_logits = self._gather_raw_logits(params, hidden, descs, rows_ids)
+    return out
+
+  def _gather_raw_logits(self, params, hidden, descs, rows_ids):
+    res = []
+    for i, d in enumerate(descs):
+      idx_s, idx_q, where = [], [], []
+      for s, x in enumerate(d):
+        slots = np.flatnonzero(x.raw_index >= 0)
+        idx_s.extend([s] * slots.size)
+        idx_q.extend(slots.tolist())
+        where.extend(x.raw_index[slots].tolist())
+      h = hidden[np.asarray(idx_s), i, np.asarray(idx_q)]
+      logits = _head(self.cfg, params, h)
+      order = np.argsort(np.asarray(where))
+      res.append(logits[order])
+    return res
+
+  def _progress_bar(self, n_steps: int):
+    show = self.progress
+    if show is None:
+      show = n_steps >= 32 and sys.stderr.isatty()
+    if not show:
+      return None
+    try:
+      from tqdm.auto import tqdm
+    except ImportError:  # pragma: no cover
+      return None
+    return tqdm(total=n_steps, desc="beacon windows", unit="call")
+
+  # ------------------------------------------------------------------------------------------
+  def loss(self, params, ids, labels=None, *, lengths=None, training: Optional[bool] = None,
+           state: Optional[BeaconState] = None, ratio: Optional[int] = None):
+    """Official loss (labels default to ids; mean CE over labelled raw tokens); differentiable."""
+    if labels is None:
+      labels = ids
+    out = self.forward(params, ids, labels=labels, lengths=lengths, state=state,
+                       training=self.training if training is None else training, ratio=ratio)
+    return out.loss
+
+  # ------------------------------------------------------------------------------------------
+  # The generate() method interface.
+  def prefill(self, params, tokens, lengths, max_new_tokens):
+    out = self.forward(params, tokens, lengths=lengths, training=False, reserve=max_new_tokens)
+    return out.next_logits, out.state
+
+  def step(self, params, state: BeaconState, tokens):
+    tokens = np.asarray(tokens).reshape(-1, 1)
+    out = self.forward(params, tokens, state=state, training=False)
+    return out.next_logits, out.state
+
+  def resume(self, state: BeaconState, carry_tokens=None) -> "Resumed":
+    """A method for ``longjax.generate`` that continues from ``state`` (multi-turn): the new
+    prompt is fed after the memory without re-encoding earlier turns. ``carry_tokens`` (per row)
+    are fed first, e.g. the last generated token, which ``generate`` never feeds back."""
+    return Resumed(self, state, carry_tokens)
+
+
+class Resumed:
+  """``BeaconLM`` continuing from a state: ``prefill`` extends the memory instead of resetting."""
+
+  def __init__(self, lm: BeaconLM, state: BeaconState, carry_tokens=None):
+    self.lm, self.state, self.cfg = lm, state, lm.cfg
+    self.carry = carry_tokens
+
+  def prefill(self, params, tokens, lengths, max_new_tokens):
+    rows = _rows(tokens, lengths)
+    if self.carry is not None:
+      rows = [list(map(int, c)) + list(r) for c, r in zip(self.carry, rows)]
+    out = self.lm.forward(params, rows, state=self.state, training=False, reserve=max_new_tokens)
+    return out.next_logits, out.state
+
+  def step(self, params, state, tokens):
+    return self.lm.step(params, state, tokens)
+
+
+def params_hidden(params) -> int:
+  return params["embedding"].shape[-1]
+
+
+def _round_up(n: int, m: int) -> int:
+  return -(-n // m) * m
+
+
+def _rows(ids, lengths=None) -> list:
+  """``[T]`` / ``[B, T]`` (+ lengths) / list of lists -> list of 1-D int arrays."""
+  if isinstance(ids, (list, tuple)) and ids and isinstance(ids[0], (list, tuple, np.ndarray)):
+    rows = [np.asarray(r, np.int64).reshape(-1) for r in ids]
+  else:
+    arr = np.asarray(ids, np.int64)
+    if arr.ndim == 1:
+      arr = arr[None]
+    if arr.ndim != 2:
+      raise ValueError(f"ids must be [T] or [B, T], got shape {arr.shape}")
+    rows = list(arr)
+  if lengths is not None:
+    lengths = np.asarray(lengths).reshape(-1)
+    if len(lengths) != len(rows):
+      raise ValueError(f"{len(lengths)} lengths for {len(rows)} rows")
+    rows = [r[:int(n)] for r, n in zip(rows, lengths)]
+  return rows

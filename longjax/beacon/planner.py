@@ -1,0 +1,309 @@
+"""Host-side (numpy) window planning for Activation Beacon.
+
+The planner replays the official ``Memory.prepare`` / ``_step`` / ``update_memory`` bookkeeping
+(spec §2.1, §3, §4) on plain integers, one batch row at a time, and emits for every call
+("step") of the official model the layout the device step needs: input ids with beacon ids
+inserted, alternative-projection flags, RoPE positions, mask orders/kinds, labels, and the
+gather indices that say which KV entries the memory keeps. No KV values are involved, so a whole
+prompt is planned before anything runs on the device.
+
+Memory layout per row (one buffer of ``capacity`` entries per layer, see ``memory.py``)::
+
+    [ sink (sink_size slots) | beacon memory ... | raw region (raw cache) | free ]
+      0                      sink_size           sink_size + beacon_len
+
+The raw region holds the current window's entries (raw tokens, and with interleave the beacons
+already inserted). At every step the device reads the raw region as a fixed-size slab of ``R``
+entries, concatenates the step's new KV (``Q`` slots) and writes back ``R`` entries gathered by
+``src`` at the same place: appending (partial window), or keeping only the beacons (full window:
+the raw region becomes part of the beacon memory and is emptied).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from longjax.beacon.config import BeaconConfig, adapt_ratio
+
+IGNORE = -100
+
+
+class MemoryFullError(ValueError):
+  """The beacon memory buffers cannot hold what a step would add."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RowState:
+  """Per-row planner state (the official ``Memory`` cursors, as immutable data).
+
+  * ``fed``: raw tokens fed so far (official ``_end_idx``); ``start``: start of the current window.
+  * ``rem``: interleave remainder (raw tokens since the last beacon); ``ratio``: ratio in force.
+  * ``need_ratio``: the previous call completed a window (or nothing ran yet): choose a new ratio.
+  * ``sink_len`` / ``beacon_len`` / ``raw_len``: filled entries of the three memory regions.
+  * ``raw_keep``: per raw-region entry, 1 if it moves to the beacon memory when the window
+    completes (beacons; every entry when r = 0).
+  * ``seq_ratio``: ratio fixed once per sequence (instance-random, adapt-N); ``-1`` before.
+  * ``rng``: PCG64 state of the ratio RNG (``None``: fresh ``default_rng(seed)``).
+  """
+  fed: int = 0
+  start: int = 0
+  rem: int = 0
+  ratio: int = -1
+  need_ratio: bool = True
+  sink_len: int = 0
+  beacon_len: int = 0
+  raw_len: int = 0
+  raw_keep: Tuple[int, ...] = ()
+  windows_done: int = 0
+  used_zero: bool = False
+  seq_ratio: int = -1
+  rng: Optional[tuple] = None
+
+  @property
+  def sizes(self) -> Tuple[int, int, int]:
+    """(sink, beacon, raw) entries, as the official memory counts them."""
+    return self.sink_len, self.beacon_len, self.raw_len
+
+
+@dataclasses.dataclass
+class StepDesc:
+  """One official call for one row, before padding to the step's static shapes."""
+  ids: np.ndarray  # [n] int32, beacon slots hold vocab_size
+  alt: np.ndarray  # [n] bool: beacon slot
+  pos: np.ndarray  # [n] RoPE positions
+  order: np.ndarray  # [n] mask order (memory raw region entry i has order 2 i)
+  labels: np.ndarray  # [n] next-token labels, IGNORE for beacons / unlabelled
+  raw_index: np.ndarray  # [n] index of the raw token within this forward call's ids, -1 beacon
+  src: np.ndarray  # [<= R] gather indices: i >= 0 raw-region entry i, -(p+1) new slot p
+  sink_len: int
+  beacon_len: int
+  raw_len: int
+  capture: bool  # the sink is (re)captured from this step's first entries
+  ratio: Optional[int]
+  full: bool
+
+  @property
+  def n(self) -> int:
+    return int(self.ids.shape[0])
+
+  @property
+  def mem_size(self) -> int:
+    return self.sink_len + self.beacon_len + self.raw_len
+
+
+def _rng(state: Optional[tuple], seed: int) -> np.random.Generator:
+  if state is None:
+    return np.random.default_rng(seed)
+  bg = np.random.PCG64()
+  bg.state = {"bit_generator": "PCG64", "state": {"state": state[0], "inc": state[1]},
+              "has_uint32": state[2], "uinteger": state[3]}
+  return np.random.Generator(bg)
+
+
+def _rng_state(g: np.random.Generator) -> tuple:
+  s = g.bit_generator.state
+  return (s["state"]["state"], s["state"]["inc"], s["has_uint32"], s["uinteger"])
+
+
+class Planner:
+  """Plans official calls for one row at a time (pure: state in, state out)."""
+
+  def __init__(self, bcfg: BeaconConfig, vocab_size: int, max_positions: int,
+               beacon_capacity: int):
+    self.cfg = bcfg
+    self.vocab_size = vocab_size
+    self.max_positions = max_positions
+    self.beacon_capacity = beacon_capacity
+
+  # ------------------------------------------------------------------------------------------
+  def _choose_ratio(self, st: RowState, total: int, training: bool, force: Optional[int]):
+    """Returns ``(ratio, st)``; follows ``Memory.set_compression_ratio`` (spec §1)."""
+    c = self.cfg
+    if force is not None:
+      return force, st
+    if len(c.ratios) == 1:
+      return c.ratios[0], st
+    cands = list(c.ratios)  # the config already refused ratios that do not divide the stride
+    if training and 0 in cands:
+      later_full = st.start + c.stride + c.window <= total
+      if st.used_zero or not later_full:
+        cands = [r for r in cands if r != 0] or cands
+    mix = c.ratio_mix
+    if c.adapt_n is not None:
+      if st.seq_ratio < 0:
+        st = dataclasses.replace(st, seq_ratio=adapt_ratio(cands, total + c.adapt_n, c.window,
+                                                           self.max_positions))
+      return st.seq_ratio, st
+    if mix == "sequence":
+      return cands[st.windows_done % len(cands)], st
+    if mix == "instance-random" and st.seq_ratio >= 0:
+      return st.seq_ratio, st
+    g = _rng(st.rng, c.seed)
+    r = int(g.choice(cands))
+    st = dataclasses.replace(st, rng=_rng_state(g))
+    if mix == "instance-random":
+      st = dataclasses.replace(st, seq_ratio=r)
+    return r, st
+
+  # ------------------------------------------------------------------------------------------
+  def plan_row(self, st: RowState, ids: Sequence[int], labels: Optional[Sequence[int]] = None,
+               training: bool = False, force_ratio: Optional[int] = None
+               ) -> Tuple[List[StepDesc], RowState]:
+    """Plan one official forward call (``prepare`` + the ``while not finish`` loop) for one row.
+
+    ``labels`` are unshifted (like ``labels=input_ids``); they are shifted once over this call's
+    tokens (official ``prepare``), so the last token of a window predicts the next window's first.
+    """
+    c = self.cfg
+    ids = np.asarray(ids, np.int64).reshape(-1)
+    if force_ratio is not None:
+      c.check_ratio(force_ratio)
+    if ids.size == 0:
+      return [], st
+    if np.any(ids < 0) or np.any(ids >= self.vocab_size):
+      bad = ids[(ids < 0) | (ids >= self.vocab_size)][:5].tolist()
+      raise ValueError(f"token ids must be in [0, {self.vocab_size}) (the beacon id "
+                       f"{self.vocab_size} is inserted by the planner); got {bad}")
+    lab = np.full(ids.shape, IGNORE, np.int64)
+    if labels is not None:
+      labels = np.asarray(labels, np.int64).reshape(-1)
+      if labels.shape != ids.shape:
+        raise ValueError(f"labels {labels.shape} must match ids {ids.shape}")
+      lab[:-1] = labels[1:]
+    base = st.fed
+    total = st.fed + ids.size
+    steps = []
+    while st.fed < total:
+      end = st.start + c.window
+      full = end <= total
+      if not full:
+        end = total
+      n = end - st.fed
+      raw_ids = ids[st.fed - base:end - base]
+      raw_lab = lab[st.fed - base:end - base].copy()
+      raw_idx = np.arange(st.fed - base, end - base)
+      if training and st.start == 0 and not (c.pos == "interleave" and c.attn == "full-coverage"):
+        raw_lab[:] = IGNORE  # spec §6.5: first window unlabelled outside interleave+full-coverage
+      train_last = training and end == total
+
+      ratio: Optional[int]
+      rem = st.rem
+      if c.pos == "interleave":
+        if st.need_ratio:
+          r, st = self._choose_ratio(st, total, training, force_ratio)
+          st = dataclasses.replace(st, ratio=r, need_ratio=False)
+        ratio = st.ratio
+        if train_last or ratio == 0:
+          isb = np.zeros(n, bool)
+        else:
+          tot = n + rem
+          nb = tot // ratio
+          p = np.arange(n + nb)
+          isb = (p % (ratio + 1)) == (ratio - rem)
+          rem = tot % ratio
+      else:
+        ratio = None
+        isb = np.zeros(n, bool)
+        if full and not train_last:
+          ratio, st = self._choose_ratio(st, total, training, force_ratio)
+          st = dataclasses.replace(st, ratio=ratio)
+          if ratio > 0:
+            isb = np.concatenate([isb, np.ones(c.stride // ratio, bool)])
+      length = isb.size
+      keep = isb.copy()
+      if ratio == 0 and not train_last:
+        keep[:] = True  # r = 0: the window's raw activations become memory
+
+      tok = np.full(length, self.vocab_size, np.int64)
+      tok[~isb] = raw_ids
+      labels_slot = np.full(length, IGNORE, np.int64)
+      labels_slot[~isb] = raw_lab
+      raw_index = np.full(length, -1, np.int64)
+      raw_index[~isb] = raw_idx
+      m = st.sink_len + st.beacon_len + st.raw_len
+      p = np.arange(length)
+      if c.attn == "step-expansion":  # append only (config): spec §3.4, attend_prev=True
+        nraw = n
+        pos = np.empty(length, np.int64)
+        order = np.empty(length, np.int64)
+        pos[:nraw] = m + p[:nraw]
+        order[:nraw] = 2 * (st.raw_len + p[:nraw])
+        b = np.arange(length - nraw)
+        if b.size:
+          pos[nraw:] = st.sink_len + st.beacon_len + (b + 1) * (ratio + 1) - 1
+          order[nraw:] = 2 * ((b + 1) * ratio - 1) + 1
+      else:
+        pos = m + p
+        order = 2 * (st.raw_len + p)
+
+      capture = c.sink_size > 0 and st.beacon_len == 0
+      new_slots = -(p + 1)
+      if full:
+        old_keep = np.flatnonzero(np.asarray(st.raw_keep, bool)) if st.raw_keep else np.zeros(0, int)
+        src = np.concatenate([old_keep, new_slots[keep]]).astype(np.int64)
+        beacon_len = st.beacon_len + src.size
+        if beacon_len > self.beacon_capacity:
+          raise MemoryFullError(
+              f"beacon memory full: this window would bring it to {beacon_len} entries but the "
+              f"capacity is {self.beacon_capacity}; create the BeaconLM with a larger max_length")
+        nxt = dict(beacon_len=beacon_len, raw_len=0, raw_keep=(), start=st.start + c.stride,
+                   windows_done=st.windows_done + 1, need_ratio=True,
+                   used_zero=st.used_zero or ratio == 0)
+      else:
+        src = np.concatenate([np.arange(st.raw_len), new_slots]).astype(np.int64)
+        nxt = dict(raw_len=st.raw_len + length,
+                   raw_keep=st.raw_keep + tuple(int(x) for x in keep))
+      steps.append(StepDesc(ids=tok, alt=isb, pos=pos, order=order, labels=labels_slot,
+                            raw_index=raw_index, src=src, sink_len=st.sink_len,
+                            beacon_len=st.beacon_len, raw_len=st.raw_len, capture=capture,
+                            ratio=ratio, full=full))
+      if capture:
+        nxt["sink_len"] = min(c.sink_size, length)
+      st = dataclasses.replace(st, fed=end, rem=rem, **nxt)
+    return steps, st
+
+
+# ----------------------------------------------------------------------------------------------
+def assemble(descs: Sequence[Optional[StepDesc]], q_slots: int, r_slots: int) -> dict:
+  """Pad one step of every row to static shapes: ``[B, Q]`` slot arrays, ``[B, R]`` gathers.
+
+  ``None`` rows get a no-op step (no valid query; the memory is written back unchanged).
+  """
+  b = len(descs)
+  out = dict(
+      tokens=np.zeros((b, q_slots), np.int32), alt=np.zeros((b, q_slots), bool),
+      pos=np.zeros((b, q_slots), np.int32), order=np.zeros((b, q_slots), np.int32),
+      kind=np.zeros((b, q_slots), np.int32), valid=np.zeros((b, q_slots), bool),
+      labels=np.full((b, q_slots), IGNORE, np.int32), raw_index=np.full((b, q_slots), -1, np.int32),
+      src=np.tile(np.arange(r_slots, dtype=np.int32), (b, 1)),
+      sink_len=np.zeros(b, np.int32), beacon_len=np.zeros(b, np.int32),
+      raw_len=np.zeros(b, np.int32), capture=np.zeros(b, bool),
+      last_slot=np.full(b, -1, np.int32))
+  for i, d in enumerate(descs):
+    if d is None:
+      continue
+    n = d.n
+    if n > q_slots:
+      raise AssertionError(f"step of {n} slots exceeds the {q_slots} query slots")
+    out["tokens"][i, :n] = d.ids
+    out["alt"][i, :n] = d.alt
+    out["pos"][i, :n] = d.pos
+    out["order"][i, :n] = d.order
+    out["kind"][i, :n] = d.alt
+    out["valid"][i, :n] = True
+    out["labels"][i, :n] = d.labels
+    out["raw_index"][i, :n] = d.raw_index
+    if d.src.size > r_slots:
+      raise AssertionError(f"step keeps {d.src.size} entries, more than the {r_slots}-entry slab")
+    src = np.where(d.src >= 0, d.src, r_slots - d.src - 1)
+    out["src"][i, :] = 0
+    out["src"][i, :src.size] = src
+    out["sink_len"][i] = d.sink_len
+    out["beacon_len"][i] = d.beacon_len
+    out["raw_len"][i] = d.raw_len
+    out["capture"][i] = d.capture
+    raw_slots = np.flatnonzero(~d.alt)
+    out["last_slot"][i] = raw_slots[-1] if raw_slots.size else -1
+  return out

@@ -1,0 +1,301 @@
+"""Activation Beacon behaviour on a tiny random Qwen2 (no fixtures needed).
+
+Fixture parity lives in test_beacon_fixtures.py; here: config validation, planning rules from the
+spec, scan == step-by-step, compile-once prefill, batched == unbatched generation, multi-turn
+memory reuse, sampling, bad inputs, conversion and gradients through the memory.
+"""
+from __future__ import annotations
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import longjax
+from longjax.beacon import (TRACE_COUNTS, BeaconConfig, BeaconConfigError, BeaconLM,
+                            BeaconSetupError, CapacityError, Planner, RowState, adapt_ratio,
+                            load_beacon, save_beacon)
+from longjax.convert.hf import CheckpointError, save_hf, shard_map
+from longjax.models.config import ModelConfig
+from longjax.models.decoder import init_params
+
+VOCAB = 300
+
+
+def tiny_cfg(family="qwen2", alt=("q", "k", "v"), **kw):
+  base = dict(family=family, vocab_size=VOCAB, hidden_size=64, intermediate_size=128,
+              num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
+              attention_bias=family == "qwen2", max_position_embeddings=512,
+              alt_projections=alt, num_alt_embeddings=1 if alt else 0)
+  base.update(kw)
+  return ModelConfig(**base)
+
+
+def tiny_params(cfg, seed=0):
+  p = init_params(cfg, seed)
+  # HF-style init is tiny (std 0.02); scale linear weights so logits have clear margins.
+  return jax.tree_util.tree_map_with_path(
+      lambda path, x: x if "norm" in jax.tree_util.keystr(path) or "embedding" in
+      jax.tree_util.keystr(path) else x * 6.0, p)
+
+
+BCFG = BeaconConfig(window=16, stride=16, ratios=(4,), sink_size=0)
+
+
+@pytest.fixture(scope="module")
+def model():
+  cfg = tiny_cfg()
+  return cfg, tiny_params(cfg)
+
+
+@pytest.fixture(scope="module")
+def lm(model):
+  return BeaconLM(model[0], BCFG, max_length=256)
+
+
+def _ids(n, seed=0):
+  return np.random.default_rng(seed).integers(3, VOCAB, n)
+
+
+# ------------------------------------------------------------------------------------------------
+def test_config_validation():
+  ok = BeaconConfig(window=2048, stride=2048, ratios=[2, 4, 8])
+  assert ok.ratios == (2, 4, 8) and ok.query_slots == 2048 + 1024
+  with pytest.raises(BeaconConfigError, match="divisible"):
+    BeaconConfig(window=60, stride=60, ratios=(8,))
+  with pytest.raises(BeaconConfigError, match="stride == window"):
+    BeaconConfig(window=64, stride=32, ratios=(4,))
+  with pytest.raises(BeaconConfigError, match="NameError"):
+    BeaconConfig(window=64, stride=32, ratios=(4,), pos="append")
+  with pytest.raises(BeaconConfigError, match="step-expansion"):
+    BeaconConfig(attn="step-expansion", pos="interleave")
+  with pytest.raises(BeaconConfigError, match="segmentation"):
+    BeaconConfig(attn="segmentation", pos="append")
+  with pytest.raises(BeaconConfigError, match="ratio_mix"):
+    BeaconConfig(ratio_mix="adapt")
+  with pytest.raises(BeaconConfigError, match="param"):
+    BeaconConfig(param=("q", "mlp"))
+  with pytest.raises(BeaconConfigError, match="embed_init"):
+    BeaconConfig(embed_init="pad")
+  with pytest.raises(BeaconConfigError, match="not in the configured ratios"):
+    ok.check_ratio(16)
+  # Official config.json fields round-trip.
+  hf = ok.replace(sink_size=1, ratio_mix="adapt-1024").to_hf()
+  assert hf["beacon_ratio"] == [2, 4, 8] and hf["beacon_ratio_mix"] == "adapt-1024"
+  assert BeaconConfig.from_hf(hf) == ok.replace(sink_size=1, ratio_mix="adapt-1024")
+  assert BeaconConfig.from_hf(hf, beacon_ratio=[4]).ratios == (4,)
+
+
+def test_adapt_ratio_spec_numbers():
+  # spec §1: Qwen2-7B, P = 32768, W = 2048: r=2 covers 63,488, r=4 124,928, r=8 247,808.
+  pick = lambda n: adapt_ratio([2, 4, 8], n + 1024, 2048, 32768)  # noqa: E731
+  assert pick(62464) == 2 and pick(62465) == 4
+  assert pick(124928 - 1024) == 4 and pick(124928 - 1023) == 8
+  assert pick(10**7) == 8  # nothing qualifies: the largest ratio
+  assert adapt_ratio([0, 2, 4], 1000, 2048, 32768) == 0
+  # Through the planner: tiny P = 512, W = 64, adapt-16 -> max_len(2) = 960.
+  bcfg = BeaconConfig(window=64, stride=64, ratios=(2, 4, 8), ratio_mix="adapt-16")
+  planner = Planner(bcfg, VOCAB, 512, 10**6)
+  for n, want in ((944, 2), (945, 4)):
+    steps, st = planner.plan_row(RowState(), np.full(n, 5))
+    assert {s.ratio for s in steps} == {want}
+
+
+def test_planner_spec_example():
+  """spec §2.1: interleave, W = 8, r = 4, 10 prompt tokens, then one token per call."""
+  planner = Planner(BeaconConfig(window=8, stride=8, ratios=(4,)), VOCAB, 512, 1000)
+  steps, st = planner.plan_row(RowState(), np.arange(10) + 3)
+  assert [s.alt.astype(int).tolist() for s in steps] == [[0, 0, 0, 0, 1, 0, 0, 0, 0, 1], [0, 0]]
+  assert st.sizes == (0, 2, 2) and st.rem == 2
+  layouts = []
+  for t in range(6):
+    (s,), st = planner.plan_row(st, [7])
+    layouts.append(s.alt.astype(int).tolist())
+  assert layouts[:2] == [[0], [0, 1]]  # token 1: rem 3; token 2: [r, B]
+  assert layouts[5] == [0, 1] and st.sizes == (0, 4, 0)  # raw token 16 completes the window
+
+
+def test_ratio_mix_step_random_rng():
+  bcfg = BeaconConfig(window=8, stride=8, ratios=(2, 4, 8), ratio_mix="step-random")
+  steps, _ = Planner(bcfg, VOCAB, 512, 1000).plan_row(RowState(), np.full(40, 5))
+  rng = np.random.default_rng(42)
+  assert [s.ratio for s in steps] == [int(rng.choice([2, 4, 8])) for _ in steps]
+  seq = BeaconConfig(window=8, stride=8, ratios=(2, 4), ratio_mix="sequence")
+  steps, _ = Planner(seq, VOCAB, 512, 1000).plan_row(RowState(), np.full(40, 5))
+  assert [s.ratio for s in steps] == [2, 4, 2, 4, 2]
+
+
+def test_step_expansion_layout_and_run(model):
+  """spec §3.4: append + step-expansion, m = 0, r = 4: beacons at positions 4 and 9; raw tokens
+  never see the window's beacons, so window 0's raw logits equal append + full-coverage's."""
+  bcfg = BeaconConfig(window=8, stride=8, ratios=(4,), pos="append", attn="step-expansion")
+  steps, _ = Planner(bcfg, VOCAB, 512, 1000).plan_row(RowState(), np.arange(8) + 3)
+  assert steps[0].pos[8:].tolist() == [4, 9]
+  cfg, params = model
+  ids = _ids(40, 1)
+  se = BeaconLM(cfg, bcfg.replace(window=16, stride=16), max_length=64)
+  fc = BeaconLM(cfg, bcfg.replace(window=16, stride=16, attn="full-coverage"), max_length=64)
+  a = se.forward(params, ids, collect_logits=True)
+  b = fc.forward(params, ids, collect_logits=True)
+  np.testing.assert_allclose(a.raw_logits[0][:16], b.raw_logits[0][:16], atol=1e-5)
+  assert np.max(np.abs(np.asarray(a.raw_logits[0][16:] - b.raw_logits[0][16:]))) > 1e-4
+  assert a.state.sizes()[0].tolist() == [0, 8, 8]
+
+
+def test_scan_equals_steps(lm, model):
+  _, params = model
+  ids = _ids(75, 2)
+  a = lm.forward(params, ids, labels=ids, collect_logits=True)
+  b = lm.forward(params, ids, labels=ids, collect_logits=True, use_scan=False)
+  np.testing.assert_allclose(a.raw_logits[0], b.raw_logits[0], atol=1e-5)
+  np.testing.assert_allclose(a.next_logits, b.next_logits, atol=1e-5)
+  np.testing.assert_allclose(a.loss, b.loss, atol=1e-6)
+  m = a.state.memory_kv(0)
+  np.testing.assert_allclose(m[0], b.state.memory_kv(0)[0], atol=1e-5)
+  assert a.state.rows == b.state.rows
+
+
+def test_prefill_compiles_once(model):
+  cfg, params = model
+  lm = BeaconLM(cfg, BCFG, max_length=512, scan_chunk=4)
+  before = TRACE_COUNTS["scan_chunk"]
+  for n_windows in (2, 5, 11):  # 3, 6 and 12 calls (the last window partial): 1, 2, 3 chunks
+    out = lm.forward(params, _ids(16 * n_windows + 5, n_windows))
+    assert out.state.sizes()[0].tolist() == [0, 4 * n_windows, 6]
+  assert TRACE_COUNTS["scan_chunk"] - before == 1
+
+
+def test_batched_equals_unbatched(model):
+  cfg, params = model
+  lm = BeaconLM(cfg, BCFG.replace(sink_size=1), max_length=256)
+  prompts = [_ids(53, 3).tolist(), _ids(9, 4).tolist(), _ids(32, 5).tolist()]
+  batched = longjax.generate(lm, params, prompts, max_new_tokens=14, return_logits=True)
+  for i, p in enumerate(prompts):
+    single = longjax.generate(lm, params, p, max_new_tokens=14, return_logits=True)
+    assert batched.tokens[i] == single.tokens[0]
+    np.testing.assert_allclose(batched.logits[i], single.logits[0], atol=1e-4)
+    assert batched.state.rows[i] == single.state.rows[0]
+
+
+def test_generated_tokens_are_compressed(lm, model):
+  """Feeding generated tokens one by one equals feeding them as part of the prompt."""
+  _, params = model
+  prompt = _ids(20, 6).tolist()
+  out = longjax.generate(lm, params, prompt, max_new_tokens=20)
+  toks = out.tokens[0]
+  assert out.state.rows[0].fed == 20 + 19  # the last generated token is never fed back
+  whole = lm.forward(params, prompt + toks[:-1])
+  np.testing.assert_allclose(whole.state.sizes(), out.state.sizes())
+  np.testing.assert_allclose(whole.state.memory_kv(0)[0], out.state.memory_kv(0)[0], atol=1e-4)
+
+
+def test_multi_turn_reuses_memory(lm, model):
+  _, params = model
+  turn1 = _ids(70, 7).tolist()
+  out1 = longjax.generate(lm, params, turn1, max_new_tokens=6)
+  question = _ids(11, 8).tolist()
+  resumed = lm.resume(out1.state, carry_tokens=[out1.tokens[0][-1:]])
+  out2 = longjax.generate(resumed, params, question, max_new_tokens=5, return_logits=True)
+  # Only the new tokens were fed; the result equals encoding the whole conversation at once.
+  assert out2.state.rows[0].fed == 70 + 6 + 11 + 4
+  whole = lm.forward(params, turn1 + out1.tokens[0] + question)
+  np.testing.assert_allclose(out2.logits[0][0], whole.next_logits[0], atol=1e-4)
+
+
+def test_sampling_and_stop_ids(lm, model):
+  _, params = model
+  prompt = _ids(30, 9).tolist()
+  kw = dict(max_new_tokens=8, temperature=0.8, top_k=20, top_p=0.9)
+  a = longjax.generate(lm, params, prompt, seed=3, **kw)
+  b = longjax.generate(lm, params, prompt, seed=3, **kw)
+  assert a.tokens == b.tokens and len(a.tokens[0]) == 8
+  greedy = longjax.generate(lm, params, prompt, max_new_tokens=8)
+  stop = greedy.tokens[0][2]
+  stopped = longjax.generate(lm, params, prompt, max_new_tokens=8, stop_ids=[stop])
+  assert stopped.tokens[0] == greedy.tokens[0][:greedy.tokens[0].index(stop) + 1]
+
+
+def test_bad_inputs(lm, model, tmp_path):
+  cfg, params = model
+  with pytest.raises(ValueError, match="empty prompt"):
+    longjax.generate(lm, params, [], max_new_tokens=2)
+  with pytest.raises(ValueError, match="empty input"):
+    lm.forward(params, [[]])
+  with pytest.raises(CapacityError, match=r"max_length=256.*BeaconLM\(\.\.\., max_length=304\)"):
+    longjax.generate(lm, params, _ids(300).tolist(), max_new_tokens=4)
+  with pytest.raises(BeaconConfigError, match="ratio 8 is not in the configured ratios"):
+    lm.forward(params, _ids(10), ratio=8)
+  with pytest.raises(BeaconConfigError, match="not in the configured ratios"):
+    BeaconLM(cfg, BCFG, ratio=2)
+  plain = tiny_cfg(alt=())
+  with pytest.raises(BeaconSetupError, match="init='official'"):
+    BeaconLM(plain, BCFG)
+  save_hf(tmp_path / "plain", plain, tiny_params(plain))
+  with pytest.raises(CheckpointError, match="no init rule"):
+    load_beacon(tmp_path / "plain")
+
+
+@pytest.mark.parametrize("family", ["qwen2", "llama", "mistral"])
+def test_convert_init_and_roundtrip(family, tmp_path):
+  """Missing beacon tensors are initialised as the official from_pretrained does; export keeps
+  the official names and beacon_* fields; re-import is exact. Qwen2 has biases, LLaMA does not."""
+  plain = tiny_cfg(family, alt=())
+  p = tiny_params(plain, seed=1)
+  save_hf(tmp_path / "plain", plain, p)
+  bcfg_over = dict(window=16, stride=16, ratios=(4,), embed_init="bos", param=("q", "k", "v", "o"))
+  cfg, bcfg, params = load_beacon(tmp_path / "plain", init="official", **bcfg_over)
+  attn = params["layers"]["attn"]
+  for proj in "qkvo":
+    for leaf, value in attn[f"{proj}_proj"].items():
+      np.testing.assert_array_equal(attn[f"alt_{proj}_proj"][leaf], value)
+  assert ("bias" in attn["alt_q_proj"]) == (family == "qwen2")
+  np.testing.assert_array_equal(params["alt_embedding"][0], params["embedding"][cfg.bos_token_id])
+  save_beacon(tmp_path / "beacon", cfg, bcfg, params)
+  names = set(shard_map(tmp_path / "beacon"))
+  assert "model.beacon_embed_tokens.weight" in names
+  assert "model.layers.1.self_attn.beacon_o_proj.weight" in names
+  assert ("model.layers.0.self_attn.beacon_v_proj.bias" in names) == (family == "qwen2")
+  hf = json.loads((tmp_path / "beacon" / "config.json").read_text())
+  assert hf["beacon_param"] == ["q", "k", "v", "o"] and hf["beacon_window"] == 16
+  cfg2, bcfg2, params2 = load_beacon(tmp_path / "beacon")  # no init needed now
+  assert bcfg2 == bcfg
+  jax.tree.map(np.testing.assert_array_equal, params, params2)
+
+
+def test_gradient_reaches_first_window(model):
+  """Window 3's loss reaches window 1's beacon projections through the (undetached) memory."""
+  cfg, params = model
+  lm = BeaconLM(cfg, BCFG, max_length=128)
+  ids = _ids(64, 11)
+  labels = np.full(64, -100)
+  labels[49:64] = ids[49:64]  # targets of window 3's tokens only (labels are shifted by one)
+
+  def split_loss(p1, p2):
+    first = lm.forward(p1, ids[:16])  # window 1 with its own copy of the weights
+    out = lm.forward(p2, ids[16:], labels=labels[16:], state=first.state)
+    return out.loss
+
+  g1, g2 = jax.grad(split_loss, argnums=(0, 1))(params, params)
+  attn1 = g1["layers"]["attn"]
+  for name in ("alt_q_proj", "alt_k_proj", "alt_v_proj"):
+    assert float(jnp.max(jnp.abs(attn1[name]["kernel"]))) > 0, name
+  assert float(jnp.max(jnp.abs(g1["alt_embedding"]))) > 0
+  # Consistency: the two weight copies' gradients add up to the single-call gradient.
+  g = jax.grad(lambda p: lm.forward(p, ids, labels=labels).loss)(params)
+  jax.tree.map(lambda a, b, c: np.testing.assert_allclose(a + b, c, atol=1e-5, rtol=1e-4),
+               g1, g2, g)
+
+
+def test_sink_quirk_short_prompt():
+  """spec §4.4: with sink 1 and a prompt < W the sink is re-captured from every call's first entry
+  until the first window completes (the official quirk, kept for parity)."""
+  planner = Planner(BeaconConfig(window=8, stride=8, ratios=(4,), sink_size=1), VOCAB, 512, 1000)
+  steps, st = planner.plan_row(RowState(), [5, 6, 7, 8, 9])
+  captures = [steps[0].capture]
+  for t in range(5):
+    (s,), st = planner.plan_row(st, [10 + t])
+    captures.append(s.capture)
+  assert captures == [True, True, True, True, False, False]  # raw token 8 completes window 0
+  assert st.sizes == (1, 2, 2)
