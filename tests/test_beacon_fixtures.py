@@ -65,9 +65,27 @@ def _official_mask(step, bcfg):
 
 @pytest.mark.parametrize("case", CASES or [pytest.param("none", marks=pytest.mark.skip(NO_CASES))])
 def test_fixture_case(hf_dir, case):
+  check_case(hf_dir, case, impl="auto")
+
+
+def _pallas_cases():
+  """``main`` with the Pallas kernels (interpret mode) in the default run, the others marked slow."""
+  if not CASES:
+    return [pytest.param("none", marks=pytest.mark.skip(NO_CASES))]
+  first = "main" if "main" in CASES else CASES[0]
+  return [c if c == first else pytest.param(c, marks=pytest.mark.slow) for c in CASES]
+
+
+@pytest.mark.parametrize("case", _pallas_cases())
+def test_fixture_case_pallas_interpret(hf_dir, case, monkeypatch):
+  monkeypatch.setenv("LONGJAX_PALLAS_INTERPRET", "1")
+  check_case(hf_dir, case, impl="pallas")
+
+
+def check_case(hf_dir, case, impl):
   info, cfg, bcfg, params, ids = case_setup(hf_dir, case)
   ref = BEACON / case
-  lm = BeaconLM(cfg, bcfg, max_length=512)
+  lm = BeaconLM(cfg, bcfg, max_length=512, impl=impl)
 
   # 1. Forward (empty memory): every raw token's logits, the returned (last call) logits, memory.
   out = lm.forward(params, ids, collect_logits=True)
