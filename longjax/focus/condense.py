@@ -1,0 +1,135 @@
+"""Device side of FocusLLM: batched (and chunk-sharded) condensing, the local forward, the cached
+2-token chunk step, the output head.
+
+Shapes: ``L`` layers, ``N`` chunk rows (every chunk of every prompt, padded to a multiple of the
+devices on the chunk axis), ``T`` chunk-row length, ``B`` prompts, ``Cmax`` candidate slots per
+prompt, ``U`` local-context capacity.
+
+* :func:`condense` runs all chunk rows ``c_i ⊕ d`` as one batched forward. Row ``n``'s candidate is
+  its last real token (index ``lengths[n]-1``) and uses the candidate projections; padding is
+  invalid (never seen), so every row equals its unpadded single-chunk run.
+* :func:`chunk_step` is the cached decode step (spec §4.2): ``[y, g]`` over each row's cached KV,
+  ``y`` with base weights (appended to the cache), ``g`` the new candidate.
+* :func:`local_hidden` is the local forward: the prompt's candidates (pre-RoPE) at positions
+  ``0..C-1`` as a KV prefix, the local tokens from position ``C`` on, all with base weights.
+
+:func:`sharded` wraps a function whose inputs/outputs carry the chunk axis so that it runs under
+``jax.shard_map`` over a named mesh axis; chunk rows are independent, so the result is the
+single-device one.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+from longjax.kernels import TokenMeta
+from longjax.models.decoder import Decoder, KVPrefix
+
+
+def condense(model: Decoder, params, tokens, positions, valid, lengths):
+  """All chunk rows at once.
+
+  Returns ``(cand_k, cand_v [L, N, Hkv, D], k, v [L, N, T, Hkv, D])``: the candidates' pre-RoPE
+  K/V (from the candidate k/v projections) and every token's pre-RoPE K/V (the chunk caches).
+  """
+  t = tokens.shape[1]
+  last = jnp.maximum(lengths - 1, 0)
+  alt = (jnp.arange(t, dtype=jnp.int32)[None, :] == last[:, None]) & (lengths[:, None] > 0)
+  _, (k, v) = model.apply({"params": params}, tokens, positions,
+                          q_meta=TokenMeta.causal(positions, valid=valid), alt=alt, head=False)
+  pick = lambda a: jnp.take_along_axis(a, last[None, :, None, None, None], axis=2)[:, :, 0]
+  return pick(k), pick(v), k, v
+
+
+def chunk_step(model: Decoder, params, cache_k, cache_v, cache_len, prev, new, row_valid):
+  """One decode step on every chunk row (spec §4.2, cached path).
+
+  ``cache_k/v [L, N, cap, Hkv, D]`` hold each row's pre-RoPE KV (everything but its candidate),
+  ``cache_len [N]``; ``prev [N]`` the previous candidate token, ``new [N]`` the new token.
+  Returns ``(cache_k, cache_v, cache_len, cand_k, cand_v)``.
+  """
+  n, cap = cache_len.shape[0], cache_k.shape[2]
+  slots = jnp.broadcast_to(jnp.arange(cap, dtype=jnp.int32), (n, cap))
+  memory = KVPrefix(cache_k, cache_v, slots,
+                    TokenMeta.causal(slots, valid=slots < cache_len[:, None]))
+  tokens = jnp.stack([prev, new], axis=1).astype(jnp.int32)
+  positions = cache_len[:, None] + jnp.arange(2, dtype=jnp.int32)[None]
+  alt = jnp.broadcast_to(jnp.asarray([False, True]), (n, 2))
+  valid = jnp.broadcast_to(row_valid[:, None], (n, 2))
+  _, (k, v) = model.apply({"params": params}, tokens, positions,
+                          q_meta=TokenMeta.causal(positions, valid=valid), alt=alt,
+                          memory=memory, head=False)
+
+  def write(buf, kv, start):  # buf [L, cap, H, D]; kv [L, H, D] (the re-encoded previous token)
+    return jax.lax.dynamic_update_slice(buf, kv[:, None].astype(buf.dtype), (0, start, 0, 0))
+
+  write_rows = jax.vmap(write, in_axes=(1, 1, 0), out_axes=1)
+  cache_k = write_rows(cache_k, k[:, :, 0], cache_len)
+  cache_v = write_rows(cache_v, v[:, :, 0], cache_len)
+  return cache_k, cache_v, cache_len + row_valid.astype(jnp.int32), k[:, :, 1], v[:, :, 1]
+
+
+def gather_candidates(cand, gather):
+  """``cand [L, N, Hkv, D]`` -> per-prompt prefix ``[L, B, Cmax, Hkv, D]``."""
+  return jnp.take(cand, gather, axis=1)
+
+
+def local_hidden(model: Decoder, params, cand_k, cand_v, gather, cand_valid, tokens, lengths,
+                 n_chunks):
+  """Local forward: final hidden states ``[B, U, H]`` of ``tokens [B, U]`` (right-padded to
+  ``lengths``), with each prompt's candidates as a prefix at positions ``0..n_chunks-1``."""
+  b, u = tokens.shape
+  cmax = gather.shape[1]
+  slots = jnp.broadcast_to(jnp.arange(cmax, dtype=jnp.int32), (b, cmax))
+  memory = KVPrefix(gather_candidates(cand_k, gather), gather_candidates(cand_v, gather), slots,
+                    TokenMeta.causal(slots, valid=cand_valid))
+  j = jnp.arange(u, dtype=jnp.int32)[None]
+  positions = n_chunks[:, None] + j
+  q_meta = TokenMeta.causal(positions, valid=j < lengths[:, None])
+  hidden, _ = model.apply({"params": params}, tokens, positions, q_meta=q_meta, memory=memory,
+                          head=False)
+  return hidden
+
+
+def apply_head(cfg, params, hidden):
+  """fp32 logits from final hidden states (the decoder's own head, applied to chosen rows)."""
+  if cfg.tie_word_embeddings:
+    w = params["embedding"].astype(hidden.dtype)
+    logits = jnp.einsum("...h,vh->...v", hidden, w)
+  else:
+    logits = jnp.einsum("...h,hv->...v", hidden, params["lm_head"]["kernel"].astype(hidden.dtype))
+  return logits.astype(jnp.float32)
+
+
+def last_hidden(hidden, lengths):
+  """``hidden [B, U, H]`` at each row's last real position -> ``[B, H]``."""
+  idx = jnp.maximum(lengths - 1, 0)
+  return jnp.take_along_axis(hidden, idx[:, None, None], axis=1)[:, 0]
+
+
+# ---------------------------------------------------------------------------------------------
+# Chunk-axis sharding.
+def chunk_mesh(n_devices=None, axis: str = "chunks", devices=None):
+  """A 1-D mesh over ``n_devices`` (default: all) with one named axis for chunk rows."""
+  from jax.sharding import AxisType
+  devices = list(devices if devices is not None else jax.devices())
+  n = len(devices) if n_devices is None else int(n_devices)
+  return jax.make_mesh((n,), (axis,), axis_types=(AxisType.Auto,), devices=devices[:n])
+
+
+def condense_sharded(model: Decoder, mesh, axis: str):
+  """:func:`condense` with the chunk-row axis split over ``mesh[axis]`` (``jax.shard_map``)."""
+  fn = lambda params, tokens, positions, valid, lengths: condense(
+      model, params, tokens, positions, valid, lengths)
+  row, kv = P(axis), P(None, axis)
+  return jax.shard_map(fn, mesh=mesh, in_specs=(P(), row, row, row, row),
+                       out_specs=(kv, kv, kv, kv), check_vma=False)
+
+
+def chunk_step_sharded(model: Decoder, mesh, axis: str):
+  """:func:`chunk_step` with the chunk caches sharded along chunk rows."""
+  fn = lambda params, ck, cv, cl, prev, new, rv: chunk_step(model, params, ck, cv, cl, prev, new, rv)
+  row, kv = P(axis), P(None, axis)
+  return jax.shard_map(fn, mesh=mesh, in_specs=(P(), kv, kv, row, row, row, row),
+                       out_specs=(kv, kv, row, kv, kv), check_vma=False)

@@ -1,0 +1,105 @@
+"""FocusLLM settings (official names in brackets; see ../shared/specs/focusllm.md §1)."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+from longjax.models.config import ALT_PROJECTIONS
+
+OFFICIAL_MIN_LEN = 4096  # the official hard-coded chunking threshold
+OFFICIAL_PROMPT_CAP = 512  # truncate_size = min(512, stride, local_size)
+
+
+class FocusError(ValueError):
+  """Bad FocusLLM input or settings (empty prompt, too many chunks, bad sizes, bad checkpoint)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class FocusConfig:
+  """How a long input is split into memory chunks and a local context.
+
+  * ``local_window`` W [``local_window``]: the last W tokens are the local context.
+  * ``chunk_stride`` S [``memory_stride``, one value]: the memory ``x[0:L-W]`` is cut into
+    ``ceil((L-W)/S)`` chunks of S tokens (the last one shorter).
+  * ``prompt_cap``: the dynamic prompt is the last ``P = min(prompt_cap, S, W)`` tokens, with a BOS
+    in front unless it already starts with ``bos_id``. Default ``min(512, W)`` (official 512; a
+    cap above W is refused, it could never apply).
+  * ``candidate_projections`` [``beacon_param``]: which of q/k/v/o have candidate-token weights.
+  * ``min_len_threshold``: inputs shorter than this (or not longer than W) run as the plain LM
+    over ``bos(x)``; the official code hard-codes 4096, here it is a default.
+  * ``max_chunks``: capacity of the per-chunk decode caches (chunks per prompt); more is an error.
+  * ``bos_id``: the BOS id of the conditional-BOS rule (official: hard-coded 1).
+  """
+  local_window: int = 1024
+  chunk_stride: int = 1024
+  prompt_cap: Optional[int] = None  # None: min(512, local_window), the official cap
+  candidate_projections: tuple = ("q", "k", "v", "o")
+  min_len_threshold: int = OFFICIAL_MIN_LEN
+  max_chunks: int = 1024
+  bos_id: int = 1
+
+  def __post_init__(self):
+    object.__setattr__(self, "candidate_projections", tuple(self.candidate_projections))
+    if self.prompt_cap is None and isinstance(self.local_window, int) and self.local_window >= 1:
+      object.__setattr__(self, "prompt_cap", min(OFFICIAL_PROMPT_CAP, self.local_window))
+    for name in ("local_window", "chunk_stride", "prompt_cap", "max_chunks"):
+      v = getattr(self, name)
+      if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+        raise FocusError(f"FocusConfig.{name} must be an integer >= 1, got {v!r}")
+    if self.prompt_cap > self.local_window:
+      raise FocusError(f"FocusConfig.prompt_cap ({self.prompt_cap}) must not exceed local_window "
+                       f"({self.local_window}): the dynamic prompt is taken from the local context")
+    if not isinstance(self.min_len_threshold, int) or self.min_len_threshold < 0:
+      raise FocusError(f"FocusConfig.min_len_threshold must be an integer >= 0, got "
+                       f"{self.min_len_threshold!r}")
+    bad = [p for p in self.candidate_projections if p not in ALT_PROJECTIONS]
+    if bad or not self.candidate_projections or len(set(self.candidate_projections)) != len(
+        self.candidate_projections):
+      raise FocusError(f"FocusConfig.candidate_projections must be a non-empty subset of "
+                       f"{ALT_PROJECTIONS} without repeats, got {self.candidate_projections}")
+
+  @property
+  def prompt_len(self) -> int:
+    """P = min(prompt_cap, S, W) at inference."""
+    return min(self.prompt_cap, self.chunk_stride, self.local_window)
+
+  def replace(self, **kw) -> "FocusConfig":
+    return dataclasses.replace(self, **kw)
+
+  def to_hf(self) -> dict:
+    """The official config.json fields that carry these settings."""
+    return {"local_window": self.local_window, "memory_stride": [self.chunk_stride],
+            "beacon_param": list(self.candidate_projections)}
+
+  @classmethod
+  def from_hf(cls, hf: dict, **overrides) -> "FocusConfig":
+    """Read ``local_window`` / ``memory_stride`` / ``beacon_param`` from an official config.json."""
+    kw = {}
+    if "local_window" in hf:
+      kw["local_window"] = int(hf["local_window"])
+    stride = hf.get("memory_stride")
+    if stride is not None:
+      strides = list(stride) if isinstance(stride, (list, tuple)) else [stride]
+      if len(strides) != 1 and "chunk_stride" not in overrides:
+        # Training draws one stride per sample; inference uses exactly one (official assert).
+        raise FocusError(f"memory_stride {strides} has {len(strides)} values; inference uses one: "
+                         "pass chunk_stride=... to choose it")
+      if strides:
+        kw["chunk_stride"] = int(strides[0])
+    if hf.get("beacon_param"):
+      kw["candidate_projections"] = tuple(p for p in hf["beacon_param"] if p in ALT_PROJECTIONS)
+    kw.update(overrides)
+    return cls(**kw)
+
+
+def check_model(cfg, fcfg: FocusConfig, params: Optional[dict] = None):
+  """The decoder must carry exactly the candidate projections FocusConfig asks for."""
+  if set(cfg.alt_projections) != set(fcfg.candidate_projections):
+    raise FocusError(f"model has alternative projections {cfg.alt_projections or '()'} but "
+                     f"FocusConfig.candidate_projections is {fcfg.candidate_projections}; load the "
+                     "checkpoint with longjax.focus.load_focus (init_candidates='copy' for a plain LLM)")
+  if params is not None:
+    attn = params.get("layers", {}).get("attn", {})
+    missing = [p for p in fcfg.candidate_projections if f"alt_{p}_proj" not in attn]
+    if missing:
+      raise FocusError(f"parameters lack candidate projections {missing} (alt_*_proj)")

@@ -1,0 +1,98 @@
+"""FocusLLM training objectives from explicit indices (spec §5).
+
+Both objectives (continuation: memory = the text before the local span; repetition: memory = the
+whole sample) are one next-token cross-entropy at the last local position, given
+
+    memory_len, local_start (a), local_size (ls), stride (S)   ->   target x[a + ls]
+
+The random draws of these indices belong to the data pipeline (:mod:`longjax.focus.spans`), not the
+model. Gradients reach only the candidate projections: every other parameter goes through
+``stop_gradient`` (:func:`freeze_base`), as the official training freezes every non-``beacon``
+parameter.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from longjax.focus import condense as C
+from longjax.focus.config import FocusConfig, check_model
+from longjax.focus.planner import ChunkBatch, LocalBatch, pack_chunks, pack_local, split_training
+from longjax.models.config import ModelConfig
+from longjax.models.decoder import Decoder
+
+INDEX_KEYS = ("memory_len", "local_start", "local_size", "stride")
+
+
+def trainable_mask(params):
+  """True for the candidate projections (``layers/attn/alt_*_proj``), False elsewhere."""
+  def walk(tree, inside_alt):
+    if isinstance(tree, Mapping):
+      return {k: walk(v, inside_alt or (k.startswith("alt_") and k.endswith("_proj")))
+              for k, v in tree.items()}
+    return inside_alt
+  return walk(params, False)
+
+
+def freeze_base(params):
+  """``params`` with ``stop_gradient`` on everything but the candidate projections."""
+  return jax.tree.map(lambda p, t: p if t else jax.lax.stop_gradient(p), params,
+                      trainable_mask(params))
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class TrainBatch:
+  chunks: ChunkBatch
+  local: LocalBatch
+  targets: jax.Array  # [B]
+
+
+class FocusLoss:
+  """Single-token FocusLLM loss over a batch of samples, each with its own explicit indices.
+
+  ``loss(params, batch)`` is the mean over samples (the official per-device batch is 1);
+  ``plan(samples)`` builds the padded batch on the host. With ``mesh`` the chunk axis is sharded
+  like at inference.
+  """
+
+  def __init__(self, cfg: ModelConfig, fcfg: FocusConfig, *, mesh=None, axis: str = "chunks",
+               impl: str = "auto", bucket: int = 64):
+    check_model(cfg, fcfg)
+    self.cfg, self.fcfg, self.bucket = cfg, fcfg, bucket
+    self.model = Decoder(cfg, impl=impl)
+    if mesh is not None:
+      self.n_shards = int(mesh.shape[axis])
+      self._condense = C.condense_sharded(self.model, mesh, axis)
+    else:
+      self.n_shards = 1
+      self._condense = functools.partial(C.condense, self.model)
+    self.loss = jax.jit(self._loss)
+    self.value_and_grad = jax.jit(jax.value_and_grad(self._loss))
+
+  def plan(self, tokens: Sequence, indices: Sequence[Mapping]) -> TrainBatch:
+    """``tokens[b]`` a sample's ids; ``indices[b]`` its ``memory_len/local_start/local_size/stride``."""
+    rows = [split_training(x, prompt_cap=self.fcfg.prompt_cap, bos_id=self.fcfg.bos_id,
+                           max_chunks=self.fcfg.max_chunks, **{k: int(ix[k]) for k in INDEX_KEYS})
+            for x, ix in zip(tokens, indices)]
+    cb = pack_chunks(rows, row_multiple=self.n_shards, length_multiple=self.bucket)
+    lb = pack_local(rows, length_multiple=self.bucket)
+    return TrainBatch(cb, lb, np.asarray([r.target for r in rows], np.int32))
+
+  def per_sample(self, params, batch: TrainBatch):
+    params = freeze_base(params)
+    cb, lb = batch.chunks, batch.local
+    cand_k, cand_v, _, _ = self._condense(params, cb.tokens, cb.positions, cb.valid, cb.lengths)
+    hidden = C.local_hidden(self.model, params, cand_k, cand_v, cb.gather, cb.cand_valid,
+                            lb.tokens, lb.lengths, lb.n_chunks)
+    logits = C.apply_head(self.cfg, params, C.last_hidden(hidden, lb.lengths))
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    return -jnp.take_along_axis(logp, batch.targets[:, None], axis=-1)[:, 0]
+
+  def _loss(self, params, batch: TrainBatch):
+    return jnp.mean(self.per_sample(params, batch))

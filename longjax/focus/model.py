@@ -1,0 +1,190 @@
+"""FocusLLM as a generation method: prefill / cached decode step / closed-form recompute.
+
+``FocusLLM(cfg, fcfg)`` plugs into :func:`longjax.generate.generate` (``cfg``, ``prefill``,
+``step``). Its state (:class:`FocusState`) is a pytree of fixed-capacity device buffers:
+
+* the per-chunk KV caches ``[L, N, cap, Hkv, D]`` (pre-RoPE, everything but each row's current
+  candidate) with lengths ``[N]``; on a mesh they are sharded along the chunk rows ``N``;
+* the current candidates' K/V ``[L, N, Hkv, D]`` and each row's current candidate token;
+* each prompt's local context ``[B, U]`` (``bos(x[L-W:L])`` then the generated tokens) with lengths.
+
+A batch of prompts is planned per prompt on the host (its own chunk count, prompt, local context);
+all chunks of all prompts are rows of one chunk batch and each prompt's local forward gathers its
+own rows, so every prompt gets exactly what it gets alone (up to float summation order).
+
+Each decode step (spec §4.2): one batched 2-token forward ``[previous candidate, new token]`` over
+all chunk caches, then the local forward recomputed with the fresh candidates. :meth:`recompute`
+is the closed form (every chunk re-run as ``c_i ⊕ d ⊕ g_1..g_t`` from scratch); the two agree.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from longjax.focus import condense as C
+from longjax.focus.config import FocusConfig, FocusError, check_model
+from longjax.focus.planner import (ChunkBatch, LocalBatch, RowPlan, pack_chunks, pack_local,
+                                   split_prompt)
+from longjax.models.config import ModelConfig
+from longjax.models.decoder import Decoder
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class FocusState:
+  cache_k: jax.Array  # [L, N, cap, Hkv, D] chunk KV caches (pre-RoPE)
+  cache_v: jax.Array
+  cache_len: jax.Array  # [N]
+  prev: jax.Array  # [N] current candidate token of each chunk row
+  owner: jax.Array  # [N] prompt of each chunk row (-1: padding row)
+  row_valid: jax.Array  # [N]
+  cand_k: jax.Array  # [L, N, Hkv, D] current candidates (pre-RoPE)
+  cand_v: jax.Array
+  gather: jax.Array  # [B, Cmax] chunk row of each prompt's j-th chunk
+  cand_valid: jax.Array  # [B, Cmax]
+  local_tokens: jax.Array  # [B, U]
+  local_len: jax.Array  # [B]
+  n_chunks: jax.Array  # [B]
+
+  @property
+  def cache_capacity(self) -> int:
+    return self.cache_k.shape[2]
+
+  @property
+  def local_capacity(self) -> int:
+    return self.local_tokens.shape[1]
+
+
+@dataclasses.dataclass
+class FocusOutput:
+  """Result of :meth:`FocusLLM.forward` for one prompt."""
+  logits: np.ndarray  # [|u|, V] local-forward logits (row -1: next-token distribution)
+  cand_k: np.ndarray  # [L, C, Hkv, D] candidate keys, pre-RoPE, chunk order
+  cand_v: np.ndarray
+  plan: RowPlan
+
+
+class FocusLLM:
+  """FocusLLM inference on a decoder with candidate projections (``cfg.alt_projections``).
+
+  Args:
+    mesh / axis: optional mesh whose ``axis`` splits the chunk rows (condensing and the chunk
+      caches); ``None`` runs on one device. See :func:`longjax.focus.chunk_mesh`.
+    bucket: chunk-row and local-context lengths are padded to multiples of this, and
+      ``chunk_bucket``: the number of chunk rows / candidate slots to multiples of that (and of
+      the devices on the chunk axis), so prompts of similar size share one compiled program.
+  """
+
+  def __init__(self, cfg: ModelConfig, fcfg: FocusConfig, *, mesh=None, axis: str = "chunks",
+               impl: str = "auto", bucket: int = 64, chunk_bucket: int = 8):
+    check_model(cfg, fcfg)
+    self.cfg, self.fcfg, self.mesh, self.axis = cfg, fcfg, mesh, axis
+    self.model = Decoder(cfg, impl=impl)
+    self.bucket, self.chunk_bucket = int(bucket), int(chunk_bucket)
+    if mesh is not None:
+      if axis not in mesh.axis_names:
+        raise FocusError(f"mesh has axes {mesh.axis_names}, no chunk axis {axis!r}")
+      self.n_shards = int(mesh.shape[axis])
+      self._condense = C.condense_sharded(self.model, mesh, axis)
+      self._chunk_step = C.chunk_step_sharded(self.model, mesh, axis)
+    else:
+      self.n_shards = 1
+      self._condense = functools.partial(C.condense, self.model)
+      self._chunk_step = functools.partial(C.chunk_step, self.model)
+    self._prefill_jit = jax.jit(self._prefill_impl, static_argnames=("cache_cap", "all_logits"))
+    self._step_jit = jax.jit(self._step_impl)
+
+  # -------------------------------------------------------------------------------------------
+  # Host-side planning.
+  def plan(self, prompt, generated: Sequence[int] = ()) -> RowPlan:
+    return split_prompt(prompt, self.fcfg, generated)
+
+  def _pack(self, rows, extra: int):
+    cb = pack_chunks(rows, row_multiple=math.lcm(self.n_shards, self.chunk_bucket),
+                     length_multiple=self.bucket, cmax_multiple=self.chunk_bucket)
+    lb = pack_local(rows, capacity=max(len(r.local) for r in rows) + extra,
+                    length_multiple=self.bucket)
+    return cb, lb, cb.tokens.shape[1] + extra
+
+  # -------------------------------------------------------------------------------------------
+  # Device code.
+  def _prefill_impl(self, params, cb: ChunkBatch, lb: LocalBatch, *, cache_cap: int,
+                    all_logits: bool):
+    cand_k, cand_v, k, v = self._condense(params, cb.tokens, cb.positions, cb.valid, cb.lengths)
+    pad = [(0, 0), (0, 0), (0, cache_cap - k.shape[2]), (0, 0), (0, 0)]
+    last = jnp.maximum(cb.lengths - 1, 0)
+    state = FocusState(
+        cache_k=jnp.pad(k, pad), cache_v=jnp.pad(v, pad), cache_len=last,
+        prev=jnp.take_along_axis(cb.tokens, last[:, None], axis=1)[:, 0], owner=cb.owner,
+        row_valid=cb.owner >= 0, cand_k=cand_k, cand_v=cand_v, gather=cb.gather,
+        cand_valid=cb.cand_valid, local_tokens=lb.tokens, local_len=lb.lengths,
+        n_chunks=lb.n_chunks)
+    return self._local_logits(params, state, all_logits), state
+
+  def _local_logits(self, params, s: FocusState, all_logits: bool):
+    hidden = C.local_hidden(self.model, params, s.cand_k, s.cand_v, s.gather, s.cand_valid,
+                            s.local_tokens, s.local_len, s.n_chunks)
+    if all_logits:
+      return C.apply_head(self.cfg, params, hidden)
+    return C.apply_head(self.cfg, params, C.last_hidden(hidden, s.local_len))
+
+  def _step_impl(self, params, s: FocusState, tokens):
+    tokens = tokens.astype(jnp.int32)
+    new = tokens[jnp.maximum(s.owner, 0)]
+    ck, cv, cl, cand_k, cand_v = self._chunk_step(params, s.cache_k, s.cache_v, s.cache_len,
+                                                  s.prev, new, s.row_valid)
+    b = tokens.shape[0]
+    local_tokens = s.local_tokens.at[jnp.arange(b), s.local_len].set(tokens, mode="drop")
+    s = dataclasses.replace(s, cache_k=ck, cache_v=cv, cache_len=cl, prev=new, cand_k=cand_k,
+                            cand_v=cand_v, local_tokens=local_tokens, local_len=s.local_len + 1)
+    return self._local_logits(params, s, False), s
+
+  # -------------------------------------------------------------------------------------------
+  # Method interface (longjax.generate).
+  def prefill(self, params, tokens, lengths, max_new_tokens: int):
+    """``tokens [B, T]`` right-padded, ``lengths [B]`` -> ``(next_logits [B, V], FocusState)``."""
+    tokens, lengths = np.asarray(tokens), np.asarray(lengths)
+    if tokens.ndim != 2 or lengths.shape != (tokens.shape[0],):
+      raise FocusError(f"prefill expects tokens [B, T] and lengths [B], got {tokens.shape} and "
+                       f"{lengths.shape}")
+    if max_new_tokens < 0:
+      raise FocusError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    rows = [self.plan(tokens[b, :int(lengths[b])]) for b in range(tokens.shape[0])]
+    cb, lb, cap = self._pack(rows, int(max_new_tokens))
+    return self._prefill_jit(params, cb, lb, cache_cap=cap, all_logits=False)
+
+  def step(self, params, state: FocusState, tokens):
+    """Feed one token per prompt ``[B]`` -> ``(next_logits [B, V], state)`` (cached path)."""
+    longest = int(np.max(np.asarray(state.local_len)))
+    if longest >= state.local_capacity or int(np.max(np.asarray(state.cache_len))) >= (
+        state.cache_capacity):
+      raise FocusError(f"FocusLLM decode buffers are full (local capacity "
+                       f"{state.local_capacity}); prefill with a larger max_new_tokens")
+    return self._step_jit(params, state, jnp.asarray(tokens, jnp.int32))
+
+  # -------------------------------------------------------------------------------------------
+  # Whole-prompt forwards (tests, fixtures, the closed-form decode path).
+  def forward(self, params, prompt, generated: Sequence[int] = ()) -> FocusOutput:
+    """Closed form (spec §4.2): chunks ``c_i ⊕ d ⊕ generated`` and the local context
+    ``u ⊕ generated`` computed from scratch; returns every local logit and the candidates."""
+    row = self.plan(prompt, generated)
+    cb, lb, cap = self._pack([row], 0)
+    logits, s = self._prefill_jit(params, cb, lb, cache_cap=cap, all_logits=True)
+    rows = np.asarray(cb.gather[0][cb.cand_valid[0]])
+    return FocusOutput(logits=np.asarray(logits[0, :len(row.local)]),
+                       cand_k=np.asarray(s.cand_k)[:, rows], cand_v=np.asarray(s.cand_v)[:, rows],
+                       plan=row)
+
+  def recompute(self, params, prompts, generated) -> np.ndarray:
+    """Next-token logits ``[B, V]`` after ``prompts[b] ⊕ generated[b]`` by the closed form (no
+    caches): the reference the cached :meth:`step` is tested against."""
+    rows = [self.plan(p, g) for p, g in zip(prompts, generated)]
+    cb, lb, cap = self._pack(rows, 0)
+    logits, _ = self._prefill_jit(params, cb, lb, cache_cap=cap, all_logits=False)
+    return np.asarray(logits)

@@ -1,0 +1,41 @@
+"""Random FocusLLM training indices (spec §5), for the data pipeline; host-side numpy only.
+
+The model never draws anything: :class:`longjax.focus.losses.FocusLoss` takes the indices this
+module samples (or any others, e.g. recorded ones).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+OFFICIAL_STRIDES = (64, 128, 256, 512, 1024, 2048)
+
+
+def sample_indices(rng: np.random.Generator, length: int, *, window: int = 3072,
+                   strides=OFFICIAL_STRIDES, min_local: int = 30, objective: str = "random") -> dict:
+  """Draw one sample's indices as the official training does (``train.sh``: W=3072).
+
+  * objective: ``"continuation"`` / ``"repetition"`` / ``"random"`` (each with probability 1/2);
+  * ``ls ~ U{min_local .. W-2}``, ``S ~ U(strides)``, ``N = floor(L / W)`` (needs ``L >= W``);
+  * continuation: ``a = (N-1)W + U{1 .. W-ls-1}``, memory ``x[0:a]``;
+  * repetition: ``a = U{0..N-1}W + U{0 .. W-ls-1}``, memory the whole sample.
+
+  Returns ``dict(objective, memory_len, local_start, local_size, stride, target_index)``.
+  """
+  if length < window or window - 2 < min_local:
+    raise ValueError(f"a training sample needs length >= window ({window}) > min_local + 1; "
+                     f"got length {length}, min_local {min_local}")
+  if objective == "random":
+    objective = ("continuation", "repetition")[int(rng.integers(2))]
+  n = length // window
+  ls = int(rng.integers(min_local, window - 1))
+  stride = int(strides[int(rng.integers(len(strides)))])
+  if objective == "continuation":
+    a = (n - 1) * window + int(rng.integers(1, window - ls))
+    memory_len = a
+  elif objective == "repetition":
+    a = int(rng.integers(n)) * window + int(rng.integers(0, window - ls))
+    memory_len = length
+  else:
+    raise ValueError(f"objective must be continuation, repetition or random, got {objective!r}")
+  return dict(objective=objective, memory_len=memory_len, local_start=a, local_size=ls,
+              stride=stride, target_index=a + ls)

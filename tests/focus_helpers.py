@@ -1,0 +1,34 @@
+"""Shared helpers for the FocusLLM tests: a tiny random FocusLLM model."""
+from __future__ import annotations
+
+import jax
+import numpy as np
+
+from longjax.focus import FocusConfig
+from longjax.models.config import ModelConfig
+from longjax.models.decoder import init_params
+
+
+def tiny_model(seed: int = 0, kv_heads: int = 2, projections=("q", "k", "v", "o")):
+  cfg = ModelConfig(family="llama", vocab_size=97, hidden_size=32, intermediate_size=48,
+                    num_layers=2, num_heads=4, num_kv_heads=kv_heads, head_dim=8,
+                    rms_norm_eps=1e-5, alt_projections=tuple(projections), bos_token_id=1,
+                    eos_token_id=2)
+  params = init_params(cfg, seed)
+  # Larger kernels than the 0.02 init so attention is not uniform and logits are well separated.
+  params = jax.tree_util.tree_map_with_path(
+      lambda p, a: np.asarray(a) * (8.0 if "kernel" in jax.tree_util.keystr(p) else 1.0), params)
+  return cfg, params
+
+
+def tiny_focus(**kw) -> FocusConfig:
+  base = dict(local_window=24, chunk_stride=16, prompt_cap=8, min_len_threshold=0)
+  base.update(kw)
+  return FocusConfig(**base)
+
+
+def prompt(length: int, seed: int, vocab: int = 97) -> np.ndarray:
+  rng = np.random.default_rng(seed)
+  x = rng.integers(3, vocab, size=length)
+  x[0] = 1
+  return x.astype(np.int64)

@@ -1,0 +1,263 @@
+"""FocusLLM unit tests on a tiny random model (no fixtures needed)."""
+from __future__ import annotations
+
+import json
+
+import jax
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+from longjax.convert.hf import save_hf
+from longjax.focus import (FocusConfig, FocusError, FocusLLM, focus_from_llama, load_focus,
+                           save_focus, split_prompt, split_training)
+from longjax.focus import condense as C
+from longjax.focus.losses import FocusLoss, trainable_mask
+from longjax.focus.planner import pack_chunks
+from longjax.focus.spans import sample_indices
+from longjax.generate import generate
+from longjax.models.decoder import Decoder
+
+from focus_helpers import prompt, tiny_focus, tiny_model
+
+
+@pytest.fixture(scope="module")
+def tiny():
+  return tiny_model()
+
+
+# ------------------------------------------------------------------------------------------------
+# Config and planner.
+@pytest.mark.parametrize("kw, match", [
+    (dict(local_window=0), "local_window"),
+    (dict(chunk_stride=0), "chunk_stride"),
+    (dict(local_window=16, prompt_cap=17), "prompt_cap"),
+    (dict(candidate_projections=("q", "x")), "candidate_projections"),
+    (dict(min_len_threshold=-1), "min_len_threshold"),
+    (dict(max_chunks=0), "max_chunks"),
+])
+def test_config_rejects_bad_sizes(kw, match):
+  with pytest.raises(FocusError, match=match):
+    FocusConfig(**kw)
+
+
+def test_config_defaults_and_hf_fields():
+  f = FocusConfig()
+  assert (f.local_window, f.chunk_stride, f.prompt_cap, f.min_len_threshold) == (1024, 1024, 512, 4096)
+  assert FocusConfig(local_window=128, chunk_stride=64).prompt_len == 64
+  g = FocusConfig.from_hf({"local_window": 3500, "memory_stride": [1024], "beacon_param": ["q", "k"]})
+  assert (g.local_window, g.chunk_stride, g.candidate_projections, g.prompt_len) == (
+      3500, 1024, ("q", "k"), 512)
+  with pytest.raises(FocusError, match="memory_stride"):
+    FocusConfig.from_hf({"memory_stride": [64, 128]})
+  assert FocusConfig.from_hf({"memory_stride": [64, 128]}, chunk_stride=128).chunk_stride == 128
+  assert FocusConfig.from_hf(g.to_hf()) == g
+
+
+def test_split_prompt_layout():
+  f = FocusConfig(local_window=128, chunk_stride=64, min_len_threshold=0)
+  x = prompt(400, 0)
+  r = split_prompt(x, f)
+  assert r.chunk_lens == [64, 64, 64, 64, 16]
+  assert all(np.array_equal(c, x[i * 64:i * 64 + len(c)]) for i, c in enumerate(r.chunks))
+  assert np.array_equal(r.prompt, np.r_[1, x[400 - 64:]])
+  assert np.array_equal(r.local, np.r_[1, x[272:]])
+  # BOS only when the span does not already start with it.
+  y = x.copy()
+  y[272] = 1
+  assert np.array_equal(split_prompt(y, f).local, y[272:])
+  # Short input: below the threshold the plain LM over bos(x).
+  short = split_prompt(x, f.replace(min_len_threshold=4096))
+  assert short.n_chunks == 0 and np.array_equal(short.local, x)
+  with pytest.raises(FocusError, match="empty prompt"):
+    split_prompt([], f)
+  with pytest.raises(FocusError, match="max_chunks"):
+    split_prompt(x, f.replace(max_chunks=4))
+
+
+def test_split_training_layout():
+  x = prompt(400, 1)
+  r = split_training(x, memory_len=264, local_start=264, local_size=62, stride=64)
+  assert r.chunk_lens == [64, 64, 64, 64, 8] and r.target == x[326]
+  assert np.array_equal(r.prompt, np.r_[1, x[326 - 62:326]])  # P = min(512, S, ls) = 62
+  assert np.array_equal(r.local, np.r_[1, x[264:326]])
+  with pytest.raises(FocusError):
+    split_training(x, memory_len=10, local_start=390, local_size=20, stride=64)
+
+
+def test_spans_sampler_bounds():
+  rng = np.random.default_rng(0)
+  for _ in range(200):
+    ix = sample_indices(rng, 7000, window=3072)
+    a, ls = ix["local_start"], ix["local_size"]
+    assert 30 <= ls <= 3070 and ix["target_index"] == a + ls < 7000
+    assert ix["stride"] in (64, 128, 256, 512, 1024, 2048)
+    if ix["objective"] == "continuation":
+      assert ix["memory_len"] == a and 3072 < a  # N = 2
+    else:
+      assert ix["memory_len"] == 7000
+
+
+# ------------------------------------------------------------------------------------------------
+# Condensing.
+def test_batched_condense_equals_one_chunk_at_a_time(tiny):
+  cfg, params = tiny
+  f = tiny_focus()
+  rows = [split_prompt(prompt(100, 0), f), split_prompt(prompt(61, 1), f)]
+  cb = pack_chunks(rows, row_multiple=3, length_multiple=32)
+  model = Decoder(cfg)
+  ck, cv, k, v = jax.jit(lambda *a: C.condense(model, params, *a))(
+      cb.tokens, cb.positions, cb.valid, cb.lengths)
+  one = jax.jit(lambda *a: C.condense(model, params, *a))
+  n = 0
+  for r in rows:
+    for seq in r.chunk_rows():
+      t = np.asarray(seq, np.int32)[None]
+      ck1, cv1, k1, v1 = one(t, np.arange(t.shape[1])[None],
+                                    np.ones(t.shape, bool), np.asarray([t.shape[1]], np.int32))
+      np.testing.assert_allclose(ck[:, n], ck1[:, 0], atol=1e-5)
+      np.testing.assert_allclose(cv[:, n], cv1[:, 0], atol=1e-5)
+      np.testing.assert_allclose(k[:, n, :t.shape[1]], k1[:, 0], atol=1e-5)
+      n += 1
+  assert n == 8 and cb.n_rows == 9  # 5 + 3 chunks, padded to a multiple of 3
+
+
+def test_candidate_uses_candidate_weights_only(tiny):
+  """Regular tokens never see the candidate and use base weights: their K/V equal the plain LM's."""
+  cfg, params = tiny
+  model = Decoder(cfg)
+  t = prompt(20, 3).astype(np.int32)[None]
+  pos = np.arange(20)[None]
+  _, _, k, _ = C.condense(model, params, t, pos, np.ones(t.shape, bool), np.asarray([20], np.int32))
+  _, (k0, _) = model.apply({"params": params}, t, pos, alt=np.zeros(t.shape, bool))
+  np.testing.assert_allclose(k[:, :, :19], k0[:, :, :19], atol=1e-6)
+  assert np.abs(np.asarray(k[:, :, 19]) - np.asarray(k0[:, :, 19])).max() > 1e-3
+
+
+# ------------------------------------------------------------------------------------------------
+# Decoding: cached == closed form; batch rows == single runs; generate.
+def test_cached_decode_equals_recompute(tiny):
+  cfg, params = tiny
+  f = tiny_focus()
+  prompts = [prompt(100, 0), prompt(61, 1), prompt(20, 2)]  # 5, 3 and 0 chunks
+  m = FocusLLM(cfg, f, bucket=16)
+  b = len(prompts)
+  lengths = np.array([len(p) for p in prompts], np.int32)
+  tokens = np.zeros((b, lengths.max()), np.int32)
+  for i, p in enumerate(prompts):
+    tokens[i, :len(p)] = p
+  logits, state = m.prefill(params, tokens, lengths, 6)
+  np.testing.assert_allclose(logits, m.recompute(params, prompts, [[]] * b), atol=2e-5)
+  rng = np.random.default_rng(0)
+  fed = [[] for _ in range(b)]
+  for _ in range(5):
+    g = rng.integers(3, 97, size=b)
+    for i in range(b):
+      fed[i].append(int(g[i]))
+    logits, state = m.step(params, state, g)
+    np.testing.assert_allclose(logits, m.recompute(params, prompts, fed), atol=2e-5)
+  with pytest.raises(FocusError, match="full"):  # capacity: 6 new tokens (+ bucket slack)
+    for _ in range(64):
+      _, state = m.step(params, state, g)
+
+
+def test_generate_batch_rows_equal_single_runs(tiny):
+  cfg, params = tiny
+  f = tiny_focus()
+  m = FocusLLM(cfg, f, bucket=16)
+  prompts = [list(prompt(100, 0)), list(prompt(40, 1)), list(prompt(7, 2))]
+  batch = generate(m, params, prompts, max_new_tokens=5, return_logits=True)
+  for i, p in enumerate(prompts):
+    one = generate(m, params, p, max_new_tokens=5, return_logits=True)
+    assert one.tokens[0] == batch.tokens[i]
+    np.testing.assert_allclose(one.logits[0], batch.logits[i], atol=2e-5)
+  # Sampling is reproducible per seed, stop ids end a row, the callback streams every step.
+  seen = []
+  s1 = generate(m, params, prompts, max_new_tokens=5, temperature=0.8, top_k=20, top_p=0.9, seed=3,
+                callback=lambda t, toks: seen.append((t, np.asarray(toks).copy())))
+  s2 = generate(m, params, prompts, max_new_tokens=5, temperature=0.8, top_k=20, top_p=0.9, seed=3)
+  assert s1.tokens == s2.tokens and [t for t, _ in seen] == list(range(5))
+  assert all(len(toks) == 3 for _, toks in seen)
+  stop = batch.tokens[0][1]
+  stopped = generate(m, params, prompts[0], max_new_tokens=5, stop_ids=[stop])
+  assert stopped.tokens[0] == batch.tokens[0][:batch.tokens[0].index(stop) + 1]
+
+
+def test_short_input_is_the_plain_lm(tiny):
+  cfg, params = tiny
+  m = FocusLLM(cfg, tiny_focus(min_len_threshold=4096))
+  x = prompt(60, 5)
+  out = m.forward(params, x)
+  logits, _ = jax.jit(Decoder(cfg).apply)({"params": params}, x[None].astype(np.int32),
+                                          np.arange(60)[None])
+  np.testing.assert_allclose(out.logits, logits[0], atol=2e-5)
+  assert out.cand_k.shape[1] == 0
+
+
+def test_bad_inputs(tiny):
+  cfg, params = tiny
+  m = FocusLLM(cfg, tiny_focus(max_chunks=3))
+  with pytest.raises(FocusError, match="empty prompt"):
+    m.prefill(params, np.zeros((1, 4), np.int32), np.array([0]), 2)
+  with pytest.raises(ValueError, match="empty prompt"):
+    generate(m, params, [[]], max_new_tokens=2)
+  with pytest.raises(FocusError, match="max_chunks=3"):
+    generate(m, params, prompt(100, 0), max_new_tokens=2)
+  with pytest.raises(FocusError, match="candidate_projections"):
+    FocusLLM(cfg.replace(alt_projections=("q",)), tiny_focus())
+
+
+# ------------------------------------------------------------------------------------------------
+# Training loss.
+def test_loss_gradients_reach_only_candidate_projections(tiny):
+  cfg, params = tiny
+  fl = FocusLoss(cfg, tiny_focus(), bucket=16)
+  xs = [prompt(120, 0), prompt(90, 1)]
+  ix = [dict(memory_len=50, local_start=50, local_size=30, stride=16),
+        dict(memory_len=90, local_start=10, local_size=40, stride=32)]
+  batch = fl.plan(xs, ix)
+  value, grads = fl.value_and_grad(params, batch)
+  assert np.isfinite(float(value)) and float(value) > 0
+  mask = trainable_mask(params)
+  for (path, g), t in zip(jax.tree_util.tree_leaves_with_path(grads), jax.tree.leaves(mask)):
+    if t:
+      assert np.abs(g).max() > 0, jax.tree_util.keystr(path)
+    else:
+      assert np.abs(g).max() == 0, jax.tree_util.keystr(path)
+
+
+# ------------------------------------------------------------------------------------------------
+# Conversion.
+def test_checkpoint_roundtrip(tiny, tmp_path):
+  cfg, params = tiny
+  f = tiny_focus()
+  save_focus(tmp_path / "ckpt", cfg, f, params)
+  names = set(load_file(tmp_path / "ckpt" / "model.safetensors"))
+  assert "model.beacon_embed_tokens.weight" in names
+  assert {f"model.layers.{i}.self_attn.beacon_{p}_proj.weight" for i in (0, 1) for p in "qkvo"} <= names
+  hf = json.loads((tmp_path / "ckpt" / "config.json").read_text())
+  assert hf["local_window"] == 24 and hf["memory_stride"] == [16] and hf["beacon_param"] == list("qkvo")
+  cfg2, f2, params2 = load_focus(tmp_path / "ckpt", prompt_cap=8, min_len_threshold=0)
+  assert f2 == f and "alt_embedding" not in params2 and cfg2.num_alt_embeddings == 0
+  jax.tree.map(np.testing.assert_array_equal, params, params2)
+  _, _, kept = load_focus(tmp_path / "ckpt", keep_unused_embedding=True)
+  np.testing.assert_array_equal(kept["alt_embedding"][0], params["embedding"][2])
+
+
+def test_init_from_plain_llama(tmp_path):
+  cfg, params = tiny_model(projections=())
+  save_hf(tmp_path / "llama", cfg, params)
+  with pytest.raises(FocusError, match="init_candidates='copy'"):
+    load_focus(tmp_path / "llama")
+  cfg2, f2, p2 = focus_from_llama(tmp_path / "llama", tiny_focus())
+  assert cfg2.alt_projections == ("q", "k", "v", "o")
+  for p in "qkvo":
+    np.testing.assert_array_equal(p2["layers"]["attn"][f"alt_{p}_proj"]["kernel"],
+                                  params["layers"]["attn"][f"{p}_proj"]["kernel"])
+  # Copied candidate weights: the candidate is an ordinary token, so condensing = the plain LM.
+  model = Decoder(cfg2)
+  t = prompt(20, 3).astype(np.int32)[None]
+  ck, _, _, _ = C.condense(model, p2, t, np.arange(20)[None], np.ones(t.shape, bool),
+                           np.asarray([20], np.int32))
+  _, (k0, _) = Decoder(cfg).apply({"params": params}, t, np.arange(20)[None])
+  np.testing.assert_allclose(ck[:, 0], k0[:, 0, 19], atol=1e-5)

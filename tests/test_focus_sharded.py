@@ -1,0 +1,91 @@
+"""FocusLLM with the chunk axis sharded over 8 fake CPU devices == one device.
+
+The pytest process already initialised JAX with one CPU device, so the 8-device run happens in a
+subprocess (XLA_FLAGS set before JAX is imported). Both sides run the same checkpoint (written here
+by save_focus) on a batch of prompts whose chunk counts (5 and 2, plus an unchunked one) do not
+divide the device count: prefill, 3 cached decode steps, the closed form and the training loss.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from longjax.focus import FocusLLM, load_focus, save_focus
+from longjax.focus.losses import FocusLoss
+
+from focus_helpers import prompt, tiny_focus, tiny_model
+
+REPO = Path(__file__).resolve().parents[1]
+FEED = [[5, 17, 33], [9, 9, 41], [60, 2, 7]]
+LOSS_IX = [dict(memory_len=76, local_start=76, local_size=20, stride=16),
+           dict(memory_len=100, local_start=10, local_size=30, stride=8)]
+
+WORKER = textwrap.dedent("""
+    import os, sys
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    import jax, numpy as np
+    if {cache!r}:
+      jax.config.update("jax_compilation_cache_dir", {cache!r})
+      jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+    sys.path.insert(0, {tests!r})
+    from test_focus_sharded import run
+    from longjax.focus import chunk_mesh
+    assert jax.device_count() == 8, jax.devices()
+    np.savez({out!r}, **run({ckpt!r}, chunk_mesh(8)))
+""")
+
+
+def run(ckpt, mesh=None):
+  """Everything the comparison looks at, as numpy arrays."""
+  cfg, fcfg, params = load_focus(ckpt, prompt_cap=8, min_len_threshold=0)
+  m = FocusLLM(cfg, fcfg, mesh=mesh, bucket=16, chunk_bucket=1)
+  prompts = [prompt(100, 0), prompt(45, 1), prompt(20, 2)]
+  lengths = np.array([len(p) for p in prompts], np.int32)
+  tokens = np.zeros((3, lengths.max()), np.int32)
+  for i, p in enumerate(prompts):
+    tokens[i, :len(p)] = p
+  res = {}
+  logits, state = m.prefill(params, tokens, lengths, 4)
+  res["prefill"] = np.asarray(logits)
+  res["n_rows"] = np.asarray(state.cache_k.shape[1])
+  for t, g in enumerate(np.asarray(FEED).T):
+    logits, state = m.step(params, state, g)
+    res[f"step{t}"] = np.asarray(logits)
+  res["closed"] = m.recompute(params, prompts, FEED)
+  res["forward"] = m.forward(params, prompts[0]).logits
+  fl = FocusLoss(cfg, fcfg, mesh=mesh, bucket=16)
+  batch = fl.plan([prompt(120, 3), prompt(120, 4)], LOSS_IX)
+  value, grads = fl.value_and_grad(params, batch)
+  res["loss"] = np.asarray(value)
+  res["grad_alt_k"] = np.asarray(grads["layers"]["attn"]["alt_k_proj"]["kernel"])
+  return res
+
+
+def test_eight_devices_equal_one(tmp_path):
+  cfg, params = tiny_model(seed=1)
+  save_focus(tmp_path / "ckpt", cfg, tiny_focus(), params)
+  script = tmp_path / "worker.py"
+  out = tmp_path / "sharded.npz"
+  script.write_text(WORKER.format(tests=str(Path(__file__).parent), out=str(out),
+                                  ckpt=str(tmp_path / "ckpt"),
+                                  cache=jax.config.jax_compilation_cache_dir or ""))
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+  env.pop("XLA_FLAGS", None)
+  proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True,
+                        timeout=600)
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  sharded = dict(np.load(out))
+  single = run(tmp_path / "ckpt")
+  # 5 + 2 chunk rows: padded to 8 on the mesh, 7 on one device.
+  assert int(sharded["n_rows"]) == 8 and int(single["n_rows"]) == 7
+  diffs = {k: float(np.abs(sharded[k] - ref).max()) for k, ref in single.items() if k != "n_rows"}
+  print("sharded vs single-device max |diff|:", diffs)
+  for key, diff in diffs.items():
+    assert diff < 1e-5, f"{key}: sharded vs single-device max |diff| {diff}"
