@@ -120,3 +120,29 @@ def test_training_losses(folder):
     assert rec["target_index"] == ix["local_start"] + ix["local_size"]
     loss = float(fl.loss(params, fl.plan([x], [ix])))
     assert abs(loss - rec["loss"]) < LOSS_TOL, f"{name}: {loss} vs {rec['loss']}"
+
+
+def _pallas_scenarios():
+  """The first scenario with the Pallas kernels (interpret mode) by default; the others slow."""
+  return [p if i == 0 or p.values[0] is None else
+          pytest.param(*p.values, id=p.id, marks=pytest.mark.slow)
+          for i, p in enumerate(SCENARIOS)]
+
+
+@pytest.mark.parametrize("folder", _pallas_scenarios())
+def test_fixture_pallas_interpret(folder, monkeypatch):
+  """Prefill, candidate K/V and teacher-forced decoding with impl='pallas' (interpret mode)."""
+  monkeypatch.setenv("LONGJAX_PALLAS_INTERPRET", "1")
+  meta, cfg, fcfg, params, _ = _load(folder)
+  m = FocusLLM(cfg, fcfg, impl="pallas")
+  x = np.load(folder / "input_ids.npy")
+  out = m.forward(params, x)
+  assert np.abs(out.logits - np.load(folder / "prefill_logits.npy")).max() < LOGIT_TOL
+  kv = np.load(folder / "candidate_kv_prefill.npy")
+  np.testing.assert_allclose(out.cand_k, kv[:, 0], atol=1e-5)
+  tokens, ref = np.load(folder / "tokens.npy"), np.load(folder / "step_logits.npy")
+  logits, state = m.prefill(params, x[None].astype(np.int32), np.array([len(x)]), len(tokens))
+  for t in range(1, len(tokens)):
+    logits, state = m.step(params, state, tokens[t - 1:t])
+    assert np.abs(np.asarray(logits)[0] - ref[t]).max() < LOGIT_TOL, f"step {t}"
+    assert int(np.argmax(logits[0])) == tokens[t]
