@@ -1,11 +1,22 @@
-"""Evaluate long-context models (passkey, needle, perplexity, LongBench, InfiniteBench).
+"""Evaluate long-context models: passkey, needle, perplexity, LongBench, InfiniteBench.
 
   python eval.py --config=configs/tiny_beacon.py --config.eval.task=passkey
+  python eval.py --config=configs/tiny_beacon.py --config.eval.task=passkey,needle \
+      --config.eval.needle.haystack_dir=DIR
+  python eval.py --config=configs/tiny_beacon.py --config.eval.method=plain   # truncation baseline
+
+Tasks: passkey | needle | perplexity | longbench | infbench (comma-separated, or "all").
+Results go to {config.workdir}/eval (or --config.eval.output_dir): {tag}_{task}.json,
+{tag}_{task}.samples.jsonl (rerunning resumes), {tag}_{task}.png and {tag}_results.json.
+See longjax/eval/config.py for every setting and the README's "Evaluation" section.
 """
 import sys
+from pathlib import Path
 
 from absl import app
 from ml_collections import config_flags
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "ml_collections config file (configs/*.py)",
                                           lock_config=True)
@@ -16,9 +27,17 @@ def main(argv):
   config = _CONFIG.value
   if config is None:
     sys.exit("eval.py needs --config=configs/<name>.py (e.g. configs/tiny_beacon.py)")
-  task = config.get("eval", {}).get("task", "?")
-  sys.exit(f"eval.py: evaluation task {task!r} is not built yet in this version of longjax "
-           "(tracked in the evaluation issue).")
+  if "eval" not in config:
+    sys.exit("eval.py: the config has no 'eval' section; add to its get_config():\n"
+             "  from longjax.eval.config import eval_config\n"
+             "  c.eval = eval_config(c.method)   # official grids; preset='tiny' for CPU smoke runs")
+  from longjax.eval.errors import EvalError
+  from longjax.eval.runner import parse_tasks, run
+  try:
+    tasks = parse_tasks(config.eval.task)
+    run(config, tasks)
+  except EvalError as e:
+    sys.exit(f"eval.py: {e}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,159 @@
+"""InfiniteBench: longbook_choice_eng, passkey, number_string, kv_retrieval (focusllm.md §6,
+beacon ``eval_infbench.py``).
+
+Data: ``{infbench.data_dir}/{task}.jsonl`` in the published format (``context``, ``input``,
+``answer`` (a string or a list), and ``options`` (4 strings) for longbook_choice_eng; ``id``
+optional). Prompts: InfiniteBench's ``yarn-mistral`` templates (the official scripts' "infmem"
+model); no chat template; no truncation for beacon / FocusLLM (official ``TRUNCATE_LEN`` unused;
+``infbench.max_length`` > 0 middle-truncates), the plain baseline is middle-truncated to its limit.
+Greedy with ``MAX_NEW_TOKENS`` (the FocusLLM spec's values; InfiniteBench's own
+``DATA_NAME_TO_MAX_NEW_TOKENS`` gives 40 for longbook_choice_eng). Scores (``compute_scores.py``):
+first integer == answer (passkey, number_string), the value among the output's words
+(kv_retrieval), the option letter (longbook_choice_eng); task score = 100 x mean.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from longjax.eval import scorers
+from longjax.eval.errors import EvalError
+from longjax.eval.models import middle_truncate
+
+TASKS = ("longbook_choice_eng", "passkey", "number_string", "kv_retrieval")
+
+TEMPLATES = {
+    "passkey": "There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. I will quiz you about the important information there.\n\n{context}\n\n{input}\n\nThe pass key is",  # noqa: E501
+    "number_string": "There is an important info hidden inside a lot of irrelevant text. Find it. I will quiz you about the important information there.\n\n{context}\n\n{input}\n\nThe sequence of digits is",  # noqa: E501
+    "kv_retrieval": "Extract the value corresponding to the specified key in the JSON object below.\n\n{context}\n\n{input}",  # noqa: E501
+    "longbook_choice_eng": "Read the book and answer the question.\n\n{context}\n\nQuestion: {question}\nA. {OPTION_A}\nB. {OPTION_B}\nC. {OPTION_C}\nD. {OPTION_D}\n\nThe letter of the correct answer is",  # noqa: E501
+}
+
+MAX_NEW_TOKENS = {"longbook_choice_eng": 6, "passkey": 6, "number_string": 12, "kv_retrieval": 50}
+
+
+def task_list(spec) -> list:
+  names = [s.strip() for s in str(spec).split(",") if s.strip()]
+  if names in (["all"], []):
+    return list(TASKS)
+  bad = [n for n in names if n not in TASKS]
+  if bad:
+    raise EvalError(f"unknown InfiniteBench task(s) {bad}; valid: {', '.join(TASKS)} (or 'all')")
+  return names
+
+
+def _answers(rec) -> list:
+  a = rec["answer"]
+  return [str(x) for x in a] if isinstance(a, list) else [str(a)]
+
+
+def choice_letter(rec) -> str:
+  ans = _answers(rec)[0]
+  opts = [str(o) for o in rec["options"]]
+  if ans in opts:
+    return "ABCD"[opts.index(ans)]
+  if ans.strip() in ("A", "B", "C", "D"):
+    return ans.strip()
+  raise EvalError(f"longbook_choice_eng sample {rec.get('id')}: answer {ans!r} is not one of its "
+                  "options")
+
+
+def load_task(data_dir, task: str, limit: int = 0) -> list:
+  path = Path(data_dir) / f"{task}.jsonl"
+  need = ("context", "input", "answer") + (("options",) if task == "longbook_choice_eng" else ())
+  out = []
+  with open(path, encoding="utf-8") as f:
+    for i, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      try:
+        rec = json.loads(line)
+      except json.JSONDecodeError as e:
+        raise EvalError(f"{path}:{i}: not a JSON line ({e.msg})") from None
+      missing = [k for k in need if not isinstance(rec, dict) or k not in rec]
+      if missing:
+        raise EvalError(f"{path}:{i}: missing field(s) {missing}; InfiniteBench {task} records "
+                        f"need {list(need)} (found {sorted(rec) if isinstance(rec, dict) else rec!r})")
+      if task == "longbook_choice_eng":
+        if not isinstance(rec["options"], list) or len(rec["options"]) != 4:
+          raise EvalError(f"{path}:{i}: 'options' must be a list of 4 strings")
+        rec["_letter"] = choice_letter(rec)
+      rec["_key"] = f"{task}/{rec.get('id', len(out))}"
+      out.append(rec)
+      if limit and len(out) >= limit:
+        break
+  return out
+
+
+def validate(ecfg):
+  ib = ecfg.infbench
+  tasks = task_list(ib.tasks)
+  if not ib.data_dir or not Path(ib.data_dir).is_dir():
+    raise EvalError(f"infbench.data_dir {ib.data_dir!r} is not a directory; set "
+                    "--config.eval.infbench.data_dir=DIR holding {task}.jsonl files")
+  missing = [t for t in tasks if not (Path(ib.data_dir) / f"{t}.jsonl").exists()]
+  if missing:
+    raise EvalError(f"infbench.data_dir {ib.data_dir!r} lacks {[m + '.jsonl' for m in missing]}; "
+                    "choose tasks with --config.eval.infbench.tasks=a,b,...")
+  for t in tasks:
+    load_task(ib.data_dir, t, int(ecfg.max_samples or 0))
+
+
+def build_prompt(task: str, rec: dict) -> str:
+  if task == "longbook_choice_eng":
+    o = rec["options"]
+    return TEMPLATES[task].format(context=rec["context"], question=rec["input"], OPTION_A=o[0],
+                                  OPTION_B=o[1], OPTION_C=o[2], OPTION_D=o[3])
+  return TEMPLATES[task].format(context=rec["context"], input=rec["input"])
+
+
+def score(task: str, pred: str, rec: dict) -> float:
+  ans = _answers(rec)
+  if task in ("passkey", "number_string"):
+    return scorers.first_int_match(pred, ans[0])
+  if task == "kv_retrieval":
+    return scorers.kv_match(pred, ans[0])
+  return scorers.choice_match(pred, rec["_letter"], ans[0])
+
+
+def run(ctx) -> dict:
+  ib, b = ctx.tcfg, ctx.built
+  tasks = task_list(ib.tasks)
+  data = {t: load_task(ib.data_dir, t, int(ctx.ecfg.max_samples or 0)) for t in tasks}
+  chat = bool(ib.chat_template) and ctx.ecfg.chat_template != "none"
+  prompts = {}
+  for t in tasks:
+    for rec in data[t]:
+      ids = b.tokenizer.prompt_ids(build_prompt(t, rec), chat)
+      if ib.max_length:
+        ids = middle_truncate(ids, int(ib.max_length))
+      prompts[rec["_key"]] = b.fit(ids, MAX_NEW_TOKENS[t])
+  longest = max(len(prompts[r["_key"]]) + MAX_NEW_TOKENS[t] for t in tasks for r in data[t])
+  b.check_fits(longest, f"InfiniteBench (longest prompt {longest} tokens incl. output)")
+  store = ctx.open_store({})
+  bar = ctx.progress(len(prompts))
+  for t in tasks:
+    stops = b.stop_ids()
+    for rec in data[t]:
+      k = rec["_key"]
+      if k not in store:
+        _, pred = b.generate(prompts[k], MAX_NEW_TOKENS[t], stops)
+        store.add(k, dict(task=t, n_tokens=len(prompts[k]), pred=pred, answer=_answers(rec),
+                          score=score(t, pred, rec)))
+      bar.update(1)
+  bar.close()
+  recs = store.records
+  per_task = {t: round(100 * float(np.mean([recs[r["_key"]]["score"] for r in data[t]])), 2)
+              for t in tasks if data[t]}
+  return dict(task="infbench", scores=per_task,
+              average=round(float(np.mean(list(per_task.values()))), 2),
+              n_samples={t: len(data[t]) for t in tasks}, samples_file=str(store.path))
+
+
+def table(summary) -> str:
+  from longjax.eval.runner import format_table
+  rows = [[t, summary["n_samples"].get(t, 0), s] for t, s in summary["scores"].items()]
+  rows.append(["average", sum(summary["n_samples"].values()), summary["average"]])
+  return format_table(["InfiniteBench task", "samples", "score"], rows)
