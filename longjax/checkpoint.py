@@ -7,13 +7,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import jax
 
+from longjax.atomic_dir import atomic_dir
 from longjax.models.config import ModelConfig
 
 CONFIG_FILE = "config.json"
@@ -47,11 +45,7 @@ def save(path, cfg: ModelConfig, params, *, extra: dict | None = None, overwrite
   """Save ``params`` (any pytree of arrays) and ``cfg`` under ``path``."""
   import orbax.checkpoint as ocp
   path = Path(path).absolute()
-  if path.exists() and not overwrite:
-    raise FileExistsError(f"{path} exists; pass overwrite=True (--overwrite) to replace it")
-  path.parent.mkdir(parents=True, exist_ok=True)
-  tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.partial-", dir=path.parent))
-  try:
+  with atomic_dir(path, overwrite) as tmp:
     meta = config_to_json(cfg)
     if extra:
       meta["extra"] = extra
@@ -59,16 +53,6 @@ def save(path, cfg: ModelConfig, params, *, extra: dict | None = None, overwrite
     with ocp.StandardCheckpointer() as ckptr:
       ckptr.save(tmp / PARAMS_DIR, params)
       ckptr.wait_until_finished()
-    if path.exists():
-      old = path.with_name(f".{path.name}.old-{os.getpid()}")
-      os.rename(path, old)
-      os.rename(tmp, path)
-      shutil.rmtree(old, ignore_errors=True)
-    else:
-      os.rename(tmp, path)
-  except BaseException:
-    shutil.rmtree(tmp, ignore_errors=True)
-    raise
   return path
 
 

@@ -226,3 +226,36 @@ def test_cli_both_directions(tmp_path):
     main(["--hf_dir", str(src), "--out", str(tmp_path / "lj")])
   with pytest.raises(SystemExit):
     main(["--hf_dir", str(src)])
+
+
+def test_sharded_export_and_no_half_written_checkpoint(tmp_path, monkeypatch):
+  import transformers
+  model, src = save_tiny(tmp_path, "qwen2")
+  cfg, params = load_hf(src)
+  save_hf(tmp_path / "sharded", cfg, params, max_shard_bytes=120_000)
+  files = sorted(p.name for p in (tmp_path / "sharded").glob("*.safetensors"))
+  assert len(files) > 3 and files[0].endswith(f"-of-{len(files):05d}.safetensors")
+  reloaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "sharded",
+                                                               attn_implementation="eager")
+  ids = np.random.default_rng(0).integers(3, 320, (1, 30))
+  np.testing.assert_array_equal(hf_logits(reloaded, ids), hf_logits(model, ids))
+
+  # A failure while writing the third shard leaves neither a new nor a partial directory, and an
+  # existing export is kept intact.
+  calls = [0]
+
+  def failing_save(*a, **k):
+    calls[0] += 1
+    if calls[0] == 3:
+      raise OSError("disk full")
+    return save_file(*a, **k)
+
+  monkeypatch.setattr(hf_io, "save_file", failing_save)
+  with pytest.raises(OSError, match="disk full"):
+    save_hf(tmp_path / "new", cfg, params, max_shard_bytes=120_000)
+  calls[0] = 0
+  with pytest.raises(OSError, match="disk full"):
+    save_hf(tmp_path / "sharded", cfg, params, max_shard_bytes=120_000, overwrite=True)
+  assert not (tmp_path / "new").exists()
+  assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+  assert sorted(p.name for p in (tmp_path / "sharded").glob("*.safetensors")) == files

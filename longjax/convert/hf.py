@@ -10,16 +10,14 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Optional
 
-import jax
 import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
+from longjax.atomic_dir import atomic_dir
 from longjax.convert.table import (IGNORED_SUFFIXES, expected_names, get_path, hf_shape, rows_for,
                                    set_path)
 from longjax.models.config import ModelConfig
@@ -187,22 +185,17 @@ def save_hf(out_dir, cfg: ModelConfig, params, *, max_shard_bytes: int = 5 * 2**
 
   ``extra_config`` adds fields to config.json (e.g. the official beacon_* settings).
   """
-  out_dir = Path(out_dir)
-  if out_dir.exists() and not overwrite:
-    raise FileExistsError(f"{out_dir} exists; pass overwrite=True (--overwrite) to replace it")
-  out_dir.parent.mkdir(parents=True, exist_ok=True)
-  tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.partial-", dir=out_dir.parent))
-  try:
-    shards, current, size, weight_map = [], {}, 0, {}
+  with atomic_dir(out_dir, overwrite) as tmp:
+    # Only the shard being filled is held in memory; finished shards are on disk.
+    current, size, weight_map, total, total_bytes = {}, 0, {}, 0, 0
 
     def flush():
-      nonlocal current, size
+      nonlocal current, size, total
       if current:
-        shards.append(current)
-        name = f"model-{len(shards):05d}.safetensors"
+        total += 1
+        name = f"model-{total:05d}.safetensors"
         save_file(current, str(tmp / name), metadata={"format": "pt"})
-        for key in current:
-          weight_map[key] = name
+        weight_map.update({key: name for key in current})
         current, size = {}, 0
 
     for name, value in hf_tensors(cfg, params):
@@ -210,8 +203,8 @@ def save_hf(out_dir, cfg: ModelConfig, params, *, max_shard_bytes: int = 5 * 2**
         flush()
       current[name] = value
       size += value.nbytes
+      total_bytes += value.nbytes
     flush()
-    total = len(shards)
     if total == 1:
       os.rename(tmp / "model-00001.safetensors", tmp / SINGLE_FILE)
     else:
@@ -219,25 +212,11 @@ def save_hf(out_dir, cfg: ModelConfig, params, *, max_shard_bytes: int = 5 * 2**
         os.rename(tmp / f"model-{i:05d}.safetensors", tmp / f"model-{i:05d}-of-{total:05d}.safetensors")
       weight_map = {k: v.replace(".safetensors", f"-of-{total:05d}.safetensors")
                     for k, v in weight_map.items()}
-      index = {"metadata": {"total_size": int(sum(int(x.nbytes) for x in jax.tree.leaves(params)))}, "weight_map": weight_map}
+      index = {"metadata": {"total_size": total_bytes}, "weight_map": weight_map}
       (tmp / INDEX_FILE).write_text(json.dumps(index, indent=2))
     hf_config = cfg.to_hf()
     hf_config.update(extra_config or {})
     (tmp / "config.json").write_text(json.dumps(hf_config, indent=2))
-    _replace_dir(tmp, out_dir)
-  except BaseException:
-    shutil.rmtree(tmp, ignore_errors=True)
-    raise
   return out_dir
 
 
-
-def _replace_dir(tmp: Path, out_dir: Path):
-  """Move a finished ``tmp`` into ``out_dir``; an old ``out_dir`` is removed only afterwards."""
-  if out_dir.exists():
-    old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
-    os.rename(out_dir, old)
-    os.rename(tmp, out_dir)
-    shutil.rmtree(old, ignore_errors=True)
-  else:
-    os.rename(tmp, out_dir)
