@@ -1,0 +1,1 @@
+"""longjax benchmarks (issue 8): see bench/README.md."""
