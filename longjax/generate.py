@@ -46,18 +46,17 @@ class PlainLM:
   def __init__(self, cfg: ModelConfig, impl: str = "auto"):
     self.cfg = cfg
     self.model = Decoder(cfg, impl=impl)
-    self._forward = jax.jit(functools.partial(cache_forward, self.model))
+    self._prefill = jax.jit(functools.partial(cache_forward, self.model, fresh=True, last_only=True))
+    self._step = jax.jit(functools.partial(cache_forward, self.model, last_only=True))
 
   def prefill(self, params, tokens, lengths, max_new_tokens):
     b, t = tokens.shape
     cache = KVCache.create(self.cfg, b, _round_up(t + max_new_tokens, 64))
     valid = np.arange(t)[None] < np.asarray(lengths)[:, None]
-    logits, cache = self._forward(params, cache, jnp.asarray(tokens), jnp.asarray(valid))
-    return logits[jnp.arange(b), jnp.asarray(lengths) - 1], cache
+    return self._prefill(params, cache, jnp.asarray(tokens), jnp.asarray(valid))
 
   def step(self, params, state, tokens):
-    logits, state = self._forward(params, state, jnp.asarray(tokens)[:, None])
-    return logits[:, 0], state
+    return self._step(params, state, jnp.asarray(tokens)[:, None])
 
 
 def _as_id_lists(prompts, tokenizer) -> list:

@@ -185,3 +185,16 @@ def test_remat_and_bf16_compute(tmp_root):
   bf16 = _forward(cfg.replace(dtype="bfloat16"), params, np.asarray(ids))
   scale = np.abs(ref).max()
   assert np.abs(bf16 - ref).max() < 0.05 * scale and np.abs(bf16 - ref).mean() < 0.01 * scale
+
+
+def test_fresh_prefill_and_last_row_logits_equal_the_general_path(tmp_root):
+  _, cfg, params = converted("qwen2", tmp_root)
+  model = Decoder(cfg)
+  ids = jnp.asarray(_ids(batch=2, length=40, seed=5))
+  valid = jnp.arange(40)[None] < jnp.asarray([[40], [23]])
+  cache = KVCache.create(cfg, batch=2, capacity=64)
+  full, c1 = cache_forward(model, params, cache, ids, valid)
+  last, c2 = cache_forward(model, params, cache, ids, valid, fresh=True, last_only=True)
+  np.testing.assert_allclose(last, np.asarray(full)[[0, 1], [39, 22]], rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(c1.k, c2.k, rtol=1e-5, atol=1e-5)
+  assert c2.length.tolist() == [40, 23]

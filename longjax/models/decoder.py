@@ -142,8 +142,12 @@ class Decoder(nn.Module):
 
   @nn.compact
   def __call__(self, tokens, positions, *, q_meta: Optional[TokenMeta] = None, alt=None,
-               memory: Optional[KVPrefix] = None, head: bool = True):
+               memory: Optional[KVPrefix] = None, head: bool = True, head_rows=None):
     """Run ``tokens [B, T]`` at ``positions [B, T]``.
+
+    ``head_rows [B, R]`` (int) computes logits only at those rows (``[B, R, V]``): prefill needs
+    the last row only, and full-vocabulary logits for every prompt token are the largest tensor
+    of a long forward.
 
     Returns ``(logits [B, T, V] fp32 — or final hidden [B, T, H] when head=False, (k, v))`` with
     ``k``/``v`` the new tokens' pre-RoPE keys/values, ``[L, B, T, Hkv, D]``.
@@ -175,6 +179,8 @@ class Decoder(nn.Module):
     x = RMSNorm(cfg.rms_norm_eps, cfg.params_dtype, name="final_norm")(x)
     if not head:
       return x, new_kv
+    if head_rows is not None:
+      x = jnp.take_along_axis(x, jnp.asarray(head_rows, jnp.int32)[..., None], axis=1)
     return self._logits(x), new_kv
 
   def _embed(self, tokens):

@@ -52,22 +52,33 @@ def check_room(cache: KVCache, new_tokens: int):
         f"create the cache with a larger capacity (prompt length + max_new_tokens)")
 
 
-def cache_forward(model: Decoder, params, cache: KVCache, tokens, valid=None):
-  """Run ``tokens [B, T]`` after the cached entries; returns ``(logits [B,T,V], new cache)``.
+def cache_forward(model: Decoder, params, cache: KVCache, tokens, valid=None, *,
+                  fresh: bool = False, last_only: bool = False):
+  """Run ``tokens [B, T]`` after the cached entries; returns ``(logits, new cache)``.
 
   ``valid [B, T]`` marks real tokens; padding must come after a row's real tokens (right padding).
   Padding is written past the row's new length, i.e. it stays invisible and is overwritten later.
+  ``fresh=True`` (static) promises an empty cache: the new tokens then attend only to themselves
+  instead of to a fully masked buffer. ``last_only=True`` returns logits ``[B, V]`` at each row's
+  last valid token instead of ``[B, T, V]``.
   """
   check_room(cache, tokens.shape[1])
   b, t = tokens.shape
   if valid is None:
     valid = jnp.ones((b, t), bool)
-  slots = jnp.broadcast_to(jnp.arange(cache.capacity, dtype=jnp.int32), (b, cache.capacity))
-  memory = KVPrefix(cache.k, cache.v, slots,
-                    TokenMeta.causal(slots, valid=slots < cache.length[:, None]))
+  memory = None
+  if not fresh:
+    slots = jnp.broadcast_to(jnp.arange(cache.capacity, dtype=jnp.int32), (b, cache.capacity))
+    memory = KVPrefix(cache.k, cache.v, slots,
+                      TokenMeta.causal(slots, valid=slots < cache.length[:, None]))
   positions = cache.length[:, None] + jnp.arange(t, dtype=jnp.int32)
-  logits, (k, v) = model.apply({"params": params}, tokens, positions,
+  head_rows = None
+  if last_only:
+    head_rows = jnp.maximum(jnp.sum(valid, axis=-1, dtype=jnp.int32) - 1, 0)[:, None]
+  logits, (k, v) = model.apply({"params": params}, tokens, positions, head_rows=head_rows,
                                q_meta=TokenMeta.causal(positions, valid=valid), memory=memory)
+  if last_only:
+    logits = logits[:, 0]
 
   def write(buf, new, start):  # buf [L, cap, H, D], new [L, T, H, D] for one row
     return jax.lax.dynamic_update_slice(buf, new.astype(buf.dtype), (0, start, 0, 0))
