@@ -1,14 +1,24 @@
 """Train Activation Beacon / FocusLLM parameters on a frozen base model.
 
-  python train.py --config=configs/tiny_beacon.py [--config.workdir=...]
+  python train.py --config=configs/tiny_beacon.py [--config.workdir=...] [--noresume]
+  python train.py --config=configs/beacon_qwen2.py --config.model.checkpoint=/path/to/Qwen2-7B-Instruct \
+      --config.data.sources=jsonl:/path/redpajama/train.json
+
+Everything a run writes goes under --config.workdir: checkpoints/ (orbax: trainable params,
+optimizer, data iterator, step; keep-N), metrics.jsonl, tensorboard/ (if a writer is installed),
+config.json and export_hf/ (the trained model in HF format, official tensor names). Rerunning the
+same command resumes from the latest readable checkpoint (--noresume refuses to touch existing
+checkpoints).
 """
+import logging
 import sys
 
-from absl import app
+from absl import app, flags
 from ml_collections import config_flags
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "ml_collections config file (configs/*.py)",
                                           lock_config=True)
+_RESUME = flags.DEFINE_bool("resume", True, "resume from the latest checkpoint in the workdir")
 
 
 def main(argv):
@@ -16,9 +26,14 @@ def main(argv):
   config = _CONFIG.value
   if config is None:
     sys.exit("train.py needs --config=configs/<name>.py (e.g. configs/tiny_beacon.py)")
-  sys.exit(f"train.py: training ({config.get('method', '?')}) is not built yet in this version of "
-           "longjax (tracked in the training issue). Use `python scripts/demo.py` for the "
-           "convert-and-generate demo.")
+  logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                      force=True)
+  for noisy in ("absl", "orbax", "jax._src", "etils"):
+    logging.getLogger(noisy).setLevel(logging.WARNING)
+  from longjax.train import sharding
+  sharding.maybe_initialize_distributed(config.get("train", {}).get("distributed", "auto"))
+  from longjax.train.loop import run_main
+  sys.exit(run_main(config, resume=_RESUME.value))
 
 
 if __name__ == "__main__":

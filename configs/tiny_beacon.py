@@ -1,5 +1,21 @@
-"""Tiny Activation Beacon run on CPU: the README's embedded default (byte tokenizer, random base)."""
+"""Tiny Activation Beacon run on CPU: the README's embedded default (byte tokenizer, no downloads).
+
+With ``model.checkpoint=""`` a tiny Qwen2-shaped base LM is first pretrained on synthetic
+passkey-style text with a native window of 64 tokens (cached under <workdir>/base), then frozen;
+only the beacon parameters (q/k/v copies + the beacon embedding) are trained on 130-260-token
+documents (2-4 windows), with the official loss (full BPTT through the memory).
+
+  python train.py --config=configs/tiny_beacon.py [--config.workdir=runs/tiny_beacon]
+"""
 import ml_collections
+
+try:
+  from configs import common
+except ImportError:  # loaded by path
+  import importlib.util, pathlib  # noqa: E401
+  _s = importlib.util.spec_from_file_location("common", pathlib.Path(__file__).with_name("common.py"))
+  common = importlib.util.module_from_spec(_s)
+  _s.loader.exec_module(common)
 
 
 def get_config():
@@ -8,11 +24,24 @@ def get_config():
   c.workdir = "runs/tiny_beacon"
   c.seed = 0
   c.model = ml_collections.ConfigDict(dict(
-      checkpoint="",  # empty: a tiny random Qwen2-shaped model with the byte tokenizer
+      checkpoint="",  # empty: a tiny Qwen2-shaped model with the byte tokenizer (pretrained below)
       family="qwen2", hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
-      num_kv_heads=2, head_dim=16, dtype="float32"))
-  c.beacon = ml_collections.ConfigDict(dict(window=64, stride=64, ratios=(4,), ratio_mix="step-random",
-                                            pos="interleave", attn="full-coverage",
-                                            param=("q", "k", "v"), sink_size=0))
-  c.eval = ml_collections.ConfigDict(dict(task="passkey"))
+      num_kv_heads=2, head_dim=16, dtype="float32", param_dtype="", remat=False))
+  c.model.pretrain = ml_collections.ConfigDict(dict(
+      steps=150, batch=16, lr=3e-3, length=64, warmup_steps=15, weight_decay=0.0, save_every=0,
+      sources="synthetic:passkey", min_length=32, max_length=1 << 30))
+  c.model.pretrain.synthetic = ml_collections.ConfigDict(dict(count=512, min_chars=128,
+                                                              max_chars=250, digits=5))
+  c.beacon = ml_collections.ConfigDict(dict(window=64, stride=64, ratios=(2, 4),
+                                            ratio_mix="step-random", pos="interleave",
+                                            attn="full-coverage", param=("q", "k", "v"),
+                                            sink_size=0, embed_init="eos", attend_prev=True))
+  c.data = common.data_defaults(sources="synthetic:passkey", tokenizer="byte", min_length=128,
+                                max_length=256, synthetic=dict(count=256, min_chars=128,
+                                                               max_chars=250, digits=5))
+  c.train = common.train_defaults(num_steps=60, global_batch=4, lr=2e-3, warmup_steps=5,
+                                  step_bucket=4, save_every=20)
+  c.debug = common.debug_defaults()
+  from longjax.eval.config import eval_config  # noqa: E402 (the eval section: official
+  c.eval = eval_config("beacon", preset="tiny")   # protocols on CPU-sized grids)
   return c

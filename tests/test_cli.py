@@ -14,11 +14,17 @@ def _run(*args):
 
 
 @pytest.mark.parametrize("script", ["train.py", "eval.py"])
-def test_stub_entry_points_parse_config_and_explain(script):
-  r = _run(script, "--config=configs/tiny_beacon.py")
-  assert r.returncode != 0 and "not built yet" in r.stderr
-  r = _run(script, "--config=configs/tiny_beacon.py", "--config.no_such_key=1")
+@pytest.mark.parametrize("config", ["tiny_beacon", "tiny_focus", "beacon_qwen2", "beacon_llama3",
+                                    "focus_llama2"])
+def test_entry_points_reject_unknown_config_keys(script, config):
+  r = _run(script, f"--config=configs/{config}.py", "--config.no_such_key=1")
   assert r.returncode != 0 and "no_such_key" in r.stderr
+
+
+@pytest.mark.parametrize("config", ["beacon_qwen2", "beacon_llama3", "focus_llama2"])
+def test_real_configs_need_a_checkpoint(config, tmp_path):
+  r = _run("train.py", f"--config=configs/{config}.py", f"--config.workdir={tmp_path}")
+  assert r.returncode != 0 and "model.checkpoint" in (r.stderr + r.stdout)
 
 
 def test_demo_runs(tmp_path):

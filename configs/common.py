@@ -1,0 +1,37 @@
+"""Shared defaults of the training configs (each config file calls these and overrides)."""
+import ml_collections
+
+
+def train_defaults(**kw):
+  t = dict(num_steps=0, num_epochs=1, global_batch=8, grad_accum=1, lr=5e-5, end_lr=0.0,
+           warmup_steps=0, weight_decay=0.0, b1=0.9, b2=0.999, eps=1e-8, max_grad_norm=1.0,
+           remat=True, step_bucket=1, log_every=1, save_every=1000, keep=3,
+           async_checkpoint=True, export=True, distributed="auto", impl="auto",
+           tensorboard=True, progress=True)
+  t.update(kw)
+  mesh = t.pop("mesh", dict(data=-1, fsdp=1, tensor=1))
+  cd = ml_collections.ConfigDict(t)
+  cd.mesh = ml_collections.ConfigDict(mesh)
+  return cd
+
+
+def data_defaults(**kw):
+  d = dict(sources="", tokenizer="", text_field="text", tfds_data_dir="", tfds_split="train",
+           min_length=0, max_length=1 << 30, append_eos=True, add_bos="auto", max_per_source=0,
+           loss_on="all")
+  synthetic = kw.pop("synthetic", dict(count=256, min_chars=256, max_chars=512, digits=5))
+  d.update(kw)
+  cd = ml_collections.ConfigDict(d)
+  cd.synthetic = ml_collections.ConfigDict(synthetic)
+  return cd
+
+
+def debug_defaults():
+  return ml_collections.ConfigDict(dict(kill_after_step=-1, nan_at_step=-1))
+
+
+def real_model(name, **kw):
+  """A released checkpoint: ``checkpoint`` must be given on the command line."""
+  m = dict(name=name, checkpoint="", dtype="bfloat16", param_dtype="bfloat16", remat=True)
+  m.update(kw)
+  return ml_collections.ConfigDict(m)

@@ -1,0 +1,41 @@
+"""FocusLLM training recipe (spec focusllm.md §5, ``train.sh``) on Llama-2-7b-chat.
+
+local_window W = 3072 (continuation region / local-span bounds), per-sample strides
+{64,128,256,512,1024,2048}, candidate q/k/v/o, one of continuation / repetition per sample,
+3072-8192 tokens, lr 5e-5 linear decay, no warmup, no weight decay, clip 1.0, global batch 8
+(= 8 target tokens per step), 1 epoch. Inference settings for the exported config: stride 2048,
+prompt cap 512, chunking threshold 4096.
+
+  python train.py --config=configs/focus_llama2.py \
+      --config.model.checkpoint=/path/to/Llama-2-7b-chat-hf \
+      --config.data.sources=jsonl:/path/focusllm/redpajama-sample.json,jsonl:/path/focusllm/longalpaca.json
+"""
+import ml_collections
+
+try:
+  from configs import common
+except ImportError:  # loaded by path
+  import importlib.util, pathlib  # noqa: E401
+  _s = importlib.util.spec_from_file_location("common", pathlib.Path(__file__).with_name("common.py"))
+  common = importlib.util.module_from_spec(_s)
+  _s.loader.exec_module(common)
+
+
+def get_config():
+  c = ml_collections.ConfigDict()
+  c.method = "focus"
+  c.workdir = "runs/focus_llama2"
+  c.seed = 0
+  c.model = common.real_model("meta-llama/Llama-2-7b-chat-hf")
+  c.focus = ml_collections.ConfigDict(dict(local_window=3072, stride=2048,
+                                           strides=(64, 128, 256, 512, 1024, 2048),
+                                           prompt_cap=512, param=("q", "k", "v", "o"),
+                                           min_len_threshold=4096, min_local=30,
+                                           objective="random"))
+  c.data = common.data_defaults(min_length=3072, max_length=8192, max_per_source=200000)
+  c.train = common.train_defaults(global_batch=8, lr=5e-5, save_every=2000,
+                                  mesh=dict(data=1, fsdp=-1, tensor=1))
+  c.debug = common.debug_defaults()
+  from longjax.eval.config import eval_config  # noqa: E402 (official eval protocols)
+  c.eval = eval_config(c.method)
+  return c

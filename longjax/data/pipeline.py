@@ -1,0 +1,195 @@
+"""Tokenise -> filter -> global batches, deterministic in a seed and resumable.
+
+* :func:`build_dataset` reads the configured sources, tokenises every record (segment by segment,
+  so answer spans are exact), truncates to ``max_length``, appends EOS to what was not truncated
+  (official ``src/data.py``), and drops samples shorter than ``min_length``.
+* :class:`GlobalBatches` yields global batches of sample indices, epoch after epoch. The order of
+  epoch ``e`` is a function of ``(seed, e)`` only; with ``group_key`` every batch holds samples of
+  one key (``group_by_stride strict``: the number of beacon windows); incomplete groups are
+  dropped (strict). Its state (``epoch``, ``index``) is two integers, saved with each checkpoint.
+* :func:`focus_indices` draws FocusLLM (memory, local span, target, stride) indices from a
+  ``(seed, step, row)``-keyed generator, so a resumed run draws the same.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Callable, Optional
+
+import numpy as np
+
+from longjax.data import sources
+from longjax.data.sources import DataError
+from longjax.focus import spans
+
+
+@dataclasses.dataclass
+class Dataset:
+  ids: list  # int32 arrays
+  answer: list  # bool arrays (True: answer-span token) or None
+  stats: dict
+
+  def __len__(self):
+    return len(self.ids)
+
+  @property
+  def lengths(self) -> np.ndarray:
+    return np.asarray([len(x) for x in self.ids], np.int64)
+
+
+def tokenize_segments(segments, tokenizer, *, add_bos: bool):
+  ids = [tokenizer.bos_id] if add_bos and tokenizer.bos_id is not None else []
+  ans = [False] * len(ids)
+  for text, is_answer in segments:
+    t = tokenizer.encode(text)
+    ids.extend(t)
+    ans.extend([bool(is_answer)] * len(t))
+  return np.asarray(ids, np.int32), np.asarray(ans, bool)
+
+
+def build_dataset(dc, tokenizer, seed: int) -> Dataset:
+  """``dc``: the ``config.data`` dict (sources, min_length, max_length, append_eos, ...)."""
+  specs = sources.parse_specs(dc["sources"])
+  add_bos = dc.get("add_bos", "auto")
+  if add_bos in (None, "auto"):
+    add_bos = tokenizer.adds_bos
+  elif isinstance(add_bos, str):
+    add_bos = add_bos.lower() in ("1", "true", "yes")
+  min_len, max_len = int(dc["min_length"]), int(dc["max_length"])
+  if min_len > max_len:
+    raise DataError(f"data.min_length ({min_len}) > data.max_length ({max_len})")
+  ids_out, ans_out = [], []
+  read = short = truncated = 0
+  per_source = [0] * len(specs)
+  limit = int(dc.get("max_per_source") or 0)
+  for i, segs in sources.read_all(specs, text_field=dc.get("text_field", "text"),
+                                  tfds_data_dir=dc.get("tfds_data_dir") or None,
+                                  tfds_split=dc.get("tfds_split", "train"), seed=seed,
+                                  synthetic_cfg=dc.get("synthetic")):
+    if limit and per_source[i] >= limit:
+      continue
+    read += 1
+    ids, ans = tokenize_segments(segs, tokenizer, add_bos=add_bos)
+    if len(ids) > max_len:
+      ids, ans = ids[:max_len], ans[:max_len]
+      truncated += 1
+    elif dc.get("append_eos", True) and tokenizer.eos_id is not None:
+      ids = np.append(ids, np.int32(tokenizer.eos_id))
+      ans = np.append(ans, False)
+    if len(ids) < min_len:
+      short += 1
+      continue
+    per_source[i] += 1
+    ids_out.append(ids)
+    ans_out.append(ans if ans.any() else None)
+  stats = dict(read=read, kept=len(ids_out), too_short=short, truncated=truncated,
+               tokens=int(sum(len(x) for x in ids_out)))
+  if not ids_out:
+    raise DataError(f"the dataset is empty after filtering: read {read} records from {specs}, "
+                    f"{short} shorter than data.min_length={min_len} tokens; lower min_length or "
+                    "add data")
+  return Dataset(ids_out, ans_out, stats)
+
+
+def beacon_windows(length: int, window: int, stride: int) -> int:
+  """Windows of a sample (official ``group_by_stride``): ceil((len - W) / S) + 1."""
+  return 1 if length <= window else math.ceil((length - window) / stride) + 1
+
+
+class GlobalBatches:
+  """Deterministic, resumable global batches of sample indices (see the module docstring)."""
+
+  def __init__(self, lengths, global_batch: int, seed: int, *,
+               group_key: Optional[Callable[[int], int]] = None, shuffle: bool = True):
+    self.lengths = np.asarray(lengths)
+    self.global_batch = int(global_batch)
+    self.seed = int(seed)
+    self.shuffle = shuffle
+    self.keys = None if group_key is None else np.asarray([group_key(int(n)) for n in self.lengths])
+    self.epoch, self.index = 0, 0
+    self._cache = None
+    if not self.epoch_batches(0):
+      groups = "" if self.keys is None else (
+          f" in any group of equal window count (groups: "
+          f"{dict(zip(*np.unique(self.keys, return_counts=True)))})")
+      raise DataError(f"{len(self.lengths)} samples make no complete global batch of "
+                      f"{self.global_batch}{groups}; add data or lower train.global_batch")
+
+  def epoch_batches(self, epoch: int) -> list:
+    if self._cache is not None and self._cache[0] == epoch:
+      return self._cache[1]
+    rng = np.random.default_rng([self.seed, epoch])
+    order = rng.permutation(len(self.lengths)) if self.shuffle else np.arange(len(self.lengths))
+    batches = []
+    if self.keys is None:
+      for i in range(0, len(order) - self.global_batch + 1, self.global_batch):
+        batches.append(order[i:i + self.global_batch])
+    else:
+      by_key = {}
+      for i in order:
+        by_key.setdefault(int(self.keys[i]), []).append(int(i))
+      for key in sorted(by_key):
+        idx = by_key[key]
+        for i in range(0, len(idx) - self.global_batch + 1, self.global_batch):
+          batches.append(np.asarray(idx[i:i + self.global_batch]))
+      if self.shuffle:
+        batches = [batches[i] for i in rng.permutation(len(batches))]
+    self._cache = (epoch, batches)
+    return batches
+
+  @property
+  def batches_per_epoch(self) -> int:
+    return len(self.epoch_batches(0))
+
+  def __iter__(self):
+    return self
+
+  def __next__(self) -> np.ndarray:
+    batches = self.epoch_batches(self.epoch)
+    if self.index >= len(batches):
+      self.epoch, self.index = self.epoch + 1, 0
+      batches = self.epoch_batches(self.epoch)
+    b = batches[self.index]
+    self.index += 1
+    return b
+
+  def get_state(self) -> dict:
+    return {"epoch": int(self.epoch), "index": int(self.index), "seed": self.seed,
+            "global_batch": self.global_batch, "num_samples": int(len(self.lengths))}
+
+  def set_state(self, state: dict):
+    for k in ("seed", "global_batch", "num_samples"):
+      mine = self.get_state()[k]
+      if k in state and int(state[k]) != mine:
+        raise DataError(f"the checkpointed data iterator had {k}={state[k]} but this run has "
+                        f"{mine}: the data or config changed since the checkpoint was written")
+    self.epoch, self.index = int(state["epoch"]), int(state["index"])
+
+
+def row_rng(seed: int, step: int, row: int, salt: int = 0) -> np.random.Generator:
+  return np.random.default_rng([int(seed), int(step), int(row), int(salt)])
+
+
+def focus_indices(rng: np.random.Generator, length: int, answer: Optional[np.ndarray], fc) -> dict:
+  """One FocusLLM training sample's indices (spec §5).
+
+  ``fc`` holds ``window``, ``strides``, ``min_local``, ``objective``. ``objective="answer"``
+  targets a token of the answer span (a continuation sample whose target is an answer token:
+  memory = everything before the local span) and falls back to the official draw when the sample
+  has no answer.
+  """
+  window, strides = int(fc["window"]), tuple(int(s) for s in fc["strides"])
+  min_local = int(fc.get("min_local", 30))
+  objective = fc.get("objective", "random")
+  if objective == "answer":
+    pos = np.flatnonzero(answer) if answer is not None else np.zeros(0, int)
+    pos = pos[pos > min_local]
+    if pos.size:
+      t = int(pos[int(rng.integers(pos.size))])
+      ls = int(rng.integers(min_local, min(window - 2, t - 1) + 1))
+      a = t - ls
+      return dict(objective="answer", memory_len=a, local_start=a, local_size=ls,
+                  stride=int(strides[int(rng.integers(len(strides)))]), target_index=t)
+    objective = "random"
+  return spans.sample_indices(rng, length, window=window, strides=strides, min_local=min_local,
+                              objective=objective)

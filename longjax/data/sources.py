@@ -1,0 +1,134 @@
+"""Data sources: local jsonl / text files, TFDS datasets from a local ``data_dir`` (no
+TensorFlow: ``array_record`` + ``tfds.data_source``), and deterministic synthetic documents.
+
+A source spec is a string:
+
+* ``jsonl:PATH[N]``   one JSON object per line (``.json`` or ``.jsonl``): field ``text`` (see
+  ``text_field``), or an ``input``/``output`` pair (the output is the answer span). ``[N]`` keeps
+  the first N records (the official ``redpajama/train.json[5000]`` notation).
+* ``text:PATH``       a ``.txt`` file (one document) or a directory of ``.txt`` files.
+* ``tfds:NAME``       a prepared TFDS dataset under ``tfds_data_dir`` (``NAME`` may be
+  ``name/config:version``); ``tfds_dir:PATH`` a prepared dataset directory; split ``tfds_split``.
+* ``synthetic:KIND``  ``passkey`` or ``pattern`` documents (``longjax.data.synthetic``).
+
+Every record becomes a list of ``(text, is_answer)`` segments.
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Iterator, List, Sequence, Tuple
+
+from longjax.data import synthetic
+
+Segments = List[Tuple[str, bool]]
+
+
+class DataError(ValueError):
+  """Missing files, unreadable records, an empty dataset: a clear message for the user."""
+
+
+def parse_specs(sources) -> list:
+  if isinstance(sources, str):
+    sources = [s.strip() for s in sources.split(",")]
+  specs = [s for s in (sources or ()) if s]
+  if not specs:
+    raise DataError("no data sources configured (config.data.sources is empty); give e.g. "
+                    "--config.data.sources=jsonl:/path/train.json")
+  return specs
+
+
+def _record_segments(rec: dict, text_field: str, where: str) -> Segments:
+  if text_field in rec:
+    t = rec[text_field]
+    return [(t.decode("utf-8", "replace") if isinstance(t, bytes) else str(t), False)]
+  if "input" in rec and "output" in rec:
+    return [(str(rec["input"]), False), ("\n", False), (str(rec["output"]), True)]
+  raise DataError(f"{where}: record has neither a {text_field!r} field nor input/output fields "
+                  f"(keys: {sorted(rec)[:10]}); set --config.data.text_field")
+
+
+def _jsonl(path: str, limit, text_field: str) -> Iterator[Segments]:
+  p = Path(path)
+  if not p.is_file():
+    raise DataError(f"data file {p} does not exist (source 'jsonl:{path}')")
+  n = 0
+  with p.open("r", encoding="utf-8") as f:
+    for lineno, line in enumerate(f, 1):
+      if limit is not None and n >= limit:
+        break
+      line = line.strip()
+      if not line:
+        continue
+      try:
+        rec = json.loads(line)
+      except json.JSONDecodeError as e:
+        raise DataError(f"{p}:{lineno}: not valid JSON ({e.msg}); jsonl sources need one JSON "
+                        "object per line") from None
+      yield _record_segments(rec, text_field, f"{p}:{lineno}")
+      n += 1
+
+
+def _text(path: str) -> Iterator[Segments]:
+  p = Path(path)
+  if p.is_file():
+    files = [p]
+  elif p.is_dir():
+    files = sorted(p.rglob("*.txt"))
+    if not files:
+      raise DataError(f"directory {p} holds no .txt files (source 'text:{path}')")
+  else:
+    raise DataError(f"data path {p} does not exist (source 'text:{path}')")
+  for f in files:
+    yield [(f.read_text(encoding="utf-8", errors="replace"), False)]
+
+
+def _tfds(spec: str, data_dir, text_field: str, split: str, from_dir: bool) -> Iterator[Segments]:
+  import tensorflow_datasets as tfds
+  try:
+    if from_dir:
+      if not Path(spec).is_dir():
+        raise DataError(f"TFDS dataset directory {spec} does not exist (source 'tfds_dir:{spec}')")
+      ds = tfds.builder_from_directory(spec).as_data_source(split=split)
+    else:
+      if not data_dir:
+        raise DataError(f"source 'tfds:{spec}' needs --config.data.tfds_data_dir (a local "
+                        "directory with the prepared dataset; nothing is downloaded)")
+      ds = tfds.data_source(spec, data_dir=str(data_dir), split=split, download=False)
+  except DataError:
+    raise
+  except Exception as e:  # TFDS raises many kinds of errors for a missing/unprepared dataset
+    raise DataError(f"cannot open TFDS dataset {spec!r} split {split!r} (data_dir={data_dir}): "
+                    f"{type(e).__name__}: {e}. It must be prepared locally in array_record "
+                    "format (TensorFlow is not used)") from None
+  for i in range(len(ds)):
+    yield _record_segments(dict(ds[i]), text_field, f"tfds {spec} record {i}")
+
+
+def read_source(spec: str, *, text_field: str = "text", tfds_data_dir=None,
+                tfds_split: str = "train", seed: int = 0, synthetic_cfg=None) -> Iterator[Segments]:
+  kind, sep, rest = spec.partition(":")
+  if not sep:
+    raise DataError(f"data source {spec!r} has no kind; use jsonl:, text:, tfds:, tfds_dir: or "
+                    "synthetic:")
+  if kind == "jsonl":
+    m = re.fullmatch(r"(.*?)(?:\[(\d+)\])?", rest)
+    return _jsonl(m.group(1), int(m.group(2)) if m.group(2) else None, text_field)
+  if kind == "text":
+    return _text(rest)
+  if kind in ("tfds", "tfds_dir"):
+    return _tfds(rest, tfds_data_dir, text_field, tfds_split, from_dir=kind == "tfds_dir")
+  if kind == "synthetic":
+    s = dict(synthetic_cfg or {})
+    kw = {k: s[k] for k in ("digits", "style") if rest == "passkey" and k in s}
+    return iter(synthetic.generate(rest, int(s.get("count", 256)), int(s.get("min_chars", 256)),
+                                   int(s.get("max_chars", 512)), seed, **kw))
+  raise DataError(f"unknown data source kind {kind!r} in {spec!r}; use jsonl:, text:, tfds:, "
+                  "tfds_dir: or synthetic:")
+
+
+def read_all(specs: Sequence[str], **kw) -> Iterator[Tuple[int, Segments]]:
+  for i, spec in enumerate(specs):
+    for rec in read_source(spec, **kw):
+      yield i, rec

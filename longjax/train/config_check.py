@@ -1,0 +1,65 @@
+"""Config validation: unknown keys and impossible values are errors with a clear message
+(ml_collections already refuses unknown keys given on the command line)."""
+from __future__ import annotations
+
+import difflib
+
+SCHEMA = {
+    "": {"method", "workdir", "seed", "model", "beacon", "focus", "data", "train", "debug", "eval"},
+    "model": {"name", "checkpoint", "family", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+              "num_kv_heads", "head_dim", "dtype", "param_dtype", "remat", "pretrain",
+              "max_position_embeddings", "rope_theta"},
+    "model.pretrain": {"steps", "batch", "lr", "length", "warmup_steps", "weight_decay",
+                       "save_every", "sources", "min_length", "max_length", "synthetic", "loss_on"},
+    "beacon": {"window", "stride", "ratios", "ratio_mix", "pos", "attn", "param", "sink_size",
+               "embed_init", "attend_prev"},
+    "focus": {"local_window", "stride", "strides", "prompt_cap", "param", "min_len_threshold",
+              "min_local", "objective"},
+    "data": {"sources", "tokenizer", "text_field", "tfds_data_dir", "tfds_split", "min_length",
+             "max_length", "append_eos", "add_bos", "max_per_source", "loss_on", "synthetic"},
+    "data.synthetic": {"count", "min_chars", "max_chars", "digits", "style"},
+    "model.pretrain.synthetic": {"count", "min_chars", "max_chars", "digits", "style"},
+    "train": {"num_steps", "num_epochs", "global_batch", "grad_accum", "lr", "end_lr",
+              "warmup_steps", "weight_decay", "b1", "b2", "eps", "max_grad_norm", "remat",
+              "step_bucket", "log_every", "save_every", "keep", "async_checkpoint", "export",
+              "mesh", "distributed", "impl", "tensorboard", "progress"},
+    "train.mesh": {"data", "fsdp", "tensor"},
+    "debug": {"kill_after_step", "nan_at_step"},
+}
+METHODS = ("beacon", "focus", "lm")
+
+
+class ConfigError(ValueError):
+  pass
+
+
+def _keys(d):
+  return list(d.keys()) if hasattr(d, "keys") else []
+
+
+def validate(c):
+  def walk(d, prefix):
+    allowed = SCHEMA.get(prefix)
+    if allowed is None:
+      return
+    for k in _keys(d):
+      if k not in allowed:
+        near = difflib.get_close_matches(k, sorted(allowed), n=1)
+        where = f"{prefix}.{k}" if prefix else k
+        raise ConfigError(f"unknown config key {where!r}"
+                          + (f" (did you mean {near[0]!r}?)" if near else "")
+                          + f"; known keys{' of ' + prefix if prefix else ''}: {sorted(allowed)}")
+      v = d[k]
+      sub = f"{prefix}.{k}" if prefix else k
+      if hasattr(v, "keys") and sub in SCHEMA:
+        walk(v, sub)
+  walk(c, "")
+  if c.get("method") not in METHODS:
+    raise ConfigError(f"config.method must be one of {METHODS}, got {c.get('method')!r}")
+  for sec in ("model", "data", "train"):
+    if sec not in c:
+      raise ConfigError(f"config has no {sec!r} section")
+  if c.method in ("beacon", "focus") and c.method not in c:
+    raise ConfigError(f"config.method is {c.method!r} but the config has no {c.method!r} section")
+  if int(c.train.global_batch) < 1:
+    raise ConfigError("train.global_batch must be >= 1")

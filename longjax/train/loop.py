@@ -1,0 +1,517 @@
+"""The training loop: config -> model, data, mesh, optimizer, checkpoints -> steps -> export.
+
+Only the method's parameters are trained (Activation Beacon: ``alt_*`` = official ``beacon_*``
+tensors; FocusLLM: the candidate projections); the base model is frozen: it is an *argument* of
+the jitted step, never differentiated, and the optimizer state exists only for the trainable
+subtree. Trainable parameters are fp32 master weights; the frozen ones are stored in
+``model.param_dtype`` and every matmul runs in ``model.dtype`` (bf16 on accelerators).
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import traverse_util
+
+from longjax.data import pipeline
+from longjax.data.tokenizers import get_tokenizer
+from longjax.train import sharding as shd
+from longjax.train.checkpointing import Checkpointer, fingerprint
+from longjax.train.config_check import validate
+from longjax.train.metrics import MetricsWriter
+from longjax.train import tasks as T
+
+log = logging.getLogger("longjax.train")
+
+
+class TrainingError(RuntimeError):
+  pass
+
+
+# --------------------------------------------------------------------------------------------
+# parameters
+def split_params(params, method: str):
+  flat = traverse_util.flatten_dict(params, sep="/")
+  tr = {k: v for k, v in flat.items() if T.is_trainable(k, method)}
+  fr = {k: v for k, v in flat.items() if not T.is_trainable(k, method)}
+  if not tr:
+    raise TrainingError(f"no trainable parameters for method {method!r} in this model")
+  return traverse_util.unflatten_dict(tr, sep="/"), traverse_util.unflatten_dict(fr, sep="/")
+
+
+def merge_params(trainable, frozen):
+  flat = traverse_util.flatten_dict(frozen, sep="/")
+  flat.update(traverse_util.flatten_dict(trainable, sep="/"))
+  return traverse_util.unflatten_dict(flat, sep="/")
+
+
+def make_optimizer(tc, total_steps: int):
+  warm = int(tc.get("warmup_steps", 0))
+  decay = max(1, total_steps - warm)
+  sched = optax.linear_schedule(float(tc.lr), float(tc.get("end_lr", 0.0)), decay)
+  if warm:
+    sched = optax.join_schedules([optax.linear_schedule(0.0, float(tc.lr), warm), sched], [warm])
+  parts = []
+  if tc.get("max_grad_norm"):
+    parts.append(optax.clip_by_global_norm(float(tc.max_grad_norm)))
+  parts.append(optax.adamw(sched, b1=float(tc.get("b1", 0.9)), b2=float(tc.get("b2", 0.999)),
+                           eps=float(tc.get("eps", 1e-8)),
+                           weight_decay=float(tc.get("weight_decay", 0.0))))
+  return optax.chain(*parts), sched
+
+
+# --------------------------------------------------------------------------------------------
+# model + task
+def model_config_tiny(mc, tokenizer):
+  from longjax.models.config import ModelConfig
+  return ModelConfig(family=mc.family, vocab_size=tokenizer.vocab_size,
+                     hidden_size=mc.hidden_size, intermediate_size=mc.intermediate_size,
+                     num_layers=mc.num_layers, num_heads=mc.num_heads,
+                     num_kv_heads=mc.num_kv_heads, head_dim=mc.head_dim,
+                     attention_bias=mc.family == "qwen2", bos_token_id=tokenizer.bos_id,
+                     eos_token_id=tokenizer.eos_id, pad_token_id=0,
+                     max_position_embeddings=int(mc.get("max_position_embeddings", 32768)),
+                     rope_theta=float(mc.get("rope_theta", 10000.0)))
+
+
+def beacon_config(c):
+  from longjax.beacon.config import BeaconConfig
+  b = c.beacon
+  return BeaconConfig(window=b.window, stride=b.stride, ratios=tuple(b.ratios),
+                      ratio_mix=b.ratio_mix, pos=b.pos, attn=b.attn, param=tuple(b.param),
+                      sink_size=b.sink_size, embed_init=b.get("embed_init", "eos"),
+                      attend_prev=b.get("attend_prev", True))
+
+
+def focus_config(c, cfg):
+  from longjax.focus.config import FocusConfig
+  f = c.focus
+  bos = cfg.bos_token_id if cfg.bos_token_id is not None else 1
+  return FocusConfig(local_window=f.local_window, chunk_stride=f.stride,
+                     prompt_cap=f.get("prompt_cap") or None, candidate_projections=tuple(f.param),
+                     min_len_threshold=f.get("min_len_threshold", 4096), bos_id=int(bos))
+
+
+def load_base(c, tokenizer, workdir: Path):
+  """``(cfg, params numpy)``: the checkpoint's model with the method's extra parameters."""
+  from longjax import checkpoint as ckpt
+  mc = c.model
+  path = mc.checkpoint
+  if path:
+    p = Path(path)
+    if not p.is_dir():
+      raise TrainingError(f"--config.model.checkpoint={path}: no such directory")
+    if c.method == "beacon":
+      bcfg = beacon_config(c)
+      if ckpt.is_longjax_checkpoint(p):
+        cfg, params, _ = ckpt.load(p)
+      else:
+        from longjax.beacon import load_beacon
+        cfg, _, params = load_beacon(p, init="official", beacon=bcfg,
+                                     param_dtype=mc.get("param_dtype") or None)
+      cfg, params = T.add_alt_params(cfg, params, bcfg.param, 1, bcfg.embed_init)
+    else:
+      if ckpt.is_longjax_checkpoint(p):
+        cfg, params, _ = ckpt.load(p)
+      else:
+        from longjax.focus import load_focus
+        fc0 = focus_config(c, _hf_cfg_for_bos(p))
+        cfg, _, params = load_focus(p, fc0, init_candidates="copy",
+                                    param_dtype=mc.get("param_dtype") or None)
+      cfg, params = T.add_alt_params(cfg, params, tuple(c.focus.param), 0)
+  else:
+    cfg = model_config_tiny(mc, tokenizer)
+    base_dir = workdir / "base"
+    if ckpt.is_longjax_checkpoint(base_dir):
+      cfg, params, _ = ckpt.load(base_dir)
+    else:
+      params = pretrain_tiny_base(c, cfg, tokenizer, workdir)
+      ckpt.save(base_dir, cfg, params, overwrite=True)
+      log.info("tiny base model saved to %s", base_dir)
+    if c.method == "beacon":
+      bcfg = beacon_config(c)
+      cfg, params = T.add_alt_params(cfg, params, bcfg.param, 1, bcfg.embed_init)
+    else:
+      cfg, params = T.add_alt_params(cfg, params, tuple(c.focus.param), 0)
+  cfg = cfg.replace(dtype=mc.get("dtype", "float32"), remat=bool(mc.get("remat", False)))
+  if mc.get("param_dtype"):
+    cfg = cfg.replace(param_dtype=mc.param_dtype)
+  return cfg, jax.tree.map(np.asarray, params)
+
+
+def _hf_cfg_for_bos(p):
+  from longjax.convert.hf import read_hf_config
+  from types import SimpleNamespace
+  return SimpleNamespace(bos_token_id=read_hf_config(p).get("bos_token_id", 1))
+
+
+def pretrain_tiny_base(c, cfg, tokenizer, workdir: Path):
+  """The tiny configs' base LM: trained from scratch as a plain LM with contexts of
+  ``model.pretrain.length`` tokens (its native window), all parameters trainable."""
+  import copy
+  from longjax.models.decoder import init_params
+  pc = c.model.pretrain
+  params = jax.tree.map(np.asarray, init_params(cfg, seed=int(c.seed)))
+  if int(pc.steps) <= 0:
+    return params
+  sub = copy.deepcopy(c.to_dict()) if hasattr(c, "to_dict") else copy.deepcopy(dict(c))
+  import ml_collections
+  sub = ml_collections.ConfigDict(sub)
+  sub.method = "lm"
+  sub.workdir = str(workdir / "base_run")
+  sub.data.sources = pc.get("sources", c.data.sources)
+  sub.data.min_length = int(pc.get("min_length", 16))
+  sub.data.max_length = int(pc.get("max_length", 10 ** 9))
+  sub.data.loss_on = pc.get("loss_on", "all")
+  if pc.get("synthetic"):
+    sub.data.synthetic = ml_collections.ConfigDict(dict(pc.synthetic))
+  sub.train.num_steps = int(pc.steps)
+  sub.train.global_batch = int(pc.batch)
+  sub.train.grad_accum = 1
+  sub.train.lr = float(pc.lr)
+  sub.train.warmup_steps = int(pc.get("warmup_steps", 0))
+  sub.train.weight_decay = float(pc.get("weight_decay", 0.0))
+  sub.train.save_every = int(pc.get("save_every", 0)) or int(pc.steps)
+  sub.train.export = False
+  sub.debug.kill_after_step = -1
+  sub.debug.nan_at_step = -1
+  log.info("pretraining the tiny base LM: %d steps of %d x %d tokens", pc.steps, pc.batch,
+           pc.length)
+  out = Trainer(sub, resume=True, base=(cfg.replace(dtype="float32"), params),
+                lm_length=int(pc.length)).run()
+  return out["params"]
+
+
+def make_task(c, cfg, ds_max_len: int, lm_length: Optional[int] = None):
+  tc = c.train
+  impl = tc.get("impl", "auto")
+  if c.method == "beacon":
+    task = T.BeaconTask(cfg, beacon_config(c), max_length=ds_max_len, seed=int(c.seed),
+                        remat=bool(tc.get("remat", True)),
+                        step_bucket=int(tc.get("step_bucket", 1)), impl=impl)
+    task._answer_only = c.data.get("loss_on", "all") == "answer"
+    return task
+  if c.method == "focus":
+    fcfg = focus_config(c, cfg)
+    f = c.focus
+    return T.FocusTask(cfg, fcfg, dict(window=f.local_window, strides=tuple(f.strides),
+                                       min_local=f.get("min_local", 30),
+                                       objective=f.get("objective", "random")),
+                       seed=int(c.seed), impl=impl, remat=bool(tc.get("remat", False)))
+  if c.method == "lm":
+    return T.LMTask(cfg, length=lm_length, seed=int(c.seed),
+                    answer_only=c.data.get("loss_on", "all") == "answer")
+  raise TrainingError(f"unknown method {c.method!r}")
+
+
+# --------------------------------------------------------------------------------------------
+class Trainer:
+  def __init__(self, c, *, resume: bool = True, base=None, lm_length: Optional[int] = None):
+    validate(c)
+    self.c = c
+    self.resume = resume
+    self.workdir = Path(c.workdir).absolute()
+    self.primary = jax.process_index() == 0
+    self.base = base
+    self.lm_length = lm_length
+
+  # ------------------------------------------------------------------------------------------
+  def setup(self):
+    c, tc = self.c, self.c.train
+    if not c.model.checkpoint and c.model.get("name"):
+      raise TrainingError(f"this config trains {c.model.name}: pass --config.model.checkpoint="
+                          "/path/to/its HF (or longjax) directory; nothing is downloaded")
+    if c.model.checkpoint and not Path(c.model.checkpoint).is_dir():
+      raise TrainingError(f"--config.model.checkpoint={c.model.checkpoint}: no such directory")
+    self.workdir.mkdir(parents=True, exist_ok=True)
+    tok_spec = c.data.get("tokenizer") or c.model.checkpoint
+    if not tok_spec:
+      raise TrainingError("no tokenizer: set --config.data.tokenizer (a HF model dir, or 'byte')")
+    self.tokenizer = get_tokenizer(tok_spec)
+    if self.base is not None:
+      self.cfg, params = self.base
+    else:
+      self.cfg, params = load_base(c, self.tokenizer, self.workdir)
+    if self.tokenizer.vocab_size > self.cfg.vocab_size:
+      raise TrainingError(f"tokenizer {tok_spec} has {self.tokenizer.vocab_size} ids but the "
+                          f"model's vocabulary is {self.cfg.vocab_size}")
+    t0 = time.time()
+    self.ds = pipeline.build_dataset(c.data, self.tokenizer, int(c.seed))
+    log.info("data: %s (%.1fs)", self.ds.stats, time.time() - t0)
+    self.task = make_task(c, self.cfg, int(self.ds.lengths.max()), self.lm_length)
+    gb = int(tc.global_batch)
+    accum = int(tc.get("grad_accum", 1))
+    if gb % accum:
+      raise TrainingError(f"train.global_batch ({gb}) must be divisible by train.grad_accum ({accum})")
+    self.accum = accum
+    self.batches = pipeline.GlobalBatches(self.ds.lengths, gb, int(c.seed),
+                                          group_key=getattr(self.task, "group_key")
+                                          if c.method == "beacon" else None)
+    self.num_steps = int(tc.num_steps) or self.batches.batches_per_epoch * int(tc.get("num_epochs", 1))
+
+    self.mesh = shd.make_mesh(dict(tc.mesh))
+    micro = gb // accum
+    nb = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+    if micro % nb and c.method != "focus":
+      raise TrainingError(f"the micro-batch ({micro} = global_batch/grad_accum) must be divisible "
+                          f"by the data*fsdp mesh size ({nb})")
+    method = c.method
+    tr, fr = split_params(params, method)
+    tr = jax.tree.map(lambda x: np.asarray(x, np.float32), tr)  # fp32 master weights
+    fr_dtype = self.cfg.params_dtype
+    fr = jax.tree.map(lambda x: np.asarray(x).astype(fr_dtype), fr)
+    self.tr_sh = shd.param_shardings(tr, self.mesh)
+    self.fr_sh = shd.param_shardings(fr, self.mesh)
+    self.frozen = jax.tree.map(shd.put_global, fr, self.fr_sh)
+    trainable = jax.tree.map(shd.put_global, tr, self.tr_sh)
+    self.n_trainable = int(sum(x.size for x in jax.tree.leaves(tr)))
+    self.n_frozen = int(sum(x.size for x in jax.tree.leaves(fr)))
+    self.optimizer, self.schedule = make_optimizer(tc, self.num_steps)
+    opt_sh = jax.jit(self.optimizer.init).eval_shape(trainable)
+    self.opt_sh = jax.tree.map(lambda _: shd.replicated(self.mesh), opt_sh)
+    opt_state = jax.jit(self.optimizer.init, out_shardings=None)(trainable)
+    # Optimizer moments are laid out like their parameters.
+    opt_state = _shard_like_params(opt_state, trainable, self.mesh)
+    self.opt_sh = jax.tree.map(lambda x: x.sharding, opt_state)
+    self.state = {"params": trainable, "opt_state": opt_state,
+                  "step": shd.put_global(np.int32(0), shd.replicated(self.mesh))}
+    self.meta = fingerprint(method, self.cfg, tr)
+    self._build_steps()
+
+  # ------------------------------------------------------------------------------------------
+  def _build_steps(self):
+    task = self.task
+
+    def loss_fn(trainable, frozen, plans):
+      params = merge_params(trainable, frozen)
+      ls, lc = task.loss(params, plans)
+      valid = lc > 0
+      per = ls / jnp.maximum(lc, 1).astype(jnp.float32)
+      loss = jnp.sum(jnp.where(valid, per, 0.0)) / jnp.maximum(jnp.sum(valid), 1)
+      return loss, jnp.sum(lc)
+
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+    opt = self.optimizer
+    sched = self.schedule
+
+    def apply(trainable, opt_state, grads):
+      updates, opt_state = opt.update(grads, opt_state, trainable)
+      return optax.apply_updates(trainable, updates), opt_state
+
+    def fused(trainable, opt_state, frozen, plans):
+      (loss, ntok), grads = grad_fn(trainable, frozen, plans)
+      gnorm = optax.tree.norm(grads)
+      trainable, opt_state = apply(trainable, opt_state, grads)
+      return trainable, opt_state, dict(loss=loss, grad_norm=gnorm, label_tokens=ntok)
+
+    self._fused = jax.jit(fused, donate_argnums=(0, 1),
+                          out_shardings=(self.tr_sh, self.opt_sh, None))
+    self._grad = jax.jit(grad_fn)
+    self._apply = jax.jit(lambda t, o, g: apply(t, o, g), donate_argnums=(0, 1),
+                          out_shardings=(self.tr_sh, self.opt_sh))
+
+  def _device_plans(self, plans):
+    axis = 1 if self.c.method == "beacon" else 0
+
+    def put(path, x):
+      x = np.asarray(x)
+      name = str(getattr(path[-1], "key", ""))
+      if x.ndim == 0 or name == "active":
+        return shd.put_global(x, shd.replicated(self.mesh))
+      ax = axis if x.ndim > axis else 0
+      return shd.put_global(x, shd.batch_sharding(self.mesh, x.ndim, ax, x.shape[ax]))
+
+    return jax.tree_util.tree_map_with_path(put, plans)
+
+  # ------------------------------------------------------------------------------------------
+  def run(self) -> dict:
+    c, tc = self.c, self.c.train
+    self.setup()
+    ck = Checkpointer(self.workdir / "checkpoints", keep=int(tc.get("keep", 3)),
+                      async_save=bool(tc.get("async_checkpoint", True)))
+    metrics = MetricsWriter(self.workdir, tensorboard=bool(tc.get("tensorboard", True)),
+                            primary=self.primary)
+    start = 0
+    if ck.all_steps():
+      if not self.resume:
+        raise TrainingError(f"{ck.dir} already holds checkpoints {ck.all_steps()} and resuming "
+                            "is off (--noresume): use a new --config.workdir or delete it")
+      abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+                              self.state)
+      got = ck.restore(abstract, self.meta)
+      if got is not None:
+        start, restored, data_state = got
+        self.state = restored
+        self.batches.set_state(data_state)
+        metrics.truncate_after(start)
+        log.info("resumed from %s step %d", ck.dir, start)
+    elif self.primary:
+      metrics.reset()
+    if self.primary:
+      (self.workdir / "config.json").write_text(json.dumps(c.to_dict(), indent=2, default=str))
+    log.info("%s: %d trainable / %d frozen parameters, %d steps, mesh %s, global batch %d",
+             c.method, self.n_trainable, self.n_frozen, self.num_steps, dict(self.mesh.shape),
+             int(tc.global_batch))
+    trainable, opt_state = self.state["params"], self.state["opt_state"]
+    save_every = int(tc.get("save_every", 100))
+    log_every = max(1, int(tc.get("log_every", 1)))
+    bar = _progress(self.num_steps, start, self.primary and bool(tc.get("progress", True)),
+                    c.method)
+    last_saved = start
+    t_start = time.time()
+    tokens_since = 0
+    t_log = time.time()
+    result = {"start_step": start}
+    step = start
+    try:
+      for step in range(start + 1, self.num_steps + 1):
+        t0 = time.time()
+        idx = next(self.batches)
+        micro = np.array_split(np.asarray(idx), self.accum)
+        offsets = np.cumsum([0] + [len(m) for m in micro])
+        preps = [self.task.prepare(self.ds, m, step, row_offset=int(o))
+                 for m, o in zip(micro, offsets)]
+        ntok = sum(p["tokens"] for p in preps)
+        if self.accum == 1:
+          trainable, opt_state, m = self._fused(trainable, opt_state, self.frozen,
+                                                self._device_plans(preps[0]["plans"]))
+        else:
+          gsum, lsum, lab = None, 0.0, 0
+          for p in preps:
+            (l, nt), g = self._grad(trainable, self.frozen, self._device_plans(p["plans"]))
+            gsum = g if gsum is None else jax.tree.map(jnp.add, gsum, g)
+            lsum, lab = lsum + l, lab + nt
+          grads = jax.tree.map(lambda x: x / self.accum, gsum)
+          trainable, opt_state = self._apply(trainable, opt_state, grads)
+          m = dict(loss=lsum / self.accum, grad_norm=optax.tree.norm(grads), label_tokens=lab)
+        m = {k: float(v) for k, v in jax.device_get(m).items()}
+        m["lr"] = float(self.schedule(step - 1))
+        if int(c.debug.get("nan_at_step", -1)) == step:
+          m["loss"] = float("nan")
+        dt = time.time() - t0
+        tokens_since += ntok
+        if not math.isfinite(m["loss"]):
+          raise TrainingError(
+              f"non-finite loss ({m['loss']}) at step {step}: training stopped. The last good "
+              f"checkpoint (step {ck.all_steps()[-1] if ck.all_steps() else 'none'}) in {ck.dir} "
+              "is kept; lower train.lr or check the data before rerunning")
+        rec = dict(step=step, loss=m["loss"], lr=m["lr"], grad_norm=m["grad_norm"],
+                   label_tokens=int(m["label_tokens"]), tokens=ntok, step_time_s=round(dt, 4),
+                   epoch=self.batches.epoch)
+        if step % log_every == 0 or step == self.num_steps:
+          el = time.time() - t_log
+          rec["tokens_per_s"] = round(tokens_since / max(el, 1e-9), 1)
+          tokens_since, t_log = 0, time.time()
+          metrics.write(rec)
+        if bar is not None:
+          bar.set_postfix(loss=f"{m['loss']:.4f}", tok_s=f"{ntok / max(dt, 1e-9):.0f}",
+                          step_s=f"{dt:.2f}")
+          bar.update(1)
+        if save_every and step % save_every == 0 or step == self.num_steps:
+          self.state = {"params": trainable, "opt_state": opt_state,
+                        "step": shd.put_global(np.int32(step), shd.replicated(self.mesh))}
+          ck.save(step, self.state, self.batches.get_state(), self.meta)
+          last_saved = step
+        if int(c.debug.get("kill_after_step", -1)) == step:
+          ck.wait()
+          os.kill(os.getpid(), signal.SIGKILL)
+      ck.wait()
+    finally:
+      if bar is not None:
+        bar.close()
+      metrics.close()
+      with contextlib.suppress(Exception):
+        ck.close()
+    self.state = {"params": trainable, "opt_state": opt_state, "step": self.state["step"]}
+    result.update(final_step=step, last_saved=last_saved, seconds=time.time() - t_start)
+    if c.method == "lm":
+      full = merge_params(jax.device_get(trainable), jax.device_get(self.frozen))
+      result["params"] = jax.tree.map(np.asarray, full)
+      return result
+    if bool(tc.get("export", True)):
+      result["export"] = str(self.export())
+    return result
+
+  # ------------------------------------------------------------------------------------------
+  def trained_params(self):
+    """Full parameter tree (numpy): the frozen base as loaded + the trained tensors."""
+    from jax.experimental import multihost_utils
+    tr = self.state["params"]
+    if jax.process_count() > 1:
+      tr = multihost_utils.process_allgather(tr, tiled=True)
+    tr = jax.tree.map(np.asarray, jax.device_get(tr))
+    _, base = load_base(self.c, self.tokenizer, self.workdir)
+    flat = traverse_util.flatten_dict(base, sep="/")
+    for k, v in traverse_util.flatten_dict(tr, sep="/").items():
+      flat[k] = v.astype(np.asarray(flat[k]).dtype)
+    return traverse_util.unflatten_dict(flat, sep="/")
+
+  def export(self) -> Path:
+    out = self.workdir / "export_hf"
+    params = self.trained_params()
+    if not self.primary:
+      return out
+    cfg = self.cfg.replace(dtype="float32", remat=False)
+    if self.c.method == "beacon":
+      from longjax.beacon import save_beacon
+      save_beacon(out, cfg, beacon_config(self.c), params, overwrite=True)
+    else:
+      from longjax.focus import save_focus
+      save_focus(out, cfg, focus_config(self.c, cfg), params, overwrite=True)
+    log.info("exported the trained model (HF format, official tensor names) to %s", out)
+    return out
+
+
+def _shard_like_params(opt_state, params, mesh):
+  """Put every optimizer leaf shaped like a parameter on that parameter's sharding."""
+  shapes = {}
+  for leaf in jax.tree.leaves(params):
+    shapes.setdefault((leaf.shape, str(leaf.dtype)), leaf.sharding)
+
+  def put(x):
+    sh = shapes.get((x.shape, str(x.dtype)))
+    return jax.device_put(x, sh if sh is not None else shd.replicated(mesh))
+  return jax.tree.map(put, opt_state)
+
+
+def _progress(total, start, enabled, desc):
+  if not enabled:
+    return None
+  try:
+    from tqdm.auto import tqdm
+  except ImportError:
+    return None
+  return tqdm(total=total, initial=start, desc=f"train {desc}", unit="step", mininterval=1.0,
+              file=sys.stderr, dynamic_ncols=True)
+
+
+def run_main(c, *, resume: bool = True) -> int:
+  """The CLI entry: run, print a summary; known failures exit with a message and status 1."""
+  from longjax.data.sources import DataError
+  from longjax.train.checkpointing import CheckpointMismatch
+  from longjax.train.config_check import ConfigError
+  from longjax.beacon.config import BeaconConfigError
+  from longjax.focus.config import FocusError
+  from longjax.convert.hf import CheckpointError
+  try:
+    out = Trainer(c, resume=resume).run()
+  except (TrainingError, DataError, CheckpointMismatch, ConfigError, BeaconConfigError,
+          FocusError, CheckpointError, FileNotFoundError) as e:
+    print(f"train.py: error: {e}", file=sys.stderr)
+    return 1
+  print(f"train.py: done: steps {out['start_step']}..{out['final_step']} in "
+        f"{out['seconds']:.1f}s; workdir {Path(c.workdir).absolute()}"
+        + (f"; exported {out['export']}" if out.get("export") else ""))
+  return 0

@@ -1,0 +1,141 @@
+"""The device mesh and the one table that says how arrays are laid out on it.
+
+Mesh axes: ``data`` (pure data parallelism), ``fsdp`` (data parallelism with parameters split
+over it) and ``tensor`` (heads / MLP split). Parameters get *logical* axes from their path in
+the parameter tree (:data:`PARAM_AXES`); :data:`LOGICAL_RULES` maps logical axes to mesh axes,
+once, for every array. A dimension that a mesh axis does not divide is replicated instead (tiny
+models on many devices), so one config runs on 1 CPU device, 8 fake CPU devices or a pod.
+"""
+from __future__ import annotations
+
+import os
+from typing import Mapping
+
+import jax
+import numpy as np
+from flax import traverse_util
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+
+MESH_AXES = ("data", "fsdp", "tensor")
+
+# logical axis -> mesh axes (a tuple shards over several).
+LOGICAL_RULES = (
+    ("batch", ("data", "fsdp")),
+    ("embed", "fsdp"),
+    ("vocab", "tensor"),
+    ("heads", "tensor"),
+    ("kv_heads", "tensor"),
+    ("mlp", "tensor"),
+    ("layers", None),
+    ("head_dim", None),
+    ("norm", None),
+    ("alt_rows", None),
+)
+
+# (path suffix, logical axes of the leaf). The decoder stacks layers on a leading axis.
+PARAM_AXES = (
+    ("alt_embedding", ("alt_rows", "embed")),
+    ("embedding", ("vocab", "embed")),
+    ("lm_head/kernel", ("embed", "vocab")),
+    ("q_proj/kernel", ("layers", "embed", "heads", "head_dim")),
+    ("q_proj/bias", ("layers", "heads", "head_dim")),
+    ("k_proj/kernel", ("layers", "embed", "kv_heads", "head_dim")),
+    ("k_proj/bias", ("layers", "kv_heads", "head_dim")),
+    ("v_proj/kernel", ("layers", "embed", "kv_heads", "head_dim")),
+    ("v_proj/bias", ("layers", "kv_heads", "head_dim")),
+    ("o_proj/kernel", ("layers", "heads", "head_dim", "embed")),
+    ("gate_proj/kernel", ("layers", "embed", "mlp")),
+    ("up_proj/kernel", ("layers", "embed", "mlp")),
+    ("down_proj/kernel", ("layers", "mlp", "embed")),
+    ("final_norm/scale", ("norm",)),
+    ("scale", ("layers", "norm")),
+)
+
+
+def maybe_initialize_distributed(enabled="auto"):
+  """``jax.distributed.initialize()`` when launched on several hosts (TPU pod, SLURM, or the
+  ``JAX_COORDINATOR_ADDRESS`` env), before any other JAX call."""
+  if enabled is False or enabled == "false":
+    return False
+  multi = (enabled is True or enabled == "true"
+           or bool(os.environ.get("JAX_COORDINATOR_ADDRESS"))
+           or int(os.environ.get("SLURM_NTASKS", "1")) > 1
+           or bool(os.environ.get("TPU_WORKER_HOSTNAMES", "").count(",")))
+  if multi:
+    jax.distributed.initialize()
+  return multi
+
+
+def make_mesh(shape: Mapping[str, int]) -> jax.sharding.Mesh:
+  """A mesh over all devices; one axis size may be -1 (= whatever is left)."""
+  n = jax.device_count()
+  sizes = [int(shape.get(a, 1)) for a in MESH_AXES]
+  if sizes.count(-1) > 1:
+    raise ValueError(f"at most one mesh axis may be -1, got {dict(zip(MESH_AXES, sizes))}")
+  if -1 in sizes:
+    rest = int(np.prod([s for s in sizes if s != -1]))
+    if n % rest:
+      raise ValueError(f"{n} devices are not divisible by the fixed mesh axes "
+                       f"{dict(zip(MESH_AXES, sizes))}")
+    sizes[sizes.index(-1)] = n // rest
+  if int(np.prod(sizes)) != n:
+    raise ValueError(f"mesh {dict(zip(MESH_AXES, sizes))} needs {int(np.prod(sizes))} devices, "
+                     f"{n} are available")
+  return jax.make_mesh(tuple(sizes), MESH_AXES, axis_types=(AxisType.Auto,) * 3)
+
+
+def logical_to_spec(logical, shape, mesh) -> P:
+  rules = dict(LOGICAL_RULES)
+  used, out = set(), []
+  for ax, dim in zip(logical, shape):
+    mesh_axes = rules.get(ax)
+    if mesh_axes is None:
+      out.append(None)
+      continue
+    mesh_axes = (mesh_axes,) if isinstance(mesh_axes, str) else tuple(mesh_axes)
+    mesh_axes = tuple(a for a in mesh_axes if a not in used and mesh.shape[a] > 1)
+    size = int(np.prod([mesh.shape[a] for a in mesh_axes])) if mesh_axes else 1
+    if not mesh_axes or dim % size:
+      out.append(None)
+      continue
+    used.update(mesh_axes)
+    out.append(mesh_axes[0] if len(mesh_axes) == 1 else mesh_axes)
+  return P(*out)
+
+
+def param_logical_axes(path: str, ndim: int):
+  for suffix, axes in PARAM_AXES:
+    if path == suffix or path.endswith("/" + suffix):
+      if len(axes) == ndim:
+        return axes
+  return (None,) * ndim
+
+
+def param_shardings(params, mesh):
+  """A NamedSharding per leaf of a (nested dict) parameter tree."""
+  flat = traverse_util.flatten_dict(params, sep="/")
+  out = {k: NamedSharding(mesh, logical_to_spec(param_logical_axes(k, np.ndim(v)), np.shape(v),
+                                                mesh))
+         for k, v in flat.items()}
+  return traverse_util.unflatten_dict(out, sep="/")
+
+
+def batch_sharding(mesh, ndim: int, batch_axis: int = 0, size=None):
+  """Shard a batch-major array's ``batch_axis`` over (data, fsdp) when it divides."""
+  spec = [None] * ndim
+  axes = tuple(a for a in ("data", "fsdp") if mesh.shape[a] > 1)
+  n = int(np.prod([mesh.shape[a] for a in axes])) if axes else 1
+  if axes and (size is None or size % n == 0):
+    spec[batch_axis] = axes if len(axes) > 1 else axes[0]
+  return NamedSharding(mesh, P(*spec))
+
+
+def replicated(mesh):
+  return NamedSharding(mesh, P())
+
+
+def put_global(x: np.ndarray, sharding):
+  """Host array holding the *global* value -> a global jax.Array (every host passes the same
+  global value; each keeps its addressable shards)."""
+  x = np.asarray(x)
+  return jax.make_array_from_callback(x.shape, sharding, lambda idx: x[idx])

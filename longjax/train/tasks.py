@@ -1,0 +1,256 @@
+"""The two training tasks over the frozen decoder, as host ``prepare`` + device ``loss``.
+
+* :class:`BeaconTask` uses the Activation Beacon planner and window step of ``longjax.beacon``
+  (``Planner.plan_row``, ``planner.assemble``, ``model.window_step``) and runs *all* windows of a
+  global batch inside one jitted ``lax.scan`` (one compile per window count), so the whole
+  optimizer step is a single XLA program: full BPTT through the memory (official), each window
+  step rematerialised with ``jax.checkpoint``. ``BeaconLM.loss`` itself is host-driven (a Python
+  loop of jitted chunks), which cannot sit inside one jitted/sharded train step: this is the
+  thin adapter the training needed.
+* :class:`FocusTask` uses ``longjax.focus`` (``spans`` indices via ``longjax.data.pipeline``,
+  ``planner.split_training`` / ``pack_*``, ``FocusLoss.per_sample``) with shapes padded to
+  power-of-two buckets (few compiles across random strides and spans).
+
+Both return per-sample ``(loss_sum, loss_count)``; the step averages per-sample means (the
+official per-device batch of 1, averaged over devices).
+"""
+from __future__ import annotations
+
+import dataclasses
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from longjax.beacon.config import BeaconConfig
+from longjax.beacon.model import BeaconLM, window_step
+from longjax.beacon.planner import IGNORE, RowState, _rng_state, assemble
+from longjax.data import pipeline
+from longjax.focus.config import FocusConfig
+from longjax.focus.losses import FocusLoss
+from longjax.focus.planner import pack_chunks, pack_local, split_training
+from longjax.models.config import ModelConfig
+
+
+def _round(n: int, m: int) -> int:
+  return -(-int(n) // int(m)) * int(m)
+
+
+# --------------------------------------------------------------------------------------------
+# Trainable sets (official: every parameter whose name contains "beacon").
+def is_trainable(path: str, method: str) -> bool:
+  leaf_owner = path.split("/")
+  if method == "beacon":
+    return any(p.startswith("alt_") for p in leaf_owner)
+  if method == "focus":
+    return any(p.startswith("alt_") and p.endswith("_proj") for p in leaf_owner)
+  if method == "lm":
+    return True
+  raise ValueError(f"unknown method {method!r}")
+
+
+def add_alt_params(cfg: ModelConfig, params, projections, num_alt_embeddings: int = 0,
+                   embed_init: str = "eos"):
+  """Give a plain decoder checkpoint the alternative (beacon / candidate) parameters, initialised
+  as the official ``from_pretrained`` does: copies of the base projections, the extra embedding
+  row from ``embed[eos]`` (or bos). Parameters already present are kept."""
+  params = jax.tree.map(np.asarray, params)
+  params = {k: (dict(v) if isinstance(v, dict) else v) for k, v in params.items()}
+  layers = dict(params["layers"])
+  attn = dict(layers["attn"])
+  for p in projections:
+    if f"alt_{p}_proj" not in attn:
+      attn[f"alt_{p}_proj"] = {k: np.array(v) for k, v in attn[f"{p}_proj"].items()}
+  layers["attn"] = attn
+  params["layers"] = layers
+  if num_alt_embeddings and "alt_embedding" not in params:
+    tok = cfg.eos_token_id if embed_init == "eos" else cfg.bos_token_id
+    tok = tok[0] if isinstance(tok, (tuple, list)) else tok
+    if tok is None:
+      raise ValueError(f"cannot initialise the beacon embedding from {embed_init}: the model "
+                       f"config has no {embed_init}_token_id")
+    params["alt_embedding"] = np.array(params["embedding"][int(tok)][None])
+  new_alt = tuple(sorted(set(cfg.alt_projections) | set(projections), key="qkvo".index))
+  cfg = cfg.replace(alt_projections=new_alt,
+                    num_alt_embeddings=max(cfg.num_alt_embeddings, num_alt_embeddings))
+  return cfg, params
+
+
+# --------------------------------------------------------------------------------------------
+class BeaconTask:
+  method = "beacon"
+
+  def __init__(self, cfg: ModelConfig, bcfg: BeaconConfig, *, max_length: int, seed: int,
+               remat: bool = True, step_bucket: int = 1, impl: str = "auto"):
+    self.cfg, self.bcfg, self.seed = cfg, bcfg, int(seed)
+    self.lm = BeaconLM(cfg, bcfg, max_length=max_length, training=True, impl=impl)
+    self.remat = remat
+    self.step_bucket = max(1, int(step_bucket))
+
+  def group_key(self, length: int) -> int:
+    return pipeline.beacon_windows(length, self.bcfg.window, self.bcfg.stride)
+
+  def prepare(self, ds, idx, step: int, row_offset: int = 0) -> dict:
+    """Host side: plan every row's official calls; stacked ``[n_steps, B, ...]`` arrays."""
+    planner = self.lm.planner
+    descs = []
+    tokens = 0
+    for row, i in enumerate(idx):
+      ids = ds.ids[int(i)]
+      ans = ds.answer[int(i)]
+      labels = ids.astype(np.int64)
+      if ans is not None and self._answer_only:
+        labels = np.where(ans, labels, IGNORE)
+      # Ratio RNG: the official one is a single default_rng(42) running over the whole training;
+      # here each (seed, step, row) gets its own, so a resumed run draws the same ratios.
+      rs = RowState(rng=_rng_state(pipeline.row_rng(self.seed, step, row_offset + row, salt=1)))
+      d, _ = planner.plan_row(rs, ids, labels, training=True)
+      descs.append(d)
+      tokens += len(ids)
+    n = max(len(d) for d in descs)
+    n_pad = -(-n // self.step_bucket) * self.step_bucket
+    q, r = self.lm.q_slots, self.lm.r_slots
+    plans = [assemble([d[s] if s < len(d) else None for d in descs], q, r) for s in range(n_pad)]
+    out = {k: np.stack([p[k] for p in plans]) for k in plans[0] if k != "raw_index"}
+    out["active"] = np.arange(n_pad) < n
+    return dict(plans=out, tokens=tokens)
+
+  _answer_only = False
+
+  def batch_axes(self) -> dict:
+    """Which axis of each prepared array is the batch axis (for sharding)."""
+    return {"plans": 1}
+
+  def loss(self, params, plans):
+    lm, cfg = self.lm, self.cfg
+    b = plans["tokens"].shape[1]
+    shape = (cfg.num_layers, b, lm.capacity, cfg.num_kv_heads, cfg.head_dim)
+    k = jnp.zeros(shape, cfg.compute_dtype)
+    v = jnp.zeros(shape, cfg.compute_dtype)
+    active = plans["active"]
+    xs = {kk: vv for kk, vv in plans.items() if kk != "active"}
+
+    def one(carry, plan):
+      k, v, ls, lc = carry
+      k, v, out = window_step(lm.model, cfg, lm.sink_cap, params, k, v, plan, want_loss=True,
+                              want_hidden=False)
+      return k, v, ls + out["loss_sum"], lc + out["loss_count"]
+
+    if self.remat:
+      one = jax.checkpoint(one, prevent_cse=False)
+
+    def body(carry, x):
+      plan, act = x
+      return jax.lax.cond(act, lambda c: one(c, plan), lambda c: c, carry), None
+
+    init = (k, v, jnp.zeros((b,), jnp.float32), jnp.zeros((b,), jnp.int32))
+    (_, _, ls, lc), _ = jax.lax.scan(body, init, (xs, active))
+    return ls, lc
+
+
+# --------------------------------------------------------------------------------------------
+class FocusTask:
+  method = "focus"
+
+  def __init__(self, cfg: ModelConfig, fcfg: FocusConfig, train_cfg: dict, *, seed: int,
+               impl: str = "auto", remat: bool = False):
+    self.cfg, self.fcfg, self.seed = cfg, fcfg, int(seed)
+    self.fc = dict(train_cfg)
+    self.fl = FocusLoss(cfg, fcfg, impl=impl)
+    self.remat = remat
+
+  def group_key(self, length: int):
+    return None
+
+  def static_shapes(self, batch: int, stride: int, max_len: int):
+    """Fixed chunk-batch / local shapes for one stride: one compile per stride."""
+    w = int(self.fc["window"])
+    p = min(self.fcfg.prompt_cap, stride, w)
+    cmax = -(-max_len // stride)
+    return dict(rows=batch * cmax, length=_round(stride + p + 1, 16), cmax=cmax,
+                local=_round(w + 1, 16))
+
+  def prepare(self, ds, idx, step: int, row_offset: int = 0) -> dict:
+    """Host side: draw each sample's indices, split into chunks + local context, pad to the
+    stride's static shapes. The chunk size is drawn once per global batch (official: per
+    sample; the marginal distribution per sample is the same) so that each batch has one
+    static shape per stride."""
+    strides = tuple(int(x) for x in self.fc["strides"])
+    stride = strides[int(pipeline.row_rng(self.seed, step, 0, salt=4).integers(len(strides)))]
+    fc = dict(self.fc, strides=(stride,))
+    rows, recs = [], []
+    for row, i in enumerate(idx):
+      ids, ans = ds.ids[int(i)], ds.answer[int(i)]
+      ix = pipeline.focus_indices(pipeline.row_rng(self.seed, step, row_offset + row, salt=2),
+                                  len(ids), ans,
+                                  fc)
+      recs.append(ix)
+      rows.append(split_training(ids, memory_len=ix["memory_len"], local_start=ix["local_start"],
+                                 local_size=ix["local_size"], stride=ix["stride"],
+                                 prompt_cap=self.fcfg.prompt_cap, bos_id=self.fcfg.bos_id))
+    shp = self.static_shapes(len(rows), stride, int(ds.lengths.max()))
+    cb = pack_chunks(rows, row_multiple=shp["rows"], length_multiple=shp["length"],
+                     cmax_multiple=shp["cmax"])
+    lb = pack_local(rows, length_multiple=shp["local"])
+    batch = dict(chunks=dataclasses.asdict(cb), local=dataclasses.asdict(lb),
+                 targets=np.asarray([r.target for r in rows], np.int32))
+    return dict(plans=batch, tokens=int(sum(ix["memory_len"] + ix["local_size"] for ix in recs)),
+                indices=recs)
+
+  def batch_axes(self) -> dict:
+    return {}
+
+  def loss(self, params, plans):
+    from longjax.focus.losses import TrainBatch
+    from longjax.focus.planner import ChunkBatch, LocalBatch
+    batch = TrainBatch(ChunkBatch(**plans["chunks"]), LocalBatch(**plans["local"]),
+                       plans["targets"])
+    fn = self.fl.per_sample
+    if self.remat:
+      fn = jax.checkpoint(fn)
+    nll = fn(params, batch)
+    return nll, jnp.ones_like(nll, dtype=jnp.int32)
+
+
+# --------------------------------------------------------------------------------------------
+class LMTask:
+  """Plain next-token LM over random crops (pretraining the tiny base of the proof)."""
+  method = "lm"
+
+  def __init__(self, cfg: ModelConfig, *, length: int, seed: int, answer_only: bool = False):
+    from longjax.models.decoder import Decoder
+    self.cfg, self.length, self.seed = cfg, int(length), int(seed)
+    self.answer_only = answer_only
+    self.model = Decoder(cfg)
+
+  def group_key(self, length: int):
+    return None
+
+  def prepare(self, ds, idx, step: int, row_offset: int = 0) -> dict:
+    T = self.length
+    toks = np.zeros((len(idx), T), np.int32)
+    mask = np.zeros((len(idx), T), bool)
+    for row, i in enumerate(idx):
+      ids = ds.ids[int(i)]
+      rng = pipeline.row_rng(self.seed, step, row_offset + row, salt=3)
+      start = int(rng.integers(0, max(1, len(ids) - T) + 1))
+      piece = ids[start:start + T]
+      toks[row, :len(piece)] = piece
+      ans = ds.answer[int(i)]
+      if self.answer_only:
+        if ans is not None:
+          mask[row, :len(piece)] = ans[start:start + T]
+      else:
+        mask[row, :len(piece)] = True
+    return dict(plans=dict(tokens=toks, mask=mask), tokens=int(mask.sum()))
+
+  def batch_axes(self) -> dict:
+    return {}
+
+  def loss(self, params, plans):
+    toks, mask = plans["tokens"], plans["mask"]
+    pos = jnp.broadcast_to(jnp.arange(toks.shape[1]), toks.shape)
+    logits, _ = self.model.apply({"params": params}, toks, pos)
+    logp = jax.nn.log_softmax(logits[:, :-1], axis=-1)
+    nll = -jnp.take_along_axis(logp, toks[:, 1:, None], axis=-1)[..., 0]
+    ok = mask[:, 1:] & (toks[:, 1:] != 0) if self.answer_only else mask[:, 1:]
+    return jnp.sum(jnp.where(ok, nll, 0.0), axis=1), jnp.sum(ok, axis=1, dtype=jnp.int32)

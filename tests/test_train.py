@@ -1,0 +1,217 @@
+"""Training: frozen base, optimizer state only for trainable params, resume-after-kill
+bit-equality, corrupt-checkpoint fallback, NaN stop, 8 fake devices == 1 device, clear errors."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from flax import traverse_util
+
+from train_helpers import ROOT, micro_config
+
+from longjax.train import loop
+from longjax.train.checkpointing import CheckpointMismatch
+from longjax.train.config_check import ConfigError
+from longjax.train.metrics import read_metrics
+
+ENV = dict(os.environ, JAX_PLATFORMS="cpu", HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT),
+           JAX_COMPILATION_CACHE_DIR=os.environ.get(
+               "LONGJAX_JAX_CACHE", os.path.expanduser("~/.cache/longjax-jax")),
+           JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.5")
+
+
+def _flat(t):
+  return traverse_util.flatten_dict(jax.device_get(t), sep="/")
+
+
+@pytest.mark.parametrize("method", ["beacon", "focus"])
+def test_frozen_base_and_optimizer_state(tmp_path, method):
+  c = micro_config(method, tmp_path / method, steps=3, save_every=3)
+  tr = loop.Trainer(c)
+  tr.setup()
+  frozen0 = {k: np.array(v) for k, v in _flat(tr.frozen).items()}
+  train0 = {k: np.array(v) for k, v in _flat(tr.state["params"]).items()}
+  tr2 = loop.Trainer(c)
+  out = tr2.run()
+  assert out["final_step"] == 3
+  frozen1, train1 = _flat(tr2.frozen), _flat(tr2.state["params"])
+  # frozen parameters bit-identical, trainable ones moved
+  assert set(frozen1) == set(frozen0)
+  for k in frozen0:
+    np.testing.assert_array_equal(frozen0[k], frozen1[k], err_msg=k)
+  assert all("alt_" in k for k in train1)
+  assert any(not np.array_equal(train0[k], train1[k]) for k in train0)
+  if method == "beacon":
+    assert "alt_embedding" in train1 and "layers/attn/alt_q_proj/kernel" in train1
+  else:
+    assert "alt_embedding" not in train1 and "layers/attn/alt_o_proj/kernel" in train1
+  # optimizer state: only trainable-shaped arrays (Adam mu/nu mirror the trainable tree)
+  shapes = sorted(tuple(v.shape) for v in train1.values())
+  opt = [x for x in jax.tree.leaves(tr2.state["opt_state"]) if np.ndim(x) > 0]
+  assert sorted(tuple(x.shape) for x in opt) == sorted(shapes * 2)
+  n_frozen = sum(v.size for v in frozen1.values())
+  assert sum(x.size for x in opt) == 2 * sum(v.size for v in train1.values()) < n_frozen
+  # falling-or-finite loss and the metrics file
+  m = read_metrics(c.workdir)
+  assert [r["step"] for r in m] == [1, 2, 3] and all(np.isfinite(r["loss"]) for r in m)
+  # the export has the official tensor names
+  from safetensors import safe_open
+  with safe_open(str(Path(out["export"]) / "model.safetensors"), "np") as f:
+    names = set(f.keys())
+  assert "model.layers.0.self_attn.beacon_q_proj.weight" in names
+  assert "model.beacon_embed_tokens.weight" in names
+  if method == "focus":
+    assert "model.layers.1.self_attn.beacon_o_proj.weight" in names
+
+
+def _run_cli(workdir, *extra, check=True):
+  cmd = [sys.executable, str(ROOT / "train.py"), "--config=" + str(ROOT / "tests" / "micro_train_config.py"),
+         f"--config.workdir={workdir}", *extra]
+  p = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+  if check and p.returncode != 0:
+    raise AssertionError(f"rc={p.returncode}\n{p.stderr[-3000:]}")
+  return p
+
+
+def test_resume_after_kill_is_bit_identical(tmp_path):
+  a, b = tmp_path / "a", tmp_path / "b"
+  _run_cli(a)
+  p = _run_cli(b, "--config.debug.kill_after_step=3", check=False)
+  assert p.returncode == -9, p.stderr[-2000:]
+  assert [r["step"] for r in read_metrics(b)] == [1, 2, 3]
+  p = _run_cli(b)  # the same command again: resumes from step 2
+  assert "resumed from" in p.stderr
+  la = [(r["step"], r["loss"], r["grad_norm"]) for r in read_metrics(a)]
+  lb = [(r["step"], r["loss"], r["grad_norm"]) for r in read_metrics(b)]
+  assert la == lb and len(la) == 5
+  # trained tensors equal too
+  from safetensors.numpy import load_file
+  ta, tb = load_file(str(a / "export_hf/model.safetensors")), load_file(str(b / "export_hf/model.safetensors"))
+  for k in ta:
+    np.testing.assert_array_equal(ta[k], tb[k], err_msg=k)
+
+
+def test_corrupt_latest_checkpoint_falls_back(tmp_path, caplog):
+  c = micro_config("beacon", tmp_path / "w", steps=4, save_every=2)
+  loop.Trainer(c).run()
+  step4 = Path(c.workdir) / "checkpoints" / "4"
+  assert step4.is_dir()
+  for f in step4.rglob("*"):
+    if f.is_file() and f.stat().st_size > 0 and "state" in str(f):
+      f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+  c.train.num_steps = 5
+  with caplog.at_level("WARNING", logger="longjax.train"):
+    out = loop.Trainer(c).run()
+  assert out["start_step"] == 2 and out["final_step"] == 5
+  assert any("falling back" in r.getMessage() for r in caplog.records)
+
+
+def test_nan_stops_and_keeps_last_good_checkpoint(tmp_path):
+  c = micro_config("beacon", tmp_path / "w", steps=6, save_every=1)
+  c.debug.nan_at_step = 3
+  with pytest.raises(loop.TrainingError, match="non-finite loss .* step 3.*last good checkpoint \\(step 2\\)"):
+    loop.Trainer(c).run()
+  assert sorted(int(p.name) for p in (Path(c.workdir) / "checkpoints").iterdir() if p.name.isdigit())[-1] == 2
+
+
+def test_checkpoint_from_other_model_is_refused(tmp_path):
+  c = micro_config("beacon", tmp_path / "w", steps=2, save_every=2)
+  loop.Trainer(c).run()
+  c2 = micro_config("beacon", tmp_path / "w", steps=4, save_every=2)
+  c2.model.hidden_size = 48
+  c2.model.head_dim = 12
+  import shutil
+  shutil.rmtree(Path(c2.workdir) / "base")
+  with pytest.raises(CheckpointMismatch, match="different model"):
+    loop.Trainer(c2).run()
+  c3 = micro_config("focus", tmp_path / "w", steps=4)
+  with pytest.raises(CheckpointMismatch, match="'beacon' run"):
+    loop.Trainer(c3).run()
+
+
+def test_config_errors(tmp_path):
+  c = micro_config("beacon", tmp_path / "w")
+  with c.unlocked():
+    c.train.lrr = 1.0
+  with pytest.raises(ConfigError, match="unknown config key 'train.lrr' \\(did you mean 'lr'\\?\\)"):
+    loop.Trainer(c)
+  p = _run_cli(tmp_path / "x", "--config.train.no_such_key=1", check=False)
+  assert p.returncode != 0 and "no_such_key" in p.stderr
+  p = subprocess.run([sys.executable, str(ROOT / "train.py"), "--config=" + str(ROOT / "configs/beacon_qwen2.py"),
+                      f"--config.workdir={tmp_path / 'q'}"], cwd=ROOT, env=ENV, capture_output=True,
+                     text=True, timeout=300)
+  assert p.returncode == 1 and "--config.model.checkpoint" in p.stderr
+  p = subprocess.run([sys.executable, str(ROOT / "train.py"), "--config=" + str(ROOT / "configs/beacon_qwen2.py"),
+                      f"--config.workdir={tmp_path / 'q'}", f"--config.model.checkpoint={tmp_path / 'nope'}"],
+                     cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+  assert p.returncode == 1 and "no such directory" in p.stderr
+
+
+EIGHT = r"""
+import json, sys
+sys.path.insert(0, "tests")
+from train_helpers import micro_config
+from longjax.train import loop
+import jax
+assert jax.device_count() == 8, jax.devices()
+c = micro_config(sys.argv[1], sys.argv[2], steps=3, save_every=3, batch=8,
+                 mesh=dict(data=2, fsdp=2, tensor=2))
+out = loop.Trainer(c).run()
+"""
+
+
+@pytest.mark.parametrize("method", ["beacon", pytest.param("focus", marks=pytest.mark.slow)])
+def test_eight_fake_devices_match_one(tmp_path, method):
+  one = micro_config(method, tmp_path / "one", steps=3, save_every=3, batch=8)
+  loop.Trainer(one).run()
+  env = dict(ENV, XLA_FLAGS="--xla_force_host_platform_device_count=8")
+  p = subprocess.run([sys.executable, "-c", EIGHT, method, str(tmp_path / "eight")], cwd=ROOT,
+                     env=env, capture_output=True, text=True, timeout=600)
+  assert p.returncode == 0, p.stderr[-3000:]
+  l1 = [r["loss"] for r in read_metrics(tmp_path / "one")]
+  l8 = [r["loss"] for r in read_metrics(tmp_path / "eight")]
+  assert len(l1) == len(l8) == 3
+  np.testing.assert_allclose(l8, l1, rtol=2e-5, atol=2e-6)
+
+
+def test_gradient_accumulation_matches_full_batch(tmp_path):
+  a = micro_config("beacon", tmp_path / "a", steps=2, save_every=2)
+  b = micro_config("beacon", tmp_path / "b", steps=2, save_every=2)
+  b.train.grad_accum = 2
+  loop.Trainer(a).run()
+  loop.Trainer(b).run()
+  ra, rb = read_metrics(a.workdir), read_metrics(b.workdir)
+  np.testing.assert_allclose([r["loss"] for r in rb], [r["loss"] for r in ra], rtol=1e-5)
+  np.testing.assert_allclose([r["grad_norm"] for r in rb], [r["grad_norm"] for r in ra], rtol=1e-4)
+
+
+def test_beacon_task_loss_equals_beaconlm_loss(tmp_path):
+  """The jitted one-scan training loss equals longjax.beacon's official loss (and its grads)."""
+  import jax.numpy as jnp
+  from longjax.beacon import BeaconLM
+  from longjax.data.tokenizers import get_tokenizer
+  from longjax.train import tasks
+  c = micro_config("beacon", tmp_path / "w")
+  c.beacon.ratios = (4,)
+  tok = get_tokenizer("byte")
+  cfg, params = loop.load_base(c, tok, Path(c.workdir))
+  params = jax.tree.map(jnp.asarray, params)
+  ids = np.random.default_rng(0).integers(3, 200, size=100)
+  task = tasks.BeaconTask(cfg, loop.beacon_config(c), max_length=128, seed=0, step_bucket=4)
+
+  class DS:
+    pass
+  ds = DS()
+  ds.ids, ds.answer = [ids], [None]
+  plans = jax.tree.map(jnp.asarray, task.prepare(ds, [0], step=0)["plans"])
+  mine = lambda p: (lambda ls, lc: ls[0] / lc[0])(*task.loss(p, plans))
+  lm = BeaconLM(cfg, loop.beacon_config(c), max_length=128, training=True)
+  ref = lambda p: lm.loss(p, ids)
+  np.testing.assert_allclose(float(jax.jit(mine)(params)), float(ref(params)), rtol=1e-5)
+  ga = jax.grad(mine)(params)["layers"]["attn"]["alt_q_proj"]["kernel"]
+  gb = jax.grad(ref)(params)["layers"]["attn"]["alt_q_proj"]["kernel"]
+  np.testing.assert_allclose(np.asarray(ga), np.asarray(gb), rtol=1e-4, atol=1e-6)
