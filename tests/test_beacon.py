@@ -157,14 +157,59 @@ def test_scan_equals_steps(lm, model):
   assert a.state.rows == b.state.rows
 
 
-def test_prefill_compiles_once(model):
+def test_prefill_compiles_once_per_memory_bucket(model):
+  """The scan chunk compiles once per memory-size bucket (0 or a power of two, capped at the
+  capacity): O(log capacity) programs for any number of windows, none for a new length whose
+  buckets were already used."""
   cfg, params = model
-  lm = BeaconLM(cfg, BCFG, max_length=512, scan_chunk=4)
+  lm = BeaconLM(cfg, BCFG, max_length=512, scan_chunk=4, memory_bucket_min=4)
+  before = TRACE_COUNTS["scan_chunk"]
+  used = set()
+  for n_windows in (2, 5, 11):  # 3, 6 and 12 calls (the last window partial)
+    out = lm.forward(params, _ids(16 * n_windows + 5, n_windows))
+    assert out.state.sizes()[0].tolist() == [0, 4 * n_windows, 6]
+    used |= set(out.mem_buckets)
+  # memory before call s is 4 s beacons: buckets 0, 4, 8, 16, 32, 64
+  assert used == {0, 4, 8, 16, 32, 64}
+  assert TRACE_COUNTS["scan_chunk"] - before == len(used)
+  assert len(lm.bucket_sizes()) <= int(np.ceil(np.log2(lm.capacity))) + 2
+  before = TRACE_COUNTS["scan_chunk"]
+  out = lm.forward(params, _ids(16 * 9 + 3, 9))  # same buckets: no new compile
+  assert set(out.mem_buckets) <= used
+  assert TRACE_COUNTS["scan_chunk"] == before
+
+
+def test_prefill_compiles_once_without_buckets(model):
+  cfg, params = model
+  lm = BeaconLM(cfg, BCFG, max_length=512, scan_chunk=4, memory_buckets=False)
   before = TRACE_COUNTS["scan_chunk"]
   for n_windows in (2, 5, 11):  # 3, 6 and 12 calls (the last window partial): 1, 2, 3 chunks
     out = lm.forward(params, _ids(16 * n_windows + 5, n_windows))
     assert out.state.sizes()[0].tolist() == [0, 4 * n_windows, 6]
+    assert set(out.mem_buckets) == {lm.capacity}
   assert TRACE_COUNTS["scan_chunk"] - before == 1
+
+
+def test_memory_buckets_equal_full_buffer(model):
+  """Attending over the bucket instead of the whole buffer changes nothing (prefill with a
+  partial window, sink, labels, then decode steps whose memory crosses buckets)."""
+  cfg, params = model
+  bcfg = BCFG.replace(sink_size=2)
+  a_lm = BeaconLM(cfg, bcfg, max_length=256, scan_chunk=3, memory_bucket_min=8)
+  b_lm = BeaconLM(cfg, bcfg, max_length=256, scan_chunk=3, memory_buckets=False)
+  ids = _ids(101, 11)
+  a = a_lm.forward(params, ids, labels=ids, collect_logits=True)
+  b = b_lm.forward(params, ids, labels=ids, collect_logits=True)
+  assert max(a.mem_buckets) < a_lm.capacity and len(set(a.mem_buckets)) > 2
+  np.testing.assert_allclose(a.raw_logits[0], b.raw_logits[0], atol=1e-5)
+  np.testing.assert_allclose(a.loss, b.loss, atol=1e-6)
+  np.testing.assert_allclose(a.state.k, b.state.k, atol=1e-5)
+  sa, sb = a.state, b.state
+  for t in _ids(12, 12):
+    la, sa = a_lm.step(params, sa, [t])
+    lb, sb = b_lm.step(params, sb, [t])
+    np.testing.assert_allclose(la, lb, atol=1e-5)
+  assert sa.rows == sb.rows
 
 
 def test_batched_equals_unbatched(model):

@@ -122,6 +122,27 @@ def test_batched_condense_equals_one_chunk_at_a_time(tiny):
   assert n == 8 and cb.n_rows == 9  # 5 + 3 chunks, padded to a multiple of 3
 
 
+def test_chunk_rows_padded_to_powers_of_two(tiny):
+  """Chunk rows (computed, padding included) are padded to devices * 2^k: < 2x waste."""
+  f = tiny_focus()
+  rows = [split_prompt(prompt(100, 0), f), split_prompt(prompt(61, 1), f)]  # 5 + 3 chunks
+  assert pack_chunks(rows[:1], pow2=True).n_rows == 8
+  assert pack_chunks(rows[1:], pow2=True).n_rows == 4
+  assert pack_chunks(rows, pow2=True).n_rows == 8
+  assert pack_chunks(rows, row_multiple=3, pow2=True).n_rows == 12  # 3 devices: 3 * 2^2
+  assert pack_chunks(rows[1:], row_multiple=3, pow2=True).n_rows == 3
+  assert pack_chunks(rows[:1], pow2=True).gather.shape == (1, 8)
+  assert pack_chunks(rows[1:], pow2=True).gather.shape == (1, 4)
+  cfg, params = tiny
+  m = FocusLLM(cfg, f, bucket=16)
+  two = prompt(52, 3)  # 2 chunks: 2 rows (was padded to 8)
+  assert m.plan(two).n_chunks == 2
+  _, state = m.prefill(params, np.asarray(two)[None], np.array([len(two)]), 1)
+  assert state.cache_k.shape[1] == 2 and state.gather.shape == (1, 2)
+  with pytest.raises(FocusError, match="chunk_bucket"):
+    FocusLLM(cfg, f, chunk_bucket=0)
+
+
 def test_candidate_uses_candidate_weights_only(tiny):
   """Regular tokens never see the candidate and use base weights: their K/V equal the plain LM's."""
   cfg, params = tiny

@@ -6,11 +6,17 @@ Device compute has static shapes:
 * query slots ``Q = W + W / r_min`` (interleave) or ``W + S / r_min`` (append) per step, or a small
   decode bucket when every row's step fits (generation: 1 raw token, maybe a beacon);
 * memory buffers of ``capacity = sink + beacon capacity + R`` entries with ``R = Q`` (the raw
-  region slab), with explicit lengths from the planner.
+  region slab), with explicit lengths from the planner;
+* the part of the buffer that attention sees: a *memory-size bucket* ``M`` (``0``, then powers of
+  two from ``memory_bucket_min``, capped at ``capacity``) chosen on the host from the planner's
+  exact memory lengths, so a step costs what its filled memory costs (not the whole buffer sized
+  for ``max_length``). Each bucket is one compiled program: ``O(log capacity)`` of them.
 
-Prefill runs the planned steps through ``lax.scan`` in chunks of ``scan_chunk`` steps; a chunk's
-unused tail steps are skipped with ``lax.cond``, so one compiled chunk serves any number of
-windows (full windows and the final partial window alike). Decode steps use one jitted step.
+Prefill runs the planned steps through ``lax.scan`` in chunks of at most ``scan_chunk`` steps that
+share one bucket (a chunk starts a new bucket when the memory outgrows the current one); a
+chunk's unused tail steps are skipped with ``lax.cond``, so one compiled chunk per bucket serves
+any number of windows (full windows and the final partial window alike). Decode steps use one
+jitted step per (query slots, bucket).
 """
 from __future__ import annotations
 
@@ -25,7 +31,7 @@ import numpy as np
 
 from longjax.beacon.config import BeaconConfig
 from longjax.beacon.memory import BeaconState, empty_state
-from longjax.beacon.planner import IGNORE, Planner, RowState, assemble
+from longjax.beacon.planner import IGNORE, Planner, RowState, StepDesc, assemble
 from longjax.kernels import MaskRule, TokenMeta
 from longjax.models.config import ModelConfig
 from longjax.models.decoder import Decoder, KVPrefix
@@ -39,7 +45,8 @@ class CapacityError(ValueError):
   """An input does not fit the memory capacity this BeaconLM was built for."""
 
 
-# Traces of the compiled functions (tests count them: compile once for any number of windows).
+# Traces of the compiled functions (tests count them: one compile per memory-size bucket, for any
+# number of windows).
 TRACE_COUNTS = {"scan_chunk": 0, "step": 0}
 
 
@@ -51,6 +58,7 @@ class ForwardOutput:
   loss_count: jax.Array  # [B] int32 labelled tokens
   raw_logits: Optional[list] = None  # per row [n_new, V] (collect_logits=True)
   steps: Optional[list] = None  # per row: list of StepDesc (the planned official calls)
+  mem_buckets: Optional[list] = None  # per device call (scan chunk or step): its memory bucket
 
   @property
   def loss(self) -> jax.Array:
@@ -72,27 +80,36 @@ def _head(cfg: ModelConfig, params, h):
 
 
 def window_step(model: Decoder, cfg: ModelConfig, sink_cap: int, params, k, v, plan: dict,
-                *, want_loss: bool, want_hidden: bool):
+                *, want_loss: bool, want_hidden: bool, mem_size: Optional[int] = None):
   """One official call for every row (a no-op for rows without one).
+
+  ``mem_size`` (static): the attention sees only the buffer's first ``mem_size`` entries (a
+  memory-size bucket; every row's valid memory must lie inside them, see
+  ``BeaconLM.memory_need``); ``None``: the whole buffer. The write-back always goes to the full
+  buffer.
 
   Returns ``(k, v, out)`` with ``out`` holding ``last_logits [B, V]``, ``has_last [B]``,
   ``loss_sum [B]``, ``loss_count [B]`` and optionally ``hidden [B, Q, H]``.
   """
   b, q = plan["tokens"].shape
   cap = k.shape[2]
+  m = cap if mem_size is None else min(int(mem_size), cap)
   r_slots = plan["src"].shape[1]
-  j = jnp.arange(cap, dtype=jnp.int32)[None]
-  jr = j - sink_cap
-  nb = plan["beacon_len"][:, None]
-  in_sink = j < sink_cap
-  mem_valid = jnp.where(in_sink, j < plan["sink_len"][:, None],
-                        (jr >= 0) & (jr < nb + plan["raw_len"][:, None]))
-  mem_pos = jnp.where(in_sink, j, plan["sink_len"][:, None] + jr)
-  mem_order = jnp.where(jr >= nb, 2 * (jr - nb), -1)
   kinds = model.rule.kind_sees is not None
-  mem_meta = TokenMeta.causal(mem_order, valid=mem_valid,
-                              kind=jnp.zeros((b, cap), jnp.int32) if kinds else None)
-  memory = KVPrefix(k, v, mem_pos, mem_meta)
+  memory = None
+  if m > 0:  # m == 0: nothing valid in memory (the first window): attend to the window only
+    j = jnp.arange(m, dtype=jnp.int32)[None]
+    jr = j - sink_cap
+    nb = plan["beacon_len"][:, None]
+    in_sink = j < sink_cap
+    mem_valid = jnp.where(in_sink, j < plan["sink_len"][:, None],
+                          (jr >= 0) & (jr < nb + plan["raw_len"][:, None]))
+    mem_pos = jnp.where(in_sink, j, plan["sink_len"][:, None] + jr)
+    mem_order = jnp.where(jr >= nb, 2 * (jr - nb), -1)
+    mem_meta = TokenMeta.causal(mem_order, valid=mem_valid,
+                                kind=jnp.zeros((b, m), jnp.int32) if kinds else None)
+    mk, mv = (k, v) if m == cap else (k[:, :, :m], v[:, :, :m])
+    memory = KVPrefix(mk, mv, mem_pos, mem_meta)
   q_meta = TokenMeta.causal(plan["order"], valid=plan["valid"],
                             kind=plan["kind"] if kinds else None)
   hidden, (nk, nv) = model.apply({"params": params}, plan["tokens"], plan["pos"], q_meta=q_meta,
@@ -149,12 +166,18 @@ class BeaconLM:
     ratio: force this ratio (must be in ``bcfg.ratios``), like the official ``Memory.set``.
     training: official training mode (no beacons in the last window, first-window label rule).
     progress: show a progress bar over windows (``None``: only for >= 32 windows on a terminal).
+    memory_buckets: attend over a memory-size bucket of the buffer (``0`` or a power of two
+      ``>= memory_bucket_min``, at most ``capacity``) instead of the whole buffer: each step
+      costs what its filled memory costs; one compile per bucket used (``O(log capacity)``).
+      ``False``: every step attends over the whole buffer (one compile, cost independent of fill).
+    memory_bucket_min: the smallest non-zero bucket.
   """
 
   def __init__(self, cfg: ModelConfig, bcfg: BeaconConfig, *, max_length: int = 65536,
                scan_chunk: int = 8, decode_slots: int = 8, impl: str = "auto",
                ratio: Optional[int] = None, training: bool = False,
-               progress: Optional[bool] = None):
+               progress: Optional[bool] = None, memory_buckets: bool = True,
+               memory_bucket_min: int = 64):
     missing = [p for p in bcfg.param if p not in cfg.alt_projections]
     if missing or cfg.num_alt_embeddings < 1:
       raise BeaconSetupError(
@@ -182,24 +205,51 @@ class BeaconLM:
     self.sink_cap = bcfg.sink_size
     self.beacon_capacity = (self.max_length // bcfg.window) * bcfg.max_memory_per_window
     self.capacity = self.sink_cap + self.beacon_capacity + self.r_slots
+    self.memory_buckets = bool(memory_buckets)
+    self.memory_bucket_min = max(1, int(memory_bucket_min))
     rs = cfg.rope_scaling_dict or {}
     max_positions = int(cfg.max_position_embeddings * rs.get("factor", 1))
     self.planner = Planner(bcfg, cfg.vocab_size, max_positions, self.beacon_capacity)
     step = functools.partial(window_step, self.model, cfg, self.sink_cap)
-    self._step_jit = jax.jit(self._counted_step(step), static_argnames=("want_loss", "want_hidden"))
-    self._chunk_jit = jax.jit(self._scan_chunk(step), static_argnames=("want_loss", "want_hidden"))
+    static = ("want_loss", "want_hidden", "mem_size")
+    self._step_jit = jax.jit(self._counted_step(step), static_argnames=static)
+    self._chunk_jit = jax.jit(self._scan_chunk(step), static_argnames=static)
+
+  # ------------------------------------------------------------------------------------------
+  def memory_need(self, d: Optional[StepDesc]) -> int:
+    """Buffer entries a step's attention must see: its valid memory is ``[0, need)``."""
+    if d is None:
+      return 0
+    rest = d.beacon_len + d.raw_len
+    return max(d.sink_len, self.sink_cap + rest if rest else 0)
+
+  def memory_bucket(self, need: int) -> int:
+    """The memory-size bucket (static attention length over the buffer) for ``need`` entries."""
+    if not self.memory_buckets:
+      return self.capacity
+    if need <= 0:
+      return 0
+    b = max(self.memory_bucket_min, 1 << (int(need) - 1).bit_length())
+    return min(b, self.capacity)
+
+  def bucket_sizes(self) -> list:
+    """Every bucket ``memory_bucket`` can return (an upper bound on compiles per program)."""
+    return sorted({self.memory_bucket(n) for n in
+                   [0, 1, self.capacity] + [1 << i for i in range(self.capacity.bit_length() + 1)]
+                   if n <= self.capacity})
 
   # ------------------------------------------------------------------------------------------
   @staticmethod
   def _counted_step(step):
-    def f(params, k, v, plan, *, want_loss, want_hidden):
+    def f(params, k, v, plan, *, want_loss, want_hidden, mem_size):
       TRACE_COUNTS["step"] += 1
-      return step(params, k, v, plan, want_loss=want_loss, want_hidden=want_hidden)
+      return step(params, k, v, plan, want_loss=want_loss, want_hidden=want_hidden,
+                  mem_size=mem_size)
     return f
 
   @staticmethod
   def _scan_chunk(step):
-    def f(params, carry, plans, active, *, want_loss, want_hidden):
+    def f(params, carry, plans, active, *, want_loss, want_hidden, mem_size):
       TRACE_COUNTS["scan_chunk"] += 1
 
       def body(carry, xs):
@@ -207,7 +257,8 @@ class BeaconLM:
 
         def run(c):
           k, v, last, ls, lc = c
-          k, v, out = step(params, k, v, plan, want_loss=want_loss, want_hidden=want_hidden)
+          k, v, out = step(params, k, v, plan, want_loss=want_loss, want_hidden=want_hidden,
+                           mem_size=mem_size)
           last = jnp.where(out["has_last"][:, None], out["last_logits"], last)
           hid = out["hidden"] if want_hidden else None
           return (k, v, last, ls + out["loss_sum"], lc + out["loss_count"]), hid
@@ -288,12 +339,16 @@ class BeaconLM:
       q = self.decode_slots
     else:
       q = self.q_slots
+    step_descs = [[d[s] if s < len(d) else None for d in descs] for s in range(n_steps)]
+    buckets = [max(self.memory_bucket(self.memory_need(x)) for x in sd) for sd in step_descs]
+    used = []
     if not use_scan or (n_steps == 1 and q == self.decode_slots):
       for s in range(n_steps):
-        plan = assemble([d[s] if s < len(d) else None for d in descs], q, self.r_slots)
+        plan = assemble(step_descs[s], q, self.r_slots)
         plan = {name: jnp.asarray(x) for name, x in plan.items() if name != "raw_index"}
         k, v, out = self._step_jit(params, k, v, plan, want_loss=want_loss,
-                                   want_hidden=collect_logits)
+                                   want_hidden=collect_logits, mem_size=buckets[s])
+        used.append(buckets[s])
         last = jnp.where(out["has_last"][:, None], out["last_logits"], last)
         ls, lc = ls + out["loss_sum"], lc + out["loss_count"]
         if collect_logits:
@@ -301,9 +356,8 @@ class BeaconLM:
     else:
       chunk = self.scan_chunk
       bar = self._progress_bar(n_steps)
-      for c0 in range(0, n_steps, chunk):
-        plans = [assemble([d[s] if s < len(d) else None for d in descs], q, self.r_slots)
-                 for s in range(c0, min(c0 + chunk, n_steps))]
+      for c0, c1 in _chunks(buckets, chunk):
+        plans = [assemble(step_descs[s], q, self.r_slots) for s in range(c0, c1)]
         active = np.zeros(chunk, bool)
         active[:len(plans)] = True
         while len(plans) < chunk:
@@ -312,7 +366,8 @@ class BeaconLM:
                    for name in plans[0] if name != "raw_index"}
         (k, v, last, ls, lc), hid = self._chunk_jit(
             params, (k, v, last, ls, lc), stacked, jnp.asarray(active), want_loss=want_loss,
-            want_hidden=collect_logits)
+            want_hidden=collect_logits, mem_size=buckets[c0])
+        used.append(buckets[c0])
         if collect_logits:
           hidden_chunks.append(hid[:int(active.sum())])
         if bar is not None:
@@ -320,7 +375,8 @@ class BeaconLM:
       if bar is not None:
         bar.close()
     state = BeaconState(k, v, new_rows)
-    out = ForwardOutput(next_logits=last, state=state, loss_sum=ls, loss_count=lc, steps=descs)
+    out = ForwardOutput(next_logits=last, state=state, loss_sum=ls, loss_count=lc, steps=descs,
+                        mem_buckets=used)
     if collect_logits:
       hidden = jnp.concatenate(hidden_chunks, axis=0)  # [steps, B, Q, H]
       out.raw_logits = self._gather_raw_logits(params, hidden, descs, rows_ids)
@@ -401,6 +457,20 @@ class Resumed:
 
 def params_hidden(params) -> int:
   return params["embedding"].shape[-1]
+
+
+def _chunks(buckets: Sequence[int], size: int):
+  """Split steps ``[0, n)`` into scan chunks ``(c0, c1)`` of at most ``size`` steps whose memory
+  buckets are all ``<= buckets[c0]`` (the chunk runs at its first step's bucket); a step that
+  needs a larger bucket starts a new chunk."""
+  c0 = 0
+  n = len(buckets)
+  while c0 < n:
+    c1 = c0 + 1
+    while c1 < n and c1 - c0 < size and buckets[c1] <= buckets[c0]:
+      c1 += 1
+    yield c0, c1
+    c0 = c1
 
 
 def _round_up(n: int, m: int) -> int:

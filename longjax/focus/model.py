@@ -76,17 +76,25 @@ class FocusLLM:
   Args:
     mesh / axis: optional mesh whose ``axis`` splits the chunk rows (condensing and the chunk
       caches); ``None`` runs on one device. See :func:`longjax.focus.chunk_mesh`.
-    bucket: chunk-row and local-context lengths are padded to multiples of this, and
-      ``chunk_bucket``: the number of chunk rows / candidate slots to multiples of that (and of
-      the devices on the chunk axis), so prompts of similar size share one compiled program.
+    bucket: chunk-row and local-context lengths are padded to multiples of this, so prompts of
+      similar size share one compiled program.
+    chunk_bucket: how the number of chunk rows (and each prompt's candidate slots) is padded.
+      ``"pow2"`` (default): to ``devices * 2^k`` (the devices on the chunk axis; 1 without a
+      mesh), i.e. powers of two on one device: padding rows (which are computed) stay below 2x
+      of the real rows and a 2-chunk prompt condenses 2 rows, while the number of compiled
+      shapes stays logarithmic. An int ``m``: to multiples of ``lcm(m, devices)``.
   """
 
   def __init__(self, cfg: ModelConfig, fcfg: FocusConfig, *, mesh=None, axis: str = "chunks",
-               impl: str = "auto", bucket: int = 64, chunk_bucket: int = 8):
+               impl: str = "auto", bucket: int = 64, chunk_bucket="pow2"):
     check_model(cfg, fcfg)
     self.cfg, self.fcfg, self.mesh, self.axis = cfg, fcfg, mesh, axis
     self.model = Decoder(cfg, impl=impl)
-    self.bucket, self.chunk_bucket = int(bucket), int(chunk_bucket)
+    if chunk_bucket != "pow2" and not (isinstance(chunk_bucket, (int, np.integer))
+                                       and int(chunk_bucket) >= 1):
+      raise FocusError(f"chunk_bucket must be 'pow2' or an int >= 1, got {chunk_bucket!r}")
+    self.bucket = int(bucket)
+    self.chunk_bucket = chunk_bucket if chunk_bucket == "pow2" else int(chunk_bucket)
     if mesh is not None:
       if axis not in mesh.axis_names:
         raise FocusError(f"mesh has axes {mesh.axis_names}, no chunk axis {axis!r}")
@@ -106,8 +114,11 @@ class FocusLLM:
     return split_prompt(prompt, self.fcfg, generated)
 
   def _pack(self, rows, extra: int):
-    cb = pack_chunks(rows, row_multiple=math.lcm(self.n_shards, self.chunk_bucket),
-                     length_multiple=self.bucket, cmax_multiple=self.chunk_bucket)
+    if self.chunk_bucket == "pow2":
+      cb = pack_chunks(rows, row_multiple=self.n_shards, length_multiple=self.bucket, pow2=True)
+    else:
+      cb = pack_chunks(rows, row_multiple=math.lcm(self.n_shards, self.chunk_bucket),
+                       length_multiple=self.bucket, cmax_multiple=self.chunk_bucket)
     lb = pack_local(rows, capacity=max(len(r.local) for r in rows) + extra,
                     length_multiple=self.bucket)
     return cb, lb, cb.tokens.shape[1] + extra

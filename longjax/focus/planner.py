@@ -25,6 +25,13 @@ def round_up(n: int, m: int) -> int:
   return -(-int(n) // int(m)) * int(m)
 
 
+def pow2_bucket(n: int, multiple: int = 1) -> int:
+  """``multiple * 2^k``: the smallest such value ``>= n`` (``>= multiple``). Padding stays below
+  2x (beyond rounding up to ``multiple``) and small counts stay small."""
+  per = max(1, -(-int(n) // int(multiple)))
+  return int(multiple) * (1 << (per - 1).bit_length())
+
+
 def bos(s: np.ndarray, bos_id: int) -> np.ndarray:
   """``s`` when it starts with ``bos_id``, else ``[bos_id] + s`` (spec §0; official id 1)."""
   s = np.asarray(s, np.int64)
@@ -135,9 +142,14 @@ class ChunkBatch:
 
 
 def pack_chunks(rows: Sequence[RowPlan], *, row_multiple: int = 1, length_multiple: int = 1,
-                min_length: int = 1, cmax_multiple: int = 1) -> ChunkBatch:
+                min_length: int = 1, cmax_multiple: int = 1, pow2: bool = False) -> ChunkBatch:
   """Flatten every prompt's chunks into one padded chunk batch (row count a multiple of
-  ``row_multiple``, e.g. the number of devices on the chunk axis; at least one row)."""
+  ``row_multiple``, e.g. the number of devices on the chunk axis; at least one row).
+
+  ``pow2``: the row count is ``row_multiple * 2^k`` and the candidate slots ``cmax_multiple *
+  2^k`` (:func:`pow2_bucket`) instead of the next multiples: few compiled shapes, < 2x padding.
+  """
+  bucket = pow2_bucket if pow2 else round_up
   seqs, owner = [], []
   gather_rows = []
   for b, r in enumerate(rows):
@@ -147,7 +159,7 @@ def pack_chunks(rows: Sequence[RowPlan], *, row_multiple: int = 1, length_multip
       seqs.append(c)
       owner.append(b)
     gather_rows.append(ids)
-  n = round_up(max(len(seqs), 1), row_multiple)
+  n = bucket(max(len(seqs), 1), row_multiple)
   t = round_up(max([len(s) for s in seqs] + [min_length, 1]), length_multiple)
   tokens = np.zeros((n, t), np.int32)
   valid = np.zeros((n, t), bool)
@@ -157,7 +169,7 @@ def pack_chunks(rows: Sequence[RowPlan], *, row_multiple: int = 1, length_multip
     valid[i, :len(s)] = True
     lengths[i] = len(s)
   owner = np.asarray(owner + [-1] * (n - len(seqs)), np.int32)
-  cmax = round_up(max([len(g) for g in gather_rows] + [1]), cmax_multiple)
+  cmax = bucket(max([len(g) for g in gather_rows] + [1]), cmax_multiple)
   gather = np.zeros((len(rows), cmax), np.int32)
   cand_valid = np.zeros((len(rows), cmax), bool)
   for b, g in enumerate(gather_rows):
