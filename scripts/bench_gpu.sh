@@ -9,7 +9,6 @@ OUT="${OUT:-$PWD/bench/results}"
 mkdir -p "$OUT"
 export OUT
 PY="${PYTHON:-python}"
-if [ -x /work/venv/bin/python ] && [ -z "${PYTHON:-}" ]; then PY=/work/venv/bin/python; fi
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 export XLA_PYTHON_CLIENT_MEM_FRACTION="${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.90}"
 timeout 470 "$PY" -m bench.bench_gpu --budget "${BENCH_GPU_BUDGET:-400}" "$@" 2>&1 | tee "$OUT/bench_gpu.log"

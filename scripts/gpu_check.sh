@@ -9,7 +9,6 @@ OUT="${OUT:-$PWD/gpu_check_out}"
 mkdir -p "$OUT"
 export OUT
 PY="${PYTHON:-python}"
-if [ -x /work/venv/bin/python ] && [ -z "${PYTHON:-}" ]; then PY=/work/venv/bin/python; fi
 # Leave XLA's default preallocation alone but let two processes (this + pytest) coexist.
 export XLA_PYTHON_CLIENT_MEM_FRACTION="${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.85}"
 timeout 470 "$PY" scripts/gpu_check.py --budget "${GPU_CHECK_BUDGET:-400}" "$@" 2>&1 | tee "$OUT/gpu_check.log"
