@@ -51,9 +51,10 @@ def base_config(method, workdir, a):
   p.loss_on = "answer"  # CPU budget: the copy skill emerges in ~1K steps only with this signal
   p.synthetic = ml_collections.ConfigDict(dict(count=4096, min_chars=70, max_chars=128, digits=DIGITS,
                                                 style="marker"))
-  c.data.synthetic = ml_collections.ConfigDict(dict(count=2048, min_chars=2 * W, max_chars=4 * W,
+  lo, hi = a.min_windows, a.max_windows  # training documents of lo..hi windows
+  c.data.synthetic = ml_collections.ConfigDict(dict(count=2048, min_chars=lo * W, max_chars=hi * W,
                                                     digits=DIGITS, style="marker"))
-  c.data.min_length, c.data.max_length = 2 * W, 4 * W + 8
+  c.data.min_length, c.data.max_length = lo * W, hi * W + 8
   c.data.loss_on = "answer"
   c.train.num_steps = a.steps
   c.train.global_batch = a.batch
@@ -164,6 +165,8 @@ def main():
   ap.add_argument("--layers", type=int, default=2)
   ap.add_argument("--seed", type=int, default=0)
   ap.add_argument("--ratio", type=int, default=16, help="beacon compression ratio")
+  ap.add_argument("--min_windows", type=int, default=2, help="shortest training document (x W)")
+  ap.add_argument("--max_windows", type=int, default=4, help="longest training document (x W)")
   ap.add_argument("--base_from", default="", help="reuse this pretrained base (a <workdir>/<method>/base)")
   a = ap.parse_args()
   logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
