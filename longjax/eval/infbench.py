@@ -13,7 +13,6 @@ first integer == answer (passkey, number_string), the value among the output's w
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +20,7 @@ import numpy as np
 from longjax.eval import scorers
 from longjax.eval.errors import EvalError
 from longjax.eval.models import middle_truncate
+from longjax.eval.task_files import read_records, validate_dir
 
 TASKS = ("longbook_choice_eng", "passkey", "number_string", "kv_retrieval")
 
@@ -61,44 +61,23 @@ def choice_letter(rec) -> str:
 
 
 def load_task(data_dir, task: str, limit: int = 0) -> list:
-  path = Path(data_dir) / f"{task}.jsonl"
   need = ("context", "input", "answer") + (("options",) if task == "longbook_choice_eng" else ())
-  out = []
-  with open(path, encoding="utf-8") as f:
-    for i, line in enumerate(f, 1):
-      if not line.strip():
-        continue
-      try:
-        rec = json.loads(line)
-      except json.JSONDecodeError as e:
-        raise EvalError(f"{path}:{i}: not a JSON line ({e.msg})") from None
-      missing = [k for k in need if not isinstance(rec, dict) or k not in rec]
-      if missing:
-        raise EvalError(f"{path}:{i}: missing field(s) {missing}; InfiniteBench {task} records "
-                        f"need {list(need)} (found {sorted(rec) if isinstance(rec, dict) else rec!r})")
-      if task == "longbook_choice_eng":
-        if not isinstance(rec["options"], list) or len(rec["options"]) != 4:
-          raise EvalError(f"{path}:{i}: 'options' must be a list of 4 strings")
-        rec["_letter"] = choice_letter(rec)
-      rec["_key"] = f"{task}/{rec.get('id', len(out))}"
-      out.append(rec)
-      if limit and len(out) >= limit:
-        break
-  return out
+
+  def check(rec, where):
+    if task == "longbook_choice_eng":
+      if not isinstance(rec["options"], list) or len(rec["options"]) != 4:
+        raise EvalError(f"{where}: 'options' must be a list of 4 strings")
+      rec["_letter"] = choice_letter(rec)
+
+  recs = read_records(Path(data_dir) / f"{task}.jsonl", need, f"InfiniteBench {task}", limit, check)
+  for i, rec in enumerate(recs):
+    rec["_key"] = f"{task}/{rec.get('id', i)}"
+  return recs
 
 
 def validate(ecfg):
   ib = ecfg.infbench
-  tasks = task_list(ib.tasks)
-  if not ib.data_dir or not Path(ib.data_dir).is_dir():
-    raise EvalError(f"infbench.data_dir {ib.data_dir!r} is not a directory; set "
-                    "--config.eval.infbench.data_dir=DIR holding {task}.jsonl files")
-  missing = [t for t in tasks if not (Path(ib.data_dir) / f"{t}.jsonl").exists()]
-  if missing:
-    raise EvalError(f"infbench.data_dir {ib.data_dir!r} lacks {[m + '.jsonl' for m in missing]}; "
-                    "choose tasks with --config.eval.infbench.tasks=a,b,...")
-  for t in tasks:
-    load_task(ib.data_dir, t, int(ecfg.max_samples or 0))
+  validate_dir("infbench", ib.data_dir, task_list(ib.tasks), load_task, int(ecfg.max_samples or 0))
 
 
 def build_prompt(task: str, rec: dict) -> str:

@@ -14,7 +14,6 @@ only), task score = 100 x mean; category averages and the average over tasks.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +21,7 @@ import numpy as np
 from longjax.eval import scorers
 from longjax.eval.errors import EvalError
 from longjax.eval.models import truncate_text_middle
+from longjax.eval.task_files import read_records, validate_dir
 
 TASKS = ("narrativeqa", "qasper", "multifieldqa_en", "hotpotqa", "2wikimqa", "musique",
          "gov_report", "qmsum", "multi_news", "trec", "triviaqa", "samsum", "lcc", "repobench-p")
@@ -77,42 +77,21 @@ def task_list(spec) -> list:
 
 
 def load_task(data_dir, task: str, limit: int = 0) -> list:
-  path = Path(data_dir) / f"{task}.jsonl"
   need = ("context", "input", "answers") + (("all_classes",) if task == "trec" else ())
-  out = []
-  with open(path, encoding="utf-8") as f:
-    for i, line in enumerate(f, 1):
-      if not line.strip():
-        continue
-      try:
-        rec = json.loads(line)
-      except json.JSONDecodeError as e:
-        raise EvalError(f"{path}:{i}: not a JSON line ({e.msg})") from None
-      missing = [k for k in need if not isinstance(rec, dict) or k not in rec]
-      if missing:
-        raise EvalError(f"{path}:{i}: missing field(s) {missing}; LongBench records need "
-                        f"{list(need)} (found {sorted(rec) if isinstance(rec, dict) else rec!r})")
-      if not isinstance(rec["answers"], list):
-        raise EvalError(f"{path}:{i}: 'answers' must be a list of strings")
-      rec["_key"] = f"{task}/{rec.get('_id', len(out))}"
-      out.append(rec)
-      if limit and len(out) >= limit:
-        break
-  return out
+
+  def check(rec, where):
+    if not isinstance(rec["answers"], list):
+      raise EvalError(f"{where}: 'answers' must be a list of strings")
+
+  recs = read_records(Path(data_dir) / f"{task}.jsonl", need, "LongBench", limit, check)
+  for i, rec in enumerate(recs):
+    rec["_key"] = f"{task}/{rec.get('_id', i)}"
+  return recs
 
 
 def validate(ecfg):
   lb = ecfg.longbench
-  tasks = task_list(lb.tasks)
-  if not lb.data_dir or not Path(lb.data_dir).is_dir():
-    raise EvalError(f"longbench.data_dir {lb.data_dir!r} is not a directory; set "
-                    "--config.eval.longbench.data_dir=DIR holding {task}.jsonl files")
-  missing = [t for t in tasks if not (Path(lb.data_dir) / f"{t}.jsonl").exists()]
-  if missing:
-    raise EvalError(f"longbench.data_dir {lb.data_dir!r} lacks {[m + '.jsonl' for m in missing]}; "
-                    "choose tasks with --config.eval.longbench.tasks=a,b,...")
-  for t in tasks:
-    load_task(lb.data_dir, t, int(ecfg.max_samples or 0))
+  validate_dir("longbench", lb.data_dir, task_list(lb.tasks), load_task, int(ecfg.max_samples or 0))
 
 
 def build_prompt(ctx, task: str, rec: dict):
