@@ -35,3 +35,17 @@ def real_model(name, **kw):
   m = dict(name=name, checkpoint="", dtype="bfloat16", param_dtype="bfloat16", remat=True)
   m.update(kw)
   return ml_collections.ConfigDict(m)
+
+
+def tiny_model(family, num_kv_heads, pretrain_sources):
+  """The embedded default: a tiny random base (byte tokenizer) pretrained on generated text."""
+  m = ml_collections.ConfigDict(dict(
+      checkpoint="",  # empty: a tiny model with the byte tokenizer, pretrained as below
+      family=family, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
+      num_kv_heads=num_kv_heads, head_dim=16, dtype="float32", param_dtype="", remat=False))
+  m.pretrain = ml_collections.ConfigDict(dict(
+      steps=150, batch=16, lr=3e-3, length=64, warmup_steps=15, weight_decay=0.0, save_every=0,
+      sources=pretrain_sources, min_length=32, max_length=1 << 30))
+  m.pretrain.synthetic = ml_collections.ConfigDict(dict(count=512, min_chars=128, max_chars=250,
+                                                        digits=5))
+  return m

@@ -23,15 +23,7 @@ def get_config():
   c.method = "beacon"
   c.workdir = "runs/tiny_beacon"
   c.seed = 0
-  c.model = ml_collections.ConfigDict(dict(
-      checkpoint="",  # empty: a tiny Qwen2-shaped model with the byte tokenizer (pretrained below)
-      family="qwen2", hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
-      num_kv_heads=2, head_dim=16, dtype="float32", param_dtype="", remat=False))
-  c.model.pretrain = ml_collections.ConfigDict(dict(
-      steps=150, batch=16, lr=3e-3, length=64, warmup_steps=15, weight_decay=0.0, save_every=0,
-      sources="synthetic:passkey", min_length=32, max_length=1 << 30))
-  c.model.pretrain.synthetic = ml_collections.ConfigDict(dict(count=512, min_chars=128,
-                                                              max_chars=250, digits=5))
+  c.model = common.tiny_model("qwen2", num_kv_heads=2, pretrain_sources="synthetic:passkey")
   c.beacon = ml_collections.ConfigDict(dict(window=64, stride=64, ratios=(2, 4),
                                             ratio_mix="step-random", pos="interleave",
                                             attn="full-coverage", param=("q", "k", "v"),

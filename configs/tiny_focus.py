@@ -25,14 +25,7 @@ def get_config():
   c.method = "focus"
   c.workdir = "runs/tiny_focus"
   c.seed = 0
-  c.model = ml_collections.ConfigDict(dict(
-      checkpoint="", family="llama", hidden_size=64, intermediate_size=128, num_layers=2,
-      num_heads=4, num_kv_heads=4, head_dim=16, dtype="float32", param_dtype="", remat=False))
-  c.model.pretrain = ml_collections.ConfigDict(dict(
-      steps=150, batch=16, lr=3e-3, length=64, warmup_steps=15, weight_decay=0.0, save_every=0,
-      sources="synthetic:pattern", min_length=32, max_length=1 << 30))
-  c.model.pretrain.synthetic = ml_collections.ConfigDict(dict(count=512, min_chars=128,
-                                                              max_chars=250, digits=5))
+  c.model = common.tiny_model("llama", num_kv_heads=4, pretrain_sources="synthetic:pattern")
   # local_window: training continuation region / local-span bound (official 3072) and the
   # inference local window; strides: the per-sample chunk sizes of training (official
   # {64..2048}); stride: the one inference stride.
