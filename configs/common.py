@@ -16,6 +16,8 @@ def train_defaults(**kw):
 
 
 def data_defaults(**kw):
+  # tokenizer "": the model's own (the checkpoint's files; byte for the tiny model). Naming one
+  # overrides it ("byte" with a checkpoint that has its own tokenizer is an error).
   d = dict(sources="", tokenizer="", text_field="text", tfds_data_dir="", tfds_split="train",
            min_length=0, max_length=1 << 30, append_eos=True, add_bos="auto", max_per_source=0,
            loss_on="all")

@@ -28,9 +28,9 @@ def get_config():
                                             ratio_mix="step-random", pos="interleave",
                                             attn="full-coverage", param=("q", "k", "v"),
                                             sink_size=0, embed_init="eos", attend_prev=True))
-  c.data = common.data_defaults(sources="synthetic:passkey", tokenizer="byte", min_length=128,
-                                max_length=256, synthetic=dict(count=256, min_chars=128,
-                                                               max_chars=250, digits=5))
+  # no data.tokenizer: the tiny model's own (byte); a checkpoint brings its own
+  c.data = common.data_defaults(sources="synthetic:passkey", min_length=128, max_length=256,
+                                synthetic=dict(count=256, min_chars=128, max_chars=250, digits=5))
   c.train = common.train_defaults(num_steps=60, global_batch=4, lr=2e-3, warmup_steps=5,
                                   step_bucket=4, save_every=20)
   c.debug = common.debug_defaults()

@@ -1,6 +1,7 @@
 """Evaluation on the tiny models: generators, every task end to end, resuming, bad input, CLI."""
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -269,9 +270,11 @@ def test_grid_beyond_capacity(beacon, tmp_path):
 
 # ------------------------------------------------------------------------------------------------
 def _cli(*args):
+  env = {"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"}
+  env.update({k: os.environ[k] for k in ("HOME", "LONGJAX_CACHE", "XDG_CACHE_HOME")
+              if k in os.environ})  # where the cached SmolLM2 lives
   return subprocess.run([sys.executable, "eval.py", *args], cwd=REPO, capture_output=True,
-                        text=True, env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"},
-                        timeout=600)
+                        text=True, env=env, timeout=600)
 
 
 def test_cli_acceptance_passkey(tmp_path):
@@ -283,6 +286,26 @@ def test_cli_acceptance_passkey(tmp_path):
   assert "accuracy per (depth %, length)" in r.stdout and "passkey" in r.stderr  # table, tqdm
   r = _cli("--config=configs/tiny_beacon.py", "--config.eval.task=needel")
   assert r.returncode != 0 and "valid tasks: passkey, needle" in r.stderr
+
+
+def test_cli_real_checkpoint_uses_its_own_tokenizer(tmp_path):
+  """The tiny config's eval section on SmolLM2: the checkpoint's tokenizer (and chat template) is
+  used, not the tiny model's byte tokenizer (which scored it 0/6). ~30 s on 2 CPU cores."""
+  from longjax.models import smollm2
+  if not (smollm2.cache_dir() / "smollm2-135m-instruct" / "hf" / "model.safetensors").exists():
+    pytest.skip("SmolLM2 is not cached (python -m longjax.models.smollm2 fetches it)")
+  r = _cli("--config=configs/tiny_beacon.py", "--config.eval.checkpoint=smollm2",
+           "--config.eval.method=plain", "--config.eval.task=passkey",
+           "--config.eval.passkey.lengths=(400,)", "--config.eval.passkey.depths=(0,50,100)",
+           f"--config.workdir={tmp_path}")
+  assert r.returncode == 0, r.stderr[-3000:]
+  out = json.loads((tmp_path / "eval" / "plain_passkey.json").read_text())
+  recs = [json.loads(x) for x in (tmp_path / "eval" / "plain_passkey.samples.jsonl").open()][1:]
+  assert len(recs) == 3 and sum(r["acc"] for r in recs) >= 2, (out, recs)
+  r = _cli("--config=configs/tiny_beacon.py", "--config.eval.checkpoint=smollm2",
+           "--config.data.tokenizer=byte", f"--config.workdir={tmp_path}")
+  assert r.returncode != 0 and "has its own tokenizer" in r.stderr and \
+      "--config.data.tokenizer=''" in r.stderr
 
 
 def _hf_tokenizer():

@@ -7,9 +7,13 @@
   ``train.py`` exported to ``{workdir}/export_hf`` (if any): a HF directory or a longjax checkpoint
   (``longjax.checkpoint.load_any``; beacon / FocusLLM tensors are initialised from the base
   projections when the checkpoint lacks them, as the official ``from_pretrained``). With none, a
-  tiny random model shaped by the ``config.model`` fields with the built-in byte tokenizer.
+  tiny random model shaped by the ``config.model`` fields. The name ``smollm2`` resolves to the
+  cached SmolLM2-135M-Instruct (``longjax.models.smollm2``).
   The tokenizer is ``config.model.tokenizer`` or ``config.data.tokenizer`` (``"byte"`` or a
-  directory of HF tokenizer files), else the checkpoint directory's.
+  directory of HF tokenizer files), else the model's own: the checkpoint directory's, the byte
+  tokenizer for the tiny model (``longjax.data.tokenizers.choose_tokenizer``, shared with
+  train.py). ``byte`` with a checkpoint that has its own tokenizer, or a tokenizer with more ids
+  than the model's vocabulary, is an error.
 * the method is ``config.eval.method`` or else ``config.method``: ``beacon`` (``BeaconLM``),
   ``focus`` (``FocusLLM``) or ``plain`` (the base model with a KV cache, fed middle-truncated
   inputs: the truncation baseline).
@@ -54,6 +58,10 @@ class Tok:
   @property
   def eos_id(self) -> Optional[int]:
     return getattr(self.tok, "eos_token_id", None)
+
+  @property
+  def vocab_size(self) -> int:
+    return len(self.tok) if self.hf else int(self.tok.vocab_size)
 
   def encode(self, text: str, special: bool = False) -> list:
     """``special=True``: what the tokenizer adds by default (BOS for LLaMA / the byte tokenizer)."""
@@ -326,16 +334,15 @@ def _get(c, name, default=None):
     return default
 
 
-def _tiny_model(config, name: str):
-  from longjax.data.tokenizer import ByteTokenizer
+def _tiny_model(config, name: str, tok: Tok):
+  """A random model shaped by ``config.model`` around ``tok`` (as train.py's tiny base)."""
   m = config.model
-  tok = ByteTokenizer()
   family = _get(m, "family", "llama")
   kw = dict(family=family, vocab_size=tok.vocab_size, hidden_size=m.hidden_size,
             intermediate_size=m.intermediate_size, num_layers=m.num_layers,
             num_heads=m.num_heads, num_kv_heads=m.num_kv_heads, head_dim=m.head_dim,
-            attention_bias=family == "qwen2", bos_token_id=tok.bos_token_id,
-            eos_token_id=tok.eos_token_id, dtype=_get(m, "dtype", "float32"))
+            attention_bias=family == "qwen2", bos_token_id=tok.bos_id,
+            eos_token_id=tok.eos_id, dtype=_get(m, "dtype", "float32"))
   for opt in ("max_position_embeddings", "rope_theta"):
     if _get(m, opt) is not None:
       kw[opt] = _get(m, opt)
@@ -346,17 +353,16 @@ def _tiny_model(config, name: str):
   cfg = ModelConfig(**kw)
   seed = int(_get(config, "seed", 0))
   params = jax.jit(lambda: init_params(cfg, seed))()  # jitted: ~3x faster than eager init
-  return cfg, params, Tok(tok, hf=False)
+  return cfg, params
 
 
-def _tokenizer_spec(config, ckpt: str) -> str:
-  """``config.model.tokenizer``, else ``config.data.tokenizer``, else the checkpoint directory."""
-  for section in ("model", "data"):
-    sec = _get(config, section)
-    spec = _get(sec, "tokenizer", "") if sec is not None else ""
-    if spec:
-      return str(spec)
-  return ckpt
+def run_tokenizer(config, ckpt: str) -> Tok:
+  """The run's tokenizer by the rule train.py uses too (module docstring)."""
+  from longjax.data.tokenizers import TokenizerChoiceError, choose_tokenizer
+  try:
+    return load_tokenizer(choose_tokenizer(config, ckpt))
+  except TokenizerChoiceError as e:
+    raise EvalError(str(e)) from None
 
 
 def load_tokenizer(spec: str) -> Tok:
@@ -408,7 +414,11 @@ def checkpoint_path(config) -> str:
   exported to ``{workdir}/export_hf`` if there is one; "" = the tiny random model."""
   ckpt = str(_get(config.eval, "checkpoint", "") or _get(config.model, "checkpoint", "") or "")
   if ckpt:
-    return ckpt
+    from longjax.models import smollm2
+    try:
+      return smollm2.resolve(ckpt)
+    except smollm2.FetchError as e:
+      raise EvalError(str(e)) from None
   workdir = _get(config, "workdir", "")
   export = Path(str(workdir)) / "export_hf" if workdir else None
   if export is not None and (export / "config.json").exists():
@@ -420,14 +430,20 @@ def build_method(config, name: Optional[str] = None) -> Built:
   """See the module docstring."""
   name = name or method_name(config)
   ckpt = checkpoint_path(config)
+  if ckpt and not Path(ckpt).exists():
+    raise EvalError(f"checkpoint {ckpt!r} (config.model.checkpoint) does not exist")
+  tok = run_tokenizer(config, ckpt)
   if not ckpt:
-    cfg, params, tok = _tiny_model(config, name)
-    desc = f"tiny random {cfg.family} (byte tokenizer)"
+    cfg, params = _tiny_model(config, name, tok)
+    desc = f"tiny random {cfg.family} ({'byte tokenizer' if not tok.hf else tok.tok.name_or_path})"
   else:
-    if not Path(ckpt).exists():
-      raise EvalError(f"checkpoint {ckpt!r} (config.model.checkpoint) does not exist")
-    cfg, params, tok = _load_checkpoint(config, ckpt, name)
+    cfg, params = _load_checkpoint(config, ckpt, name)
     desc = ckpt
+  if tok.vocab_size > cfg.vocab_size:
+    # ids past the embedding table would be silently clamped by the gather: refuse instead
+    raise EvalError(f"the tokenizer has {tok.vocab_size} ids but the model's vocabulary is "
+                    f"{cfg.vocab_size}: set config.data.tokenizer to the model's own tokenizer "
+                    "(or '' for the checkpoint's)")
   params = jax.tree.map(jnp.asarray, params)
   user_cap = int(_get(config.eval, "model_max_length", 0) or 0)
   eos = _generation_eos(ckpt)
@@ -463,14 +479,13 @@ def _generation_eos(ckpt: str) -> tuple:
 
 def _load_checkpoint(config, ckpt: str, name: str):
   from longjax.checkpoint import is_longjax_checkpoint, load_any
-  tok = load_tokenizer(_tokenizer_spec(config, ckpt))
   if is_longjax_checkpoint(ckpt):
     cfg, params = load_any(ckpt)
     want = {"beacon": tuple(config.beacon.param), "focus": tuple(config.focus.param)}.get(name)
     if want and set(want) - set(cfg.alt_projections):
       raise EvalError(f"{ckpt} has no {name} projections {sorted(set(want) - set(cfg.alt_projections))}: "
                       f"convert it with --init_beacon (convert_weights.py) or use the HF directory")
-    return cfg, params, tok
+    return cfg, params
   if name == "beacon":
     from longjax.beacon import load_beacon
     cfg, _, params = load_beacon(ckpt, init="official", beacon=beacon_config(config))
@@ -479,4 +494,4 @@ def _load_checkpoint(config, ckpt: str, name: str):
     cfg, _, params = load_focus(ckpt, focus_config(config), init_candidates="copy")
   else:
     cfg, params = load_any(ckpt)
-  return cfg, params, tok
+  return cfg, params

@@ -26,7 +26,8 @@ import optax
 from flax import traverse_util
 
 from longjax.data import pipeline
-from longjax.data.tokenizers import get_tokenizer
+from longjax.data.tokenizers import (TokenizerChoiceError, choose_tokenizer, get_tokenizer,
+                                     save_with_model)
 from longjax.train import sharding as shd
 from longjax.train.checkpointing import Checkpointer, fingerprint
 from longjax.train.config_check import validate
@@ -104,11 +105,20 @@ def focus_config(c, cfg):
                      min_len_threshold=f.get("min_len_threshold", 4096), bos_id=int(bos))
 
 
+def checkpoint_dir(c) -> str:
+  """``config.model.checkpoint``, the name ``smollm2`` resolved to its cached HF directory."""
+  from longjax.models import smollm2
+  try:
+    return smollm2.resolve(c.model.checkpoint or "")
+  except smollm2.FetchError as e:
+    raise TrainingError(str(e)) from None
+
+
 def load_base(c, tokenizer, workdir: Path):
   """``(cfg, params numpy)``: the checkpoint's model with the method's extra parameters."""
   from longjax import checkpoint as ckpt
   mc = c.model
-  path = mc.checkpoint
+  path = checkpoint_dir(c)
   if path:
     p = Path(path)
     if not p.is_dir():
@@ -230,15 +240,17 @@ class Trainer:
   # ------------------------------------------------------------------------------------------
   def setup(self):
     c, tc = self.c, self.c.train
-    if not c.model.checkpoint and c.model.get("name"):
+    ckpt = checkpoint_dir(c)
+    if not ckpt and c.model.get("name"):
       raise TrainingError(f"this config trains {c.model.name}: pass --config.model.checkpoint="
                           "/path/to/its HF (or longjax) directory; nothing is downloaded")
-    if c.model.checkpoint and not Path(c.model.checkpoint).is_dir():
+    if ckpt and not Path(ckpt).is_dir():
       raise TrainingError(f"--config.model.checkpoint={c.model.checkpoint}: no such directory")
     self.workdir.mkdir(parents=True, exist_ok=True)
-    tok_spec = c.data.get("tokenizer") or c.model.checkpoint
-    if not tok_spec:
-      raise TrainingError("no tokenizer: set --config.data.tokenizer (a HF model dir, or 'byte')")
+    try:  # the same rule as eval.py: the model's own tokenizer unless the config names one
+      tok_spec = choose_tokenizer(c, ckpt)
+    except TokenizerChoiceError as e:
+      raise TrainingError(str(e)) from None
     self.tokenizer = get_tokenizer(tok_spec)
     if self.base is not None:
       self.cfg, params = self.base
@@ -470,6 +482,7 @@ class Trainer:
     else:
       from longjax.focus import save_focus
       save_focus(out, cfg, focus_config(self.c, cfg), params, overwrite=True)
+    save_with_model(self.tokenizer, out)  # eval.py then finds the export's own tokenizer
     log.info("exported the trained model (HF format, official tensor names) to %s", out)
     return out
 
