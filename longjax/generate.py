@@ -60,6 +60,9 @@ class PlainLM:
 
 
 def _as_id_lists(prompts, tokenizer) -> list:
+  if hasattr(prompts, "keys") and "input_ids" in prompts:
+    # a tokenizer's output (transformers 5 apply_chat_template returns a BatchEncoding)
+    prompts = prompts["input_ids"]
   if isinstance(prompts, str) or (isinstance(prompts, (list, tuple)) and prompts
                                   and isinstance(prompts[0], str)):
     if tokenizer is None:

@@ -76,7 +76,8 @@ def main(argv=None):
   ap.add_argument("--window", type=int, default=256)
   ap.add_argument("--lengths", default="1024,2048", help="document lengths in tokens")
   ap.add_argument("--depths", default="10,50,90", help="key depths in percent")
-  ap.add_argument("--methods", default="full,truncated,beacon,focus")
+  ap.add_argument("--methods", default="full,truncated,beacon",
+                  help="any of full,truncated,beacon,focus (focus adds ~3 min: its decode re-runs every chunk)")
   ap.add_argument("--beacon_asset", default=str(ASSET),
                   help="trained beacon tensors (used when the directory exists)")
   ap.add_argument("--seed", type=int, default=2024, help="seed of the passkeys")

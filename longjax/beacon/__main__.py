@@ -3,7 +3,8 @@
   python -m longjax.beacon --hf_dir /path/to/beacon-qwen-2-7b-instruct --text book.txt \
       --question "Who is the narrator?" --max_new_tokens 128 [--dtype bfloat16] [--chat]
 
-A plain checkpoint (no beacon_* tensors) needs --init_official (beacon tensors initialised as the
+``--hf_dir smollm2`` uses SmolLM2-135M-Instruct (fetched and converted once; see
+longjax.models.smollm2). A plain checkpoint (no beacon_* tensors) needs --init_official (beacon tensors initialised as the
 official from_pretrained does; untrained beacons give poor compression). The prompt is encoded
 window by window (progress bar), then the answer is generated; generated tokens are compressed like
 the context.
@@ -16,7 +17,7 @@ import time
 
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  ap.add_argument("--hf_dir", required=True)
+  ap.add_argument("--hf_dir", required=True, help="HF directory, or 'smollm2'")
   ap.add_argument("--text", required=True, help="a (long) UTF-8 text file")
   ap.add_argument("--question", default="Summarise the text above.")
   ap.add_argument("--max_new_tokens", type=int, default=128)
@@ -33,6 +34,8 @@ def main(argv=None):
   from longjax.beacon import BeaconLM, load_beacon
   from transformers import AutoTokenizer
 
+  from longjax.models.smollm2 import resolve
+  args.hf_dir = resolve(args.hf_dir)
   over = {"ratio_mix": args.ratio_mix} if args.ratio_mix else {}
   cfg, bcfg, params = load_beacon(args.hf_dir, init="official" if args.init_official else None,
                                   param_dtype=args.dtype, **over)
@@ -41,6 +44,7 @@ def main(argv=None):
   text = open(args.text, encoding="utf-8").read() + "\n\n" + args.question
   if args.chat:
     ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+    ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)  # transformers 5: a BatchEncoding
   else:
     ids = tok.encode(text)
   max_length = args.max_length or (len(ids) + args.max_new_tokens + bcfg.window)
