@@ -37,7 +37,7 @@ from longjax.eval.plots import heatmap  # noqa: E402
 ASSET = Path(__file__).resolve().parents[1] / "assets" / "smollm2_beacon"
 
 
-def build_methods(hf_dir, window, asset, which):
+def build_methods(hf_dir, window, asset, which, workdir=None):
   from longjax.beacon import BeaconConfig, BeaconLM, load_beacon
   from longjax.convert import load_hf
   from longjax.focus import FocusConfig, FocusLLM, focus_from_llama
@@ -50,8 +50,12 @@ def build_methods(hf_dir, window, asset, which):
   if "truncated" in which:
     methods["truncated"] = (plain, params, window, f"plain, last {window} tokens")
   if "beacon" in which:
-    if asset is not None and Path(asset).exists():
-      from longjax.beacon import load_beacon_asset
+    if workdir:
+      from longjax.beacon.asset import params_from_workdir
+      bcfg_cfg, bcfg, bparams, step, _ = params_from_workdir(workdir)
+      desc = f"beacon W={bcfg.window} x{'/'.join(map(str, bcfg.ratios))}, trained ({workdir} step {step})"
+    elif asset is not None and Path(asset).exists():
+      from longjax.beacon.asset import load_beacon_asset
       bcfg_cfg, bcfg, bparams = load_beacon_asset(asset, hf_dir)
       desc = f"beacon W={bcfg.window} x{'/'.join(map(str, bcfg.ratios))}, trained ({asset})"
     else:
@@ -76,6 +80,10 @@ def main(argv=None):
   ap.add_argument("--window", type=int, default=256)
   ap.add_argument("--lengths", default="1024,2048", help="document lengths in tokens")
   ap.add_argument("--depths", default="10,50,90", help="key depths in percent")
+  ap.add_argument("--samples", type=int, default=0,
+                  help="N > 0: N depths per length evenly spread over 0-100 %% (overrides --depths)")
+  ap.add_argument("--beacon_workdir", default="",
+                  help="evaluate the newest checkpoint of a train.py beacon run instead of the asset")
   ap.add_argument("--methods", default="full,truncated,beacon",
                   help="any of full,truncated,beacon,focus (focus adds ~3 min: its decode re-runs every chunk)")
   ap.add_argument("--beacon_asset", default=str(ASSET),
@@ -90,9 +98,10 @@ def main(argv=None):
   hf_dir = smollm2.get()
   tok = Tok(AutoTokenizer.from_pretrained(hf_dir), hf=True)
   which = [m.strip() for m in args.methods.split(",") if m.strip()]
-  cfg, methods = build_methods(hf_dir, args.window, args.beacon_asset, which)
+  cfg, methods = build_methods(hf_dir, args.window, args.beacon_asset, which, args.beacon_workdir)
   lengths = [int(x) for x in args.lengths.split(",")]
-  depths = [float(x) for x in args.depths.split(",")]
+  depths = ([round(float(d), 2) for d in np.linspace(0, 100, args.samples)] if args.samples > 0
+            else [float(x) for x in args.depths.split(",")])
   grid = passkey.beacon_grid(lengths, depths, seed=args.seed)
   stops = [int(cfg.eos_token_id)]
   print(f"SmolLM2-135M-Instruct from {hf_dir} ({time.time() - t0:.0f} s); window W={args.window}; "

@@ -1,0 +1,128 @@
+"""Trained beacon tensors as a small asset: only the ``beacon_*`` tensors (official names, bf16)
+plus the beacon settings in ``beacon.json``; the base model is loaded separately.
+
+  cfg, bcfg, params = load_beacon_asset("assets/smollm2_beacon")      # base named in beacon.json
+  python -m longjax.beacon.asset --workdir runs/smollm2_beacon --out assets/smollm2_beacon
+
+``--workdir`` reads the newest training checkpoint of a ``train.py`` beacon run (it need not have
+finished), so a long run can be shipped at any step.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from longjax.atomic_dir import atomic_dir
+
+TENSORS = "beacon.safetensors"
+META = "beacon.json"
+
+
+def _is_beacon(name: str) -> bool:
+  return ".beacon_" in name or name.startswith("model.beacon_")
+
+
+def save_beacon_asset(out_dir, cfg, bcfg, params, *, base: str, dtype: str = "bfloat16",
+                      info: Optional[dict] = None, overwrite: bool = False) -> Path:
+  """Write the beacon tensors of ``params`` (official HF names) and the settings."""
+  import ml_dtypes
+  from safetensors.numpy import save_file
+  from longjax.convert.hf import hf_tensors
+  np_dtype = {"bfloat16": ml_dtypes.bfloat16, "float32": np.float32}[dtype]
+  tensors = {n: np.ascontiguousarray(v.astype(np_dtype)) for n, v in hf_tensors(cfg, params)
+             if _is_beacon(n)}
+  if not tensors:
+    raise ValueError("these params hold no beacon tensors")
+  meta = dict(base=base, dtype=dtype, **bcfg.to_hf(), **(info or {}))
+  with atomic_dir(out_dir, overwrite) as tmp:
+    save_file(tensors, str(tmp / TENSORS), metadata={"format": "pt"})
+    (tmp / META).write_text(json.dumps(meta, indent=2))
+  return Path(out_dir)
+
+
+def load_beacon_asset(asset_dir, base_dir: Optional[str] = None):
+  """``(ModelConfig, BeaconConfig, params)``: the base (``base_dir``, default the one named in
+  beacon.json; ``smollm2`` is fetched) with the asset's beacon tensors, in fp32."""
+  from safetensors import safe_open
+  from longjax.beacon.config import BeaconConfig
+  from longjax.beacon.convert import load_beacon
+  from longjax.convert.table import expected_names, get_path
+  from longjax.models.smollm2 import resolve
+  asset_dir = Path(asset_dir)
+  if not (asset_dir / META).exists() or not (asset_dir / TENSORS).exists():
+    raise FileNotFoundError(f"{asset_dir} is not a beacon asset (needs {META} and {TENSORS})")
+  meta = json.loads((asset_dir / META).read_text())
+  bcfg = BeaconConfig.from_hf(meta)
+  cfg, bcfg, params = load_beacon(resolve(base_dir or meta["base"]), init="official", beacon=bcfg,
+                                  param_dtype="float32")
+  names = expected_names(cfg)
+  with safe_open(asset_dir / TENSORS, framework="np") as f:
+    missing = sorted(n for n in names if _is_beacon(n) and n not in f.keys())
+    if missing:
+      raise ValueError(f"{asset_dir / TENSORS} lacks {missing[:3]} ... ({len(missing)} tensors)")
+    for name in f.keys():
+      if name not in names:
+        raise ValueError(f"{asset_dir / TENSORS}: tensor {name} does not fit this base model")
+      row, layer = names[name]
+      value = row.transform.to_jax(f.get_tensor(name).astype(np.float32), cfg)
+      target = get_path(params, row.path)
+      if layer is None:
+        target[...] = value
+      else:
+        target[layer] = value
+  return cfg, bcfg, params
+
+
+def params_from_workdir(workdir):
+  """The newest checkpoint of a train.py beacon run merged into its base:
+  ``(ModelConfig, BeaconConfig, params, step)``."""
+  import ml_collections
+  import orbax.checkpoint as ocp
+  from longjax.beacon.config import BeaconConfig
+  from longjax.beacon.convert import load_beacon
+  from longjax.models.smollm2 import resolve
+  workdir = Path(workdir).absolute()
+  c = ml_collections.ConfigDict(json.loads((workdir / "config.json").read_text()))
+  b = c.beacon
+  bcfg = BeaconConfig(window=b.window, stride=b.stride, ratios=tuple(b.ratios),
+                      ratio_mix=b.ratio_mix, pos=b.pos, attn=b.attn, param=tuple(b.param),
+                      sink_size=b.sink_size, embed_init=b.embed_init, attend_prev=b.attend_prev)
+  cfg, bcfg, params = load_beacon(resolve(c.model.checkpoint), init="official", beacon=bcfg,
+                                  param_dtype="float32")
+  mgr = ocp.CheckpointManager(workdir / "checkpoints")
+  step = mgr.latest_step()
+  if step is None:
+    raise FileNotFoundError(f"{workdir}/checkpoints holds no checkpoint yet")
+  state = mgr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))["state"]
+  _merge(params, state["params"])
+  return cfg, bcfg, params, int(step), c.model.checkpoint
+
+
+def _merge(into: dict, trained: dict):
+  for k, v in trained.items():
+    if isinstance(v, dict):
+      _merge(into[k], v)
+    else:
+      into[k] = np.asarray(v, np.float32).reshape(np.shape(into[k]))
+
+
+def main(argv=None):
+  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap.add_argument("--workdir", required=True, help="a train.py beacon run directory")
+  ap.add_argument("--out", required=True)
+  ap.add_argument("--overwrite", action="store_true")
+  args = ap.parse_args(argv)
+  cfg, bcfg, params, step, base = params_from_workdir(args.workdir)
+  save_beacon_asset(args.out, cfg, bcfg, params, base=base, info=dict(train_step=step),
+                    overwrite=args.overwrite)
+  print(f"wrote {args.out} (step {step})")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

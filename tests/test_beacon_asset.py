@@ -1,0 +1,58 @@
+"""Trained-beacon assets: only the beacon tensors (official names, bf16) + settings, loaded in one
+call on top of the base model."""
+import json
+
+import ml_dtypes
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+from hf_models import save_tiny
+from longjax.beacon import BeaconConfig, load_beacon
+from longjax.beacon.asset import load_beacon_asset, save_beacon_asset
+
+
+def _trained(tmp_path):
+  _, base = save_tiny(tmp_path, "llama2")
+  bcfg = BeaconConfig(window=32, stride=32, ratios=(4,), param=("q", "k", "v"))
+  cfg, bcfg, params = load_beacon(base, init="official", beacon=bcfg, param_dtype="float32")
+  rng = np.random.default_rng(0)  # "training": move every beacon tensor off its initial copy
+  attn = params["layers"]["attn"]
+  for p in "qkv":
+    attn[f"alt_{p}_proj"]["kernel"] = attn[f"alt_{p}_proj"]["kernel"] + rng.normal(
+        0, 0.1, attn[f"alt_{p}_proj"]["kernel"].shape).astype(np.float32)
+  params["alt_embedding"] = params["alt_embedding"] + 0.5
+  return base, cfg, bcfg, params
+
+
+def test_asset_round_trip(tmp_path):
+  base, cfg, bcfg, params = _trained(tmp_path)
+  out = save_beacon_asset(tmp_path / "asset", cfg, bcfg, params, base=str(base))
+  tensors = load_file(out / "beacon.safetensors")
+  assert set(tensors) == ({f"model.layers.{i}.self_attn.beacon_{p}_proj.weight"
+                           for i in range(cfg.num_layers) for p in "qkv"}
+                          | {"model.beacon_embed_tokens.weight"})
+  assert all(t.dtype == ml_dtypes.bfloat16 for t in tensors.values())
+  meta = json.loads((out / "beacon.json").read_text())
+  assert meta["beacon_window"] == 32 and meta["beacon_ratio"] == [4]
+
+  cfg2, bcfg2, loaded = load_beacon_asset(out)  # the base named in beacon.json
+  assert bcfg2 == bcfg and cfg2.alt_projections == cfg.alt_projections
+  bf16 = lambda x: np.asarray(x).astype(ml_dtypes.bfloat16).astype(np.float32)  # noqa: E731
+  for p in "qkv":
+    np.testing.assert_array_equal(loaded["layers"]["attn"][f"alt_{p}_proj"]["kernel"],
+                                  bf16(params["layers"]["attn"][f"alt_{p}_proj"]["kernel"]))
+    # the base projections come from the base checkpoint, untouched
+    np.testing.assert_array_equal(loaded["layers"]["attn"][f"{p}_proj"]["kernel"],
+                                  params["layers"]["attn"][f"{p}_proj"]["kernel"])
+  np.testing.assert_array_equal(loaded["alt_embedding"], bf16(params["alt_embedding"]))
+
+
+def test_asset_of_another_base_is_refused(tmp_path):
+  _, cfg, bcfg, params = _trained(tmp_path)
+  out = save_beacon_asset(tmp_path / "asset", cfg, bcfg, params, base="unused")
+  _, other = save_tiny(tmp_path / "o", "llama2", num_hidden_layers=2)
+  with pytest.raises(ValueError, match="does not fit this base model"):
+    load_beacon_asset(out, other)
+  with pytest.raises(FileNotFoundError, match="not a beacon asset"):
+    load_beacon_asset(tmp_path)
