@@ -110,12 +110,42 @@ def test_corrupt_latest_checkpoint_falls_back(tmp_path, caplog):
   assert any("falling back" in r.getMessage() for r in caplog.records)
 
 
+def _ckpt_dirs(workdir):
+  return sorted(p.name for p in (Path(workdir) / "checkpoints").iterdir() if p.name[0].isdigit())
+
+
 def test_nan_stops_and_keeps_last_good_checkpoint(tmp_path):
   c = micro_config("beacon", tmp_path / "w", steps=6, save_every=1)
   c.debug.nan_at_step = 3
-  with pytest.raises(loop.TrainingError, match="non-finite loss .* step 3.*last good checkpoint \\(step 2\\)"):
+  # the NaN at step 3 came from step 2's weights: that checkpoint is set aside, not kept
+  with pytest.raises(loop.TrainingError, match="non-finite loss .* step 3.*checkpoint of step 2.* "
+                     "set aside.*last good checkpoint \\(step 1\\)"):
     loop.Trainer(c).run()
-  assert sorted(int(p.name) for p in (Path(c.workdir) / "checkpoints").iterdir() if p.name.isdigit())[-1] == 2
+  assert _ckpt_dirs(c.workdir) == ["1", "2.nonfinite"]
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast")
+def test_poisoned_update_is_never_kept(tmp_path):
+  """lr=1e38 after a zero-lr warmup step: step 2's update leaves finite weights of ~1e37 whose
+  loss at step 3 is NaN; its checkpoint is set aside and the kept one trains on finitely."""
+  c = micro_config("beacon", tmp_path / "w", steps=4, save_every=1)
+  c.train.lr, c.train.warmup_steps = 1e38, 2
+  with pytest.raises(loop.TrainingError, match="non-finite loss .* step 3.*checkpoint of step 2.* "
+                     "set aside.*last good checkpoint \\(step 1\\)"):
+    loop.Trainer(c).run()
+  assert _ckpt_dirs(c.workdir) == ["1", "2.nonfinite"]
+  c.train.lr = 1e-3
+  out = loop.Trainer(c).run()
+  assert out["start_step"] == 1
+  assert [r["step"] for r in read_metrics(c.workdir)] == [1, 2, 3, 4]
+  assert all(np.isfinite(r["loss"]) for r in read_metrics(c.workdir))
+  # an lr that overflows float32 makes non-finite weights at once: not applied, nothing saved
+  c = micro_config("beacon", tmp_path / "inf", steps=4, save_every=1)
+  c.train.lr, c.train.warmup_steps = 1e39, 0
+  with pytest.raises(loop.TrainingError, match="update to non-finite weights at step 1.*"
+                     "last good checkpoint \\(step none\\)"):
+    loop.Trainer(c).run()
+  assert _ckpt_dirs(c.workdir) == []
 
 
 def test_checkpoint_from_other_model_is_refused(tmp_path):

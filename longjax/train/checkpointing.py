@@ -50,20 +50,20 @@ class Checkpointer:
     self.mgr.save(step, args=a.Composite(state=a.StandardSave(state), data=a.JsonSave(data_state),
                                          meta=a.JsonSave(meta)), force=force)
 
-  def _set_aside(self, steps):
-    """Rename unreadable steps to ``<step>.unreadable`` (kept for inspection, out of the way of
+  def set_aside(self, steps, why: str = "unreadable"):
+    """Rename steps to ``<step>.<why>`` (kept for inspection, out of the way of resuming and of
     the steps this run will write again)."""
     if not steps or jax.process_index() != 0:
       return
     for step in steps:
       src = self.dir / str(step)
       if src.exists():
-        dst = self.dir / f"{step}.unreadable"
+        dst = self.dir / f"{step}.{why}"
         n = 1
         while dst.exists():
-          dst, n = self.dir / f"{step}.unreadable.{n}", n + 1
+          dst, n = self.dir / f"{step}.{why}.{n}", n + 1
         src.rename(dst)
-        log.warning("moved the unreadable checkpoint %s to %s", src, dst)
+        log.warning("moved the %s checkpoint %s to %s", why, src, dst)
     self.mgr.reload()
 
   def wait(self):
@@ -95,7 +95,7 @@ class Checkpointer:
                     "the previous one", step, self.dir, type(e).__name__, _short(e))
         bad.append(step)
         continue
-      self._set_aside(bad)
+      self.set_aside(bad)
       return step, r.state, r.data
     if steps:
       raise RuntimeError(f"none of the checkpoints {steps} in {self.dir} could be read; remove "

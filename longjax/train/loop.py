@@ -318,28 +318,37 @@ class Trainer:
     opt = self.optimizer
     sched = self.schedule
 
-    def apply(trainable, opt_state, grads):
-      updates, opt_state = opt.update(grads, opt_state, trainable)
-      return optax.apply_updates(trainable, updates), opt_state
+    def apply(trainable, opt_state, grads, loss):
+      # The guard runs here, before anything is applied or saved: a non-finite loss or gradient
+      # (finite_in) or an update that leaves non-finite weights (finite_out) keeps the old state
+      # (the inputs are donated, so the host could not get it back) and the host stops the run.
+      updates, new_opt = opt.update(grads, opt_state, trainable)
+      new = optax.apply_updates(trainable, updates)
+      finite_in = jnp.isfinite(loss) & jnp.isfinite(optax.tree.norm(grads))
+      finite_out = jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(new)]))
+      ok = finite_in & finite_out
+      keep = lambda n, o: jnp.where(ok, n, o)
+      return (jax.tree.map(keep, new, trainable), jax.tree.map(keep, new_opt, opt_state),
+              dict(finite_in=finite_in, finite_out=finite_out))
 
     def fused(trainable, opt_state, frozen, plans):
       (loss, ntok), grads = grad_fn(trainable, frozen, plans)
       gnorm = optax.tree.norm(grads)
-      trainable, opt_state = apply(trainable, opt_state, grads)
-      return trainable, opt_state, dict(loss=loss, grad_norm=gnorm, label_tokens=ntok)
+      trainable, opt_state, flags = apply(trainable, opt_state, grads, loss)
+      return trainable, opt_state, dict(loss=loss, grad_norm=gnorm, label_tokens=ntok, **flags)
 
     self._fused = jax.jit(fused, donate_argnums=(0, 1),
                           out_shardings=(self.tr_sh, self.opt_sh, None))
     self._grad = jax.jit(grad_fn)
-    self._apply = jax.jit(lambda t, o, g: apply(t, o, g), donate_argnums=(0, 1),
-                          out_shardings=(self.tr_sh, self.opt_sh))
+    self._apply = jax.jit(apply, donate_argnums=(0, 1),
+                          out_shardings=(self.tr_sh, self.opt_sh, None))
 
   def _device_plans(self, plans):
     axis = 1 if self.c.method == "beacon" else 0
 
     def put(path, x):
       x = np.asarray(x)
-      name = str(getattr(path[-1], "key", ""))
+      name = str(getattr(path[-1], "key", getattr(path[-1], "name", "")))  # dict / dataclass
       if x.ndim == 0 or name == "active":
         return shd.put_global(x, shd.replicated(self.mesh))
       ax = axis if x.ndim > axis else 0
@@ -406,19 +415,19 @@ class Trainer:
             gsum = g if gsum is None else jax.tree.map(jnp.add, gsum, g)
             lsum, lab = lsum + l, lab + nt
           grads = jax.tree.map(lambda x: x / self.accum, gsum)
-          trainable, opt_state = self._apply(trainable, opt_state, grads)
-          m = dict(loss=lsum / self.accum, grad_norm=optax.tree.norm(grads), label_tokens=lab)
+          trainable, opt_state, flags = self._apply(trainable, opt_state, grads, lsum / self.accum)
+          m = dict(loss=lsum / self.accum, grad_norm=optax.tree.norm(grads), label_tokens=lab,
+                   **flags)
         m = {k: float(v) for k, v in jax.device_get(m).items()}
         m["lr"] = float(self.schedule(step - 1))
         if int(c.debug.get("nan_at_step", -1)) == step:
           m["loss"] = float("nan")
         dt = time.time() - t0
         tokens_since += ntok
-        if not math.isfinite(m["loss"]):
-          raise TrainingError(
-              f"non-finite loss ({m['loss']}) at step {step}: training stopped. The last good "
-              f"checkpoint (step {ck.all_steps()[-1] if ck.all_steps() else 'none'}) in {ck.dir} "
-              "is kept; lower train.lr or check the data before rerunning")
+        finite_in = bool(m.pop("finite_in")) and math.isfinite(m["loss"])
+        finite_out = bool(m.pop("finite_out"))
+        if not (finite_in and finite_out):
+          _stop_nonfinite(ck, step, m, finite_in)
         rec = dict(step=step, loss=m["loss"], lr=m["lr"], grad_norm=m["grad_norm"],
                    label_tokens=int(m["label_tokens"]), tokens=ntok, step_time_s=round(dt, 4),
                    epoch=self.batches.epoch)
@@ -485,6 +494,26 @@ class Trainer:
     save_with_model(self.tokenizer, out)  # eval.py then finds the export's own tokenizer
     log.info("exported the trained model (HF format, official tensor names) to %s", out)
     return out
+
+
+def _stop_nonfinite(ck, step, m, finite_in: bool):
+  """Stop the run on a step whose update was not applied (see ``apply``). A non-finite loss or
+  gradient at ``step`` was computed from the weights of step-1: finite but poisoned ones (e.g.
+  ~1e38 after a too-large lr) pass any finiteness check on the update that made them, so a
+  checkpoint of step-1 is set aside and the one before it is the last good one."""
+  ck.wait()
+  moved = ""
+  if not finite_in and step - 1 in ck.all_steps():
+    ck.set_aside([step - 1], "nonfinite")
+    moved = f"the checkpoint of step {step - 1}, whose weights gave it, is set aside; "
+  what = (f"non-finite loss ({m['loss']})" if not math.isfinite(m["loss"]) else
+          f"non-finite gradient norm ({m['grad_norm']})" if not finite_in else
+          "an update to non-finite weights")
+  kept = ck.all_steps()
+  raise TrainingError(
+      f"{what} at step {step}: training stopped without applying it; {moved}the last good "
+      f"checkpoint (step {kept[-1] if kept else 'none'}) in {ck.dir} is kept; lower train.lr or "
+      "check the data before rerunning")
 
 
 def _shard_like_params(opt_state, params, mesh):
