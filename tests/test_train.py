@@ -148,6 +148,27 @@ def test_poisoned_update_is_never_kept(tmp_path):
   assert _ckpt_dirs(c.workdir) == []
 
 
+def test_workdir_lock(tmp_path):
+  """A second run on a workdir is refused naming the holder; a dead holder's lock is taken over."""
+  import socket
+  c = micro_config("beacon", tmp_path / "w", steps=1, save_every=1)
+  lock = Path(c.workdir) / "train.lock"
+  lock.parent.mkdir(parents=True)
+  holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+  try:
+    lock.write_text(json.dumps(dict(pid=holder.pid, host=socket.gethostname(), started="then")))
+    p = _run_cli(c.workdir, check=False)
+    assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr[-2000:]
+    assert (f"train.py: error: {lock.parent} is in use by another training run (pid {holder.pid} "
+            f"on host {socket.gethostname()}, started then)") in p.stderr
+    assert not (Path(c.workdir) / "checkpoints").exists()
+  finally:
+    holder.kill()
+    holder.wait()
+  out = loop.Trainer(c).run()  # the same lock, its pid now dead (as after kill -9): stale
+  assert out["final_step"] == 1 and not lock.exists()
+
+
 def test_checkpoint_from_other_model_is_refused(tmp_path):
   c = micro_config("beacon", tmp_path / "w", steps=2, save_every=2)
   loop.Trainer(c).run()

@@ -28,6 +28,7 @@ from flax import traverse_util
 from longjax.data import pipeline
 from longjax.data.tokenizers import (TokenizerChoiceError, choose_tokenizer, get_tokenizer,
                                      save_with_model)
+from longjax.train import lock
 from longjax.train import sharding as shd
 from longjax.train.checkpointing import Checkpointer, fingerprint
 from longjax.train.config_check import validate
@@ -358,6 +359,17 @@ class Trainer:
 
   # ------------------------------------------------------------------------------------------
   def run(self) -> dict:
+    # One run per workdir: two would interleave checkpoints, metrics and the export. Process 0
+    # takes it on behalf of all the processes of a multi-process run.
+    self.workdir.mkdir(parents=True, exist_ok=True)
+    held = lock.acquire(self.workdir) if self.primary else None
+    try:
+      return self._run()
+    finally:
+      if held:
+        lock.release(held)
+
+  def _run(self) -> dict:
     c, tc = self.c, self.c.train
     self.setup()
     ck = Checkpointer(self.workdir / "checkpoints", keep=int(tc.get("keep", 3)),
@@ -550,7 +562,7 @@ def run_main(c, *, resume: bool = True) -> int:
   try:
     out = Trainer(c, resume=resume).run()
   except (TrainingError, DataError, CheckpointMismatch, ConfigError, BeaconConfigError,
-          FocusError, CheckpointError, FileNotFoundError) as e:
+          FocusError, CheckpointError, FileNotFoundError, lock.WorkdirLocked) as e:
     print(f"train.py: error: {e}", file=sys.stderr)
     return 1
   print(f"train.py: done: steps {out['start_step']}..{out['final_step']} in "
