@@ -169,6 +169,20 @@ def test_workdir_lock(tmp_path):
   assert out["final_step"] == 1 and not lock.exists()
 
 
+def test_changed_model_config_on_cached_tiny_base_is_refused(tmp_path):
+  from longjax.data.tokenizers import get_tokenizer
+  c = micro_config("beacon", tmp_path / "w")
+  loop.load_base(c, get_tokenizer("byte"), Path(c.workdir))  # caches the tiny base
+  c.model.hidden_size, c.model.head_dim, c.model.num_layers = 48, 12, 3
+  with pytest.raises(loop.TrainingError, match=r"w/base holds a tiny base model built for another "
+                     r"config \(model.hidden_size 32 -> 48, model.num_layers 2 -> 3, "
+                     r"model.head_dim 8 -> 12; cached -> this run\)"):
+    loop.Trainer(c).run()
+  c = micro_config("beacon", tmp_path / "w", pretrain=5)
+  with pytest.raises(loop.TrainingError, match=r"another config \(model.pretrain.steps 0 -> 5;"):
+    loop.Trainer(c).run()
+
+
 def test_checkpoint_from_other_model_is_refused(tmp_path):
   c = micro_config("beacon", tmp_path / "w", steps=2, save_every=2)
   loop.Trainer(c).run()
@@ -180,6 +194,7 @@ def test_checkpoint_from_other_model_is_refused(tmp_path):
   with pytest.raises(CheckpointMismatch, match="different model"):
     loop.Trainer(c2).run()
   c3 = micro_config("focus", tmp_path / "w", steps=4)
+  shutil.rmtree(Path(c3.workdir) / "base")  # (else refused first for its other tiny base)
   with pytest.raises(CheckpointMismatch, match="'beacon' run"):
     loop.Trainer(c3).run()
 

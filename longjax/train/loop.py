@@ -9,6 +9,7 @@ subtree. Trainable parameters are fp32 master weights; the frozen ones are store
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import math
@@ -145,11 +146,16 @@ def load_base(c, tokenizer, workdir: Path):
   else:
     cfg = model_config_tiny(mc, tokenizer)
     base_dir = workdir / "base"
+    # what the base is built from besides its shape (recorded with it, compared on reuse)
+    recipe = json.loads(json.dumps(dict(pretrain=mc.pretrain.to_dict(), seed=int(c.seed)),
+                                   default=str))
     if ckpt.is_longjax_checkpoint(base_dir):
-      cfg, params, _ = ckpt.load(base_dir)
+      cached, params, extra = ckpt.load(base_dir)
+      _check_tiny_base(base_dir, cfg, cached, extra.get("recipe"), recipe)
+      cfg = cached
     else:
       params = pretrain_tiny_base(c, cfg, tokenizer, workdir)
-      ckpt.save(base_dir, cfg, params, overwrite=True)
+      ckpt.save(base_dir, cfg, params, extra=dict(recipe=recipe), overwrite=True)
       log.info("tiny base model saved to %s", base_dir)
     if c.method == "beacon":
       bcfg = beacon_config(c)
@@ -160,6 +166,28 @@ def load_base(c, tokenizer, workdir: Path):
   if mc.get("param_dtype"):
     cfg = cfg.replace(param_dtype=mc.param_dtype)
   return cfg, jax.tree.map(np.asarray, params)
+
+
+def _check_tiny_base(base_dir: Path, want, cached, cached_recipe, recipe):
+  """The cached tiny base must be the one this config asks for: a changed model (or pretraining)
+  config would otherwise resume on the old base and export it. Refused, not rebuilt: the
+  workdir's checkpoints (and base_run/) belong to the old base."""
+  skip = ("dtype", "param_dtype", "remat", "hf_extra")
+  diff = [f"model.{k} {getattr(cached, k)!r} -> {getattr(want, k)!r}"
+          for k in (f.name for f in dataclasses.fields(want))
+          if k not in skip and getattr(cached, k) != getattr(want, k)]
+  if cached_recipe is None:  # a base saved before the recipe was recorded
+    log.info("%s predates the record of its pretraining settings: they are not checked", base_dir)
+  else:
+    a = traverse_util.flatten_dict(cached_recipe, sep=".")
+    b = traverse_util.flatten_dict(recipe, sep=".")
+    diff += [f"{'' if k == 'seed' else 'model.'}{k} {a.get(k)!r} -> {b.get(k)!r}"
+             for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+  if diff:
+    raise TrainingError(
+        f"{base_dir} holds a tiny base model built for another config ({', '.join(diff)}; cached "
+        f"-> this run): use another --config.workdir, or delete {base_dir} and "
+        f"{base_dir.parent / 'base_run'} to pretrain it again")
 
 
 def _hf_cfg_for_bos(p):
