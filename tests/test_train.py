@@ -199,6 +199,41 @@ def test_checkpoint_from_other_model_is_refused(tmp_path):
     loop.Trainer(c3).run()
 
 
+def test_resume_refuses_other_base_weights_or_method_config(tmp_path, caplog):
+  """Same shapes are not enough: other base weights or another beacon config are refused; a
+  checkpoint written before these fingerprint fields existed still resumes (with a warning)."""
+  from longjax import checkpoint as ckpt
+  c = micro_config("beacon", tmp_path / "w", steps=2, save_every=2)
+  loop.Trainer(c).run()
+  base = Path(c.workdir) / "base"
+  cfg, params, extra = ckpt.load(base)
+  ckpt.save(base, cfg, jax.tree.map(lambda x: np.asarray(x) * 1.01, params), extra=extra,
+            overwrite=True)
+  c.train.num_steps = 3
+  with pytest.raises(CheckpointMismatch, match=r"\(step 2\) is from a different model or method "
+                     r"setup \(base weights differ \(content hash [0-9a-f]+ -> [0-9a-f]+\);"):
+    loop.Trainer(c).run()
+  ckpt.save(base, cfg, params, extra=extra, overwrite=True)
+  c.beacon.ratios = (4,)
+  with pytest.raises(CheckpointMismatch, match=r"setup \(beacon.ratios \[2, 4\] -> \[4\]; "):
+    loop.Trainer(c).run()
+  c.beacon.ratios = (2, 4)
+  # today's checkpoints (written before this fingerprint): method, 8 model fields, shapes, digest
+  meta_file = Path(c.workdir) / "checkpoints/2/meta/metadata"
+  meta = json.loads(meta_file.read_text())
+  old_keys = ("family", "vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
+              "head_dim", "intermediate_size")
+  meta_file.write_text(json.dumps(dict(method=meta["method"], digest=meta["digest"],
+                                       trainable_shapes=meta["trainable_shapes"],
+                                       model={k: meta["model"][k] for k in old_keys})))
+  with caplog.at_level("WARNING", logger="longjax.train"):
+    out = loop.Trainer(c).run()
+  assert out["start_step"] == 2 and out["final_step"] == 3
+  assert any("predates these fingerprint fields, not checked: model.rope_theta" in r.getMessage()
+             and "beacon.ratios" in r.getMessage() and "base_weights" in r.getMessage()
+             for r in caplog.records)
+
+
 def test_config_errors(tmp_path):
   c = micro_config("beacon", tmp_path / "w")
   with c.unlocked():

@@ -7,6 +7,7 @@ an error, never silently loaded.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Optional
 
 import jax
+import numpy as np
 
 log = logging.getLogger("longjax.train")
 
@@ -22,14 +24,39 @@ class CheckpointMismatch(ValueError):
   """The checkpoint directory belongs to a different model / method / trainable set."""
 
 
-def fingerprint(method: str, cfg, trainable) -> dict:
+_LEGACY_MODEL_KEYS = ("family", "vocab_size", "hidden_size", "num_layers", "num_heads",
+                      "num_kv_heads", "head_dim", "intermediate_size")
+_RUNTIME_KEYS = ("dtype", "remat", "hf_extra")  # may change on resume; hf_extra repeats the rest
+
+
+def weights_hash(tree) -> str:
+  """A cheap content hash of a weight tree: every name, shape and dtype plus up to 4096 evenly
+  strided values of each tensor (another fine-tune or seed changes them; a 7B base hashes in
+  well under a second)."""
+  h = hashlib.sha256()
+  for path, x in sorted(jax.tree_util.tree_leaves_with_path(tree),
+                        key=lambda t: jax.tree_util.keystr(t[0])):
+    x = np.asarray(x)
+    flat = x.reshape(-1)
+    h.update(f"{jax.tree_util.keystr(path)}:{x.shape}:{x.dtype};".encode())
+    h.update(np.ascontiguousarray(flat[::max(1, flat.size // 4096)][:4096]).tobytes())
+  return h.hexdigest()[:16]
+
+
+def fingerprint(method: str, cfg, trainable, *, method_config=None, frozen=None) -> dict:
+  """What defines a run: method, model config, the method's config, the trainable shapes and a
+  content hash of the frozen base weights. Resuming compares them field by field."""
   shapes = {"/".join(str(getattr(k, "key", k)) for k in path): list(leaf.shape)
             for path, leaf in jax.tree_util.tree_leaves_with_path(trainable)}
-  model = {k: getattr(cfg, k) for k in ("family", "vocab_size", "hidden_size", "num_layers",
-                                        "num_heads", "num_kv_heads", "head_dim",
-                                        "intermediate_size")}
-  digest = hashlib.sha256(json.dumps([method, model, shapes], sort_keys=True).encode()).hexdigest()
-  return {"method": method, "model": model, "trainable_shapes": shapes, "digest": digest[:16]}
+  model = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)
+           if f.name not in _RUNTIME_KEYS}
+  legacy = {k: model[k] for k in _LEGACY_MODEL_KEYS}
+  # the digest stays the old shapes-only one, so that older code still resumes these checkpoints
+  digest = hashlib.sha256(json.dumps([method, legacy, shapes], sort_keys=True).encode()).hexdigest()
+  meta = {"method": method, "model": model, "method_config": dict(method_config or {}),
+          "base_weights": weights_hash(frozen) if frozen is not None else None,
+          "trainable_shapes": shapes, "digest": digest[:16]}
+  return json.loads(json.dumps(meta, default=str))  # as it reads back (tuples -> lists)
 
 
 class Checkpointer:
@@ -113,14 +140,28 @@ def _check_meta(meta: dict, want: dict, where, step):
     raise CheckpointMismatch(f"checkpoint {where} (step {step}) was written by a "
                              f"{meta.get('method')!r} run, this run trains {want['method']!r}; use "
                              "another --config.workdir")
-  if meta.get("digest") != want["digest"]:
-    diff = [k for k in want["model"] if meta.get("model", {}).get(k) != want["model"][k]]
-    shapes_a, shapes_b = meta.get("trainable_shapes", {}), want["trainable_shapes"]
-    sdiff = sorted(set(shapes_a) ^ set(shapes_b)) or sorted(
-        k for k in shapes_b if shapes_a.get(k) != shapes_b[k])
-    raise CheckpointMismatch(
-        f"checkpoint {where} (step {step}) is from a different model: "
-        + (f"model fields differ {[(k, meta.get('model', {}).get(k), want['model'][k]) for k in diff]}; "
-           if diff else "")
-        + (f"trainable parameters differ ({sdiff[:6]}); " if sdiff else "")
-        + "use another --config.workdir for this model")
+  diff, unknown = [], []
+  for sec, label in (("model", "model"), ("method_config", want["method"])):
+    have = meta.get(sec)
+    for k, v in want[sec].items():
+      if have is None or k not in have:  # written before the field was recorded
+        unknown.append(f"{label}.{k}")
+      elif have[k] != v:
+        diff.append(f"{label}.{k} {have[k]!r} -> {v!r}")
+  shapes_a, shapes_b = meta.get("trainable_shapes", {}), want["trainable_shapes"]
+  sdiff = sorted(set(shapes_a) ^ set(shapes_b)) or sorted(
+      k for k in shapes_b if shapes_a.get(k) != shapes_b[k])
+  if sdiff:
+    diff.append(f"trainable parameters differ ({sdiff[:6]})")
+  if meta.get("base_weights") is None:
+    unknown.append("base_weights")
+  elif meta["base_weights"] != want["base_weights"]:
+    diff.append(f"base weights differ (content hash {meta['base_weights']} -> "
+                f"{want['base_weights']})")
+  if diff:
+    raise CheckpointMismatch(f"checkpoint {where} (step {step}) is from a different model or "
+                             f"method setup ({'; '.join(diff)}; checkpoint -> this run): use "
+                             "another --config.workdir for this model")
+  if unknown:
+    log.warning("checkpoint %s (step %d) predates these fingerprint fields, not checked: %s",
+                where, step, ", ".join(unknown))

@@ -328,7 +328,8 @@ class Trainer:
     self.opt_sh = jax.tree.map(lambda x: x.sharding, opt_state)
     self.state = {"params": trainable, "opt_state": opt_state,
                   "step": shd.put_global(np.int32(0), shd.replicated(self.mesh))}
-    self.meta = fingerprint(method, self.cfg, tr)
+    self.meta = fingerprint(method, self.cfg, tr, frozen=fr,
+                            method_config=c[method].to_dict() if method in c else {})
     self._build_steps()
 
   # ------------------------------------------------------------------------------------------
