@@ -39,12 +39,31 @@ def parse_specs(sources) -> list:
   return specs
 
 
+def _json_type(v) -> str:
+  return {dict: "an object", list: "an array", type(None): "null", bool: "a boolean",
+          int: "a number", float: "a number", str: "a string"}.get(type(v), type(v).__name__)
+
+
+def _text_of(rec: dict, field: str, where: str) -> str:
+  # str() would train on the Python repr of a list / dict / None: refuse anything but text.
+  t = rec[field]
+  if isinstance(t, bytes):  # TFDS text features
+    return t.decode("utf-8", "replace")
+  if not isinstance(t, str):
+    raise DataError(f"{where}: field {field!r} is {_json_type(t)}, not a string; every record "
+                    "needs text there")
+  return t
+
+
 def _record_segments(rec: dict, text_field: str, where: str) -> Segments:
+  if not isinstance(rec, dict):
+    raise DataError(f"{where}: record is {_json_type(rec)}, not a JSON object; jsonl sources need "
+                    f"one object per line with a {text_field!r} field (or input/output)")
   if text_field in rec:
-    t = rec[text_field]
-    return [(t.decode("utf-8", "replace") if isinstance(t, bytes) else str(t), False)]
+    return [(_text_of(rec, text_field, where), False)]
   if "input" in rec and "output" in rec:
-    return [(str(rec["input"]), False), ("\n", False), (str(rec["output"]), True)]
+    return [(_text_of(rec, "input", where), False), ("\n", False),
+            (_text_of(rec, "output", where), True)]
   raise DataError(f"{where}: record has neither a {text_field!r} field nor input/output fields "
                   f"(keys: {sorted(rec)[:10]}); set --config.data.text_field")
 
