@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 from typing import Optional
 
 import jax
@@ -15,12 +17,19 @@ class SamplingConfig:
   top_p: Optional[float] = None
 
   def __post_init__(self):
-    if self.temperature < 0:
-      raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-    if self.top_k is not None and self.top_k < 1:
-      raise ValueError(f"top_k must be >= 1, got {self.top_k}")
-    if self.top_p is not None and not 0 < self.top_p <= 1:
-      raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+    # NaN fails every comparison, so `t < 0` let it through and the NaN logits then sampled token
+    # 0 every time; inf flattened them to uniform noise. Only finite numbers are settings.
+    t, k, p = self.temperature, self.top_k, self.top_p
+    if not _real(t) or not math.isfinite(t) or t < 0:
+      raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {t!r}")
+    if k is not None and (isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 1):
+      raise ValueError(f"top_k must be an integer >= 1 (or None), got {k!r}")
+    if p is not None and not (_real(p) and 0 < p <= 1):  # written so that NaN fails
+      raise ValueError(f"top_p must be in (0, 1] (or None), got {p!r}")
+
+
+def _real(x) -> bool:
+  return isinstance(x, numbers.Real) and not isinstance(x, bool)
 
 
 def select_next(logits, key, cfg: SamplingConfig):
