@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import numbers
 from typing import Callable, Optional, Sequence
 
 import jax
@@ -50,6 +51,10 @@ class PlainLM:
     self._step = jax.jit(functools.partial(cache_forward, self.model, last_only=True))
 
   def prefill(self, params, tokens, lengths, max_new_tokens):
+    check_max_new_tokens(max_new_tokens, minimum=0)
+    tokens = np.asarray(tokens)
+    lengths = np.asarray(lengths)
+    check_token_ids([r[:int(n)] for r, n in zip(tokens, lengths)], self.cfg.vocab_size)
     b, t = tokens.shape
     cache = KVCache.create(self.cfg, b, _round_up(t + max_new_tokens, 64))
     valid = np.arange(t)[None] < np.asarray(lengths)[:, None]
@@ -57,6 +62,28 @@ class PlainLM:
 
   def step(self, params, state, tokens):
     return self._step(params, state, jnp.asarray(tokens)[:, None])
+
+
+def check_token_ids(rows, vocab_size: int, what: str = "prompt") -> None:
+  """Refuse ids the model has no embedding for, host side: under jit the embedding lookup would
+  clip them silently (-1 reads row 0, V + 100 reads row V - 1). ``rows``: id arrays / lists."""
+  for i, r in enumerate(rows):
+    r = np.asarray(r)
+    where = f"{what} {i}" if len(rows) > 1 else f"the {what}"
+    if r.size and r.dtype.kind not in "iu":
+      # int() would truncate 2.7 to 2: a float id is a caller's bug, not a token.
+      raise ValueError(f"token ids must be integers, got dtype {r.dtype} in {where} "
+                       f"(e.g. {r.reshape(-1)[:5].tolist()})")
+    bad = r[(r < 0) | (r >= vocab_size)]
+    if bad.size:
+      raise ValueError(f"token ids must be in [0, {vocab_size}) (the model's vocab_size); got "
+                       f"{bad[:5].tolist()} in {where}")
+
+
+def check_max_new_tokens(n, minimum: int = 1) -> None:
+  # 2.5 would be truncated by range() / int() somewhere downstream; True is not a count.
+  if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < minimum:
+    raise ValueError(f"max_new_tokens must be an integer >= {minimum}, got {n!r}")
 
 
 def _as_id_lists(prompts, tokenizer) -> list:
@@ -68,14 +95,19 @@ def _as_id_lists(prompts, tokenizer) -> list:
     if tokenizer is None:
       raise ValueError("text prompts need tokenizer=...; or pass token ids")
     texts = [prompts] if isinstance(prompts, str) else list(prompts)
-    return [list(tokenizer.encode(t)) for t in texts]
-  arr = prompts
-  if isinstance(arr, np.ndarray) or isinstance(arr, jax.Array):
-    arr = np.asarray(arr)
-    return [list(map(int, arr))] if arr.ndim == 1 else [list(map(int, r)) for r in arr]
-  if isinstance(arr, (list, tuple)) and arr and isinstance(arr[0], (list, tuple, np.ndarray)):
-    return [list(map(int, r)) for r in arr]
-  return [list(map(int, arr))]
+    return [np.asarray(tokenizer.encode(t), np.int64) for t in texts]
+  # Rows stay arrays of the caller's dtype, so that check_token_ids sees float ids as floats.
+  if isinstance(prompts, (list, tuple)) and prompts and isinstance(
+      prompts[0], (list, tuple, np.ndarray, jax.Array)):
+    rows = [np.asarray(r) for r in prompts]
+  else:
+    arr = np.asarray(prompts)
+    rows = list(arr) if arr.ndim == 2 else [arr]
+  shapes = sorted({r.shape for r in rows if r.ndim != 1})
+  if shapes:
+    raise ValueError(f"prompts must be a list of ids, a list of id lists or a [B, T] array; got "
+                     f"rows of shape {shapes}")
+  return rows
 
 
 def generate(method, params, prompts, max_new_tokens: int = 32, *, tokenizer=None,
@@ -92,12 +124,13 @@ def generate(method, params, prompts, max_new_tokens: int = 32, *, tokenizer=Non
     callback: called as ``callback(step, tokens [B])`` after each generated token (streaming).
   """
   sampling = SamplingConfig(temperature, top_k, top_p)
-  if max_new_tokens < 1:
-    raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+  check_max_new_tokens(max_new_tokens)
   ids = _as_id_lists(prompts, tokenizer)
-  empty = [i for i, r in enumerate(ids) if not r]
+  empty = [i for i, r in enumerate(ids) if not r.size]
   if not ids or empty:
     raise ValueError(f"empty prompt (rows {empty or [0]}): give at least one token per prompt")
+  # Checked before the int32 cast below, which would wrap ids >= 2**31 into range.
+  check_token_ids(ids, method.cfg.vocab_size)
   lengths = np.array([len(r) for r in ids], np.int32)
   tokens = np.zeros((len(ids), int(lengths.max())), np.int32)
   for i, r in enumerate(ids):

@@ -31,6 +31,7 @@ from longjax.focus import condense as C
 from longjax.focus.config import FocusConfig, FocusError, check_model
 from longjax.focus.planner import (ChunkBatch, LocalBatch, RowPlan, pack_chunks, pack_local,
                                    split_prompt)
+from longjax.generate import check_max_new_tokens, check_token_ids
 from longjax.models.config import ModelConfig
 from longjax.models.decoder import Decoder
 
@@ -111,6 +112,10 @@ class FocusLLM:
   # -------------------------------------------------------------------------------------------
   # Host-side planning.
   def plan(self, prompt, generated: Sequence[int] = ()) -> RowPlan:
+    # Every public entry (prefill, forward, recompute) plans here: out-of-range ids would be
+    # clipped silently by the embedding lookup under jit.
+    check_token_ids([prompt], self.cfg.vocab_size)
+    check_token_ids([generated], self.cfg.vocab_size, what="generated ids")
     return split_prompt(prompt, self.fcfg, generated)
 
   def _pack(self, rows, extra: int):
@@ -164,8 +169,7 @@ class FocusLLM:
     if tokens.ndim != 2 or lengths.shape != (tokens.shape[0],):
       raise FocusError(f"prefill expects tokens [B, T] and lengths [B], got {tokens.shape} and "
                        f"{lengths.shape}")
-    if max_new_tokens < 0:
-      raise FocusError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    check_max_new_tokens(max_new_tokens, minimum=0)  # token ids: checked by plan
     rows = [self.plan(tokens[b, :int(lengths[b])]) for b in range(tokens.shape[0])]
     cb, lb, cap = self._pack(rows, int(max_new_tokens))
     return self._prefill_jit(params, cb, lb, cache_cap=cap, all_logits=False)
