@@ -13,7 +13,7 @@ from pathlib import Path
 import jax
 
 from longjax.atomic_dir import atomic_dir
-from longjax.models.config import ModelConfig
+from longjax.models.config import ModelConfig, hf_json
 
 CONFIG_FILE = "config.json"
 PARAMS_DIR = "params"
@@ -27,14 +27,49 @@ def _tuples(v):
 
 
 def config_to_json(cfg: ModelConfig) -> dict:
-  return {FORMAT_KEY: dataclasses.asdict(cfg)}
+  d = dataclasses.asdict(cfg)
+  if cfg.hf_extra is not None:  # the source HF config as a JSON object, readable in the file
+    d["hf_extra"] = json.loads(cfg.hf_extra)
+  return {FORMAT_KEY: d}
 
 
 def config_from_json(d: dict) -> ModelConfig:
   if FORMAT_KEY not in d:
     raise ValueError("this config.json is not a longjax checkpoint config (no "
                      f"'{FORMAT_KEY}' key); for a HF directory use longjax.convert.load_hf")
-  return ModelConfig(**{k: _tuples(v) for k, v in d[FORMAT_KEY].items()})
+  fields = {k: _tuples(v) for k, v in d[FORMAT_KEY].items() if k != "hf_extra"}
+  extra = d[FORMAT_KEY].get("hf_extra")
+  if isinstance(extra, list):
+    extra = _legacy_hf(ModelConfig(**fields), extra)
+  if isinstance(extra, dict):
+    extra = hf_json(extra)
+  return ModelConfig(**fields, hf_extra=extra)
+
+
+# HF config fields that are dicts; old checkpoints wrote an empty one as [] (transformers refuses it).
+_DICT_FIELDS = ("pruned_heads", "id2label", "label2id", "task_specific_params")
+
+
+def _legacy_hf(cfg: ModelConfig, pairs: list) -> dict:
+  """The HF config of a checkpoint written before hf_extra held the whole config: it held only
+  the unused keys, as [key, value] pairs, dicts nested as pairs too. Rebuilt as that version
+  exported it: those keys, then the fields the config determines (a stored architectures wins)."""
+  extra = {k: _legacy_value(v) for k, v in pairs}
+  for k in _DICT_FIELDS:
+    if extra.get(k) == []:
+      extra[k] = {}
+  fields = cfg.to_hf()
+  if "architectures" in extra:
+    del fields["architectures"]
+  return {**extra, **fields}
+
+
+def _legacy_value(v):
+  if isinstance(v, list):
+    if v and all(isinstance(x, list) and len(x) == 2 and isinstance(x[0], str) for x in v):
+      return {k: _legacy_value(x) for k, x in v}
+    return [_legacy_value(x) for x in v]
+  return v
 
 
 def is_longjax_checkpoint(path) -> bool:

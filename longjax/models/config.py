@@ -6,6 +6,7 @@ exactly (unknown ``model_type``, unsupported ``rope_scaling`` types) instead of 
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any, Optional
 
 import jax.numpy as jnp
@@ -57,8 +58,10 @@ class ModelConfig:
   dtype: str = "float32"  # compute dtype
   param_dtype: str = "float32"
   remat: bool = False
-  # Everything of the HF config that the decoder does not interpret, kept for export.
-  hf_extra: Optional[tuple] = None
+  # The HF config.json this config was read from, verbatim, as canonical JSON (sorted keys), so
+  # that export gives back every key with its JSON type (an empty dict stays a dict) while the
+  # config stays hashable (a static jit argument).
+  hf_extra: Optional[str] = None
 
   def __post_init__(self):
     if self.family not in FAMILIES:
@@ -71,6 +74,8 @@ class ModelConfig:
     if self.sliding_windows is not None and len(self.sliding_windows) != self.num_layers:
       raise ValueError("sliding_windows needs one entry (int or None) per layer")
     dtype_of(self.dtype), dtype_of(self.param_dtype)
+    if self.hf_extra is not None and not isinstance(self.hf_extra, str):
+      raise ValueError("hf_extra must be the HF config as a JSON string (see hf_json)")
     self.rope_type  # validates rope_scaling
 
   @property
@@ -107,6 +112,7 @@ class ModelConfig:
   @classmethod
   def from_hf(cls, hf: dict, **overrides) -> "ModelConfig":
     hf = dict(hf)
+    source = hf_json(hf)
     model_type = hf.get("model_type")
     if model_type not in FAMILIES:
       raise ValueError(f"unsupported model_type {model_type!r} in config.json; longjax supports "
@@ -149,20 +155,37 @@ class ModelConfig:
         bos_token_id=hf.get("bos_token_id"), eos_token_id=_hashable(hf.get("eos_token_id")),
         pad_token_id=hf.get("pad_token_id"), param_dtype=dtype if dtype in _DTYPES else "float32",
         dtype="float32")
-    known = {"model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-             "num_attention_heads", "num_key_value_heads", "head_dim", "rope_theta", "rope_scaling",
-             "rope_parameters", "max_position_embeddings", "rms_norm_eps", "attention_bias",
-             "tie_word_embeddings", "sliding_window", "use_sliding_window", "max_window_layers",
-             "layer_types", "bos_token_id", "eos_token_id", "pad_token_id", "torch_dtype", "dtype"}
-    extra = {k: v for k, v in hf.items() if k not in known and not k.startswith("_")}
-    kw["hf_extra"] = tuple(sorted((k, _hashable(v)) for k, v in extra.items()))
+    kw["hf_extra"] = source
     kw.update(overrides)
     return cls(**kw)
 
   def to_hf(self) -> dict:
-    """A ``config.json`` dict that ``transformers`` loads as the same architecture."""
-    out = {k: _plain(v) for k, v in (self.hf_extra or ())}
-    out.update(
+    """A ``config.json`` dict that ``transformers`` loads as the same architecture.
+
+    It starts from the config this one was read from (``hf_extra``): keys longjax does not use
+    come back verbatim, and so does the spelling of every field this config did not change (an
+    absent ``head_dim``, an unused ``sliding_window``, transformers 5's ``rope_parameters``), so
+    load -> save gives back the same JSON object.
+    """
+    out = self._hf_fields()
+    if not self.hf_extra:
+      return out
+    source = json.loads(self.hf_extra)
+    before = ModelConfig.from_hf(source)._hf_fields()
+    changed = {k: v for k, v in out.items() if k not in before or before[k] != v}
+    merged = dict(source)
+    for k in before.keys() - out.keys():  # written only for a setting this config turned off
+      merged.pop(k, None)
+    merged.update(changed)
+    if "rope_parameters" in source and changed.keys() & {"rope_theta", "rope_scaling"}:
+      # transformers 5 reads rope_parameters before rope_theta / rope_scaling: keep it in step.
+      merged["rope_parameters"] = dict(self.rope_scaling_dict or {"rope_type": "default"},
+                                       rope_theta=self.rope_theta)
+    return merged
+
+  def _hf_fields(self) -> dict:
+    """The config.json fields this config determines (transformers 4 spelling)."""
+    out = dict(
         model_type=self.family, vocab_size=self.vocab_size, hidden_size=self.hidden_size,
         intermediate_size=self.intermediate_size, num_hidden_layers=self.num_layers,
         num_attention_heads=self.num_heads, num_key_value_heads=self.num_kv_heads,
@@ -171,9 +194,9 @@ class ModelConfig:
         max_position_embeddings=self.max_position_embeddings, rms_norm_eps=self.rms_norm_eps,
         tie_word_embeddings=self.tie_word_embeddings, bos_token_id=self.bos_token_id,
         eos_token_id=_plain(self.eos_token_id), pad_token_id=self.pad_token_id,
-        torch_dtype=self.param_dtype, hidden_act="silu")
-    out.setdefault("architectures", [{"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                                      "mistral": "MistralForCausalLM"}[self.family]])
+        torch_dtype=self.param_dtype, hidden_act="silu",
+        architectures=[{"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                        "mistral": "MistralForCausalLM"}[self.family]])
     if self.family == "llama":
       out["attention_bias"] = self.attention_bias
     if self.family == "mistral":
@@ -187,8 +210,14 @@ class ModelConfig:
     return out
 
 
+def hf_json(hf: dict) -> str:
+  """A HF config dict as the canonical JSON string ``ModelConfig.hf_extra`` holds."""
+  return json.dumps(hf, sort_keys=True, separators=(",", ":"))
+
+
 def _hashable(v):
-  """JSON value -> hashable value (dicts become sorted tuples of pairs), so configs can be static."""
+  """JSON value -> hashable value (dicts become sorted tuples of pairs), so configs can be static.
+  Only for rope_scaling (a flat dict) and eos_token_id; hf_extra keeps the exact JSON."""
   if isinstance(v, dict):
     return tuple(sorted((k, _hashable(x)) for k, x in v.items()))
   if isinstance(v, list):
