@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Optional
 
 from longjax.beacon.config import BeaconConfig
-from longjax.convert.hf import CheckpointError, load_hf, read_hf_config, save_hf, shard_map
+from longjax.convert.hf import (METHOD_KEY, CheckpointError, check_method, load_hf, read_hf_config,
+                                save_hf, shard_map)
 
 INITS = ("official",)
 
@@ -34,6 +35,7 @@ def load_beacon(hf_dir, *, init: Optional[str] = None, param_dtype: Optional[str
   if init not in (None,) + INITS:
     raise ValueError(f"init must be None or one of {INITS}, got {init!r}")
   hf = read_hf_config(hf_dir)
+  check_method(hf, "beacon", hf_dir)
   bcfg = beacon if beacon is not None else BeaconConfig.from_hf(hf, **beacon_overrides)
   names = set(shard_map(hf_dir))
   want = [f"model.layers.0.self_attn.beacon_{p}_proj.weight" for p in bcfg.param]
@@ -53,7 +55,8 @@ def load_beacon(hf_dir, *, init: Optional[str] = None, param_dtype: Optional[str
 
 
 def save_beacon(out_dir, cfg, bcfg: BeaconConfig, params, **kw) -> Path:
-  """Export with the official tensor names and ``beacon_*`` config fields."""
+  """Export with the official tensor names and ``beacon_*`` config fields (and ``longjax_method``,
+  so that load_focus refuses it)."""
   if tuple(sorted(cfg.alt_projections)) != tuple(sorted(bcfg.param)):
     raise ValueError(f"model alt projections {cfg.alt_projections} != beacon param {bcfg.param}")
-  return save_hf(out_dir, cfg, params, extra_config=bcfg.to_hf(), **kw)
+  return save_hf(out_dir, cfg, params, extra_config={**bcfg.to_hf(), METHOD_KEY: "beacon"}, **kw)

@@ -59,6 +59,40 @@ def read_hf_config(hf_dir) -> dict:
   return json.loads(path.read_text())
 
 
+# config.json field naming the method an export was trained with (written by save_beacon /
+# save_focus): loading it as the other method would silently invent that method's settings.
+METHOD_KEY = "longjax_method"
+_METHODS = {"beacon": ("Activation Beacon", "longjax.beacon.load_beacon"),
+            "focus": ("FocusLLM", "longjax.focus.load_focus")}
+
+
+def checkpoint_method(hf: dict):
+  """``(method, why)`` for a config.json that shows which method it belongs to, else
+  ``(None, "")`` (a plain LLM). Official checkpoints have no METHOD_KEY: FocusLLM's carry
+  ``local_window`` / ``memory_stride``, beacon ones ``beacon_window`` (both carry other beacon_*)."""
+  if hf.get(METHOD_KEY) is not None:
+    return hf[METHOD_KEY], f"{METHOD_KEY}={hf[METHOD_KEY]!r}"
+  focus = [k for k in ("local_window", "memory_stride") if k in hf]
+  beacon = [k for k in ("beacon_window",) if k in hf]
+  if bool(focus) == bool(beacon):  # neither, or both: nothing to go by
+    return None, ""
+  return ("focus" if focus else "beacon"), "official fields " + ", ".join(focus or beacon)
+
+
+def check_method(hf: dict, want: str, where) -> None:
+  """Refuse a checkpoint of the other method (or of an unknown one) with a message naming both."""
+  got, why = checkpoint_method(hf)
+  if got is None or got == want:
+    return
+  name, loader = _METHODS.get(got, (f"{got!r}", None))
+  hint = f"load it with {loader}. " if loader else ""
+  want_name = _METHODS[want][0]
+  raise CheckpointError(
+      f"{where} is a checkpoint of {name} (config.json {why}), not of {want_name}: {hint}"
+      f"Loading it as {want_name} would read its tensors as that method's and use default "
+      "settings it was not trained with")
+
+
 def config_from_hf_dir(hf_dir, names=None, **overrides) -> ModelConfig:
   """The model config of a HF directory; beacon/candidate extras are detected from tensor names."""
   names = set(shard_map(hf_dir)) if names is None else names

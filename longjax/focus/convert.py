@@ -14,7 +14,8 @@ from typing import Optional
 
 import numpy as np
 
-from longjax.convert.hf import CheckpointError, load_hf, read_hf_config, save_hf, shard_map
+from longjax.convert.hf import (METHOD_KEY, CheckpointError, check_method, load_hf, read_hf_config,
+                                save_hf, shard_map)
 from longjax.focus.config import FocusConfig, FocusError
 
 _EMBED = "model.beacon_embed_tokens.weight"
@@ -60,6 +61,7 @@ def load_focus(path, fcfg: Optional[FocusConfig] = None, *, init_candidates: Opt
   try:
     hf_dir = _as_hf_dir(path, stack)
     hf = read_hf_config(hf_dir)
+    check_method(hf, "focus", path)
     if fcfg is None:
       fcfg = FocusConfig.from_hf(hf, **focus_overrides)
     elif focus_overrides:
@@ -96,8 +98,9 @@ def focus_from_llama(path, fcfg: Optional[FocusConfig] = None, **kw):
 def save_focus(out_dir, cfg, fcfg: FocusConfig, params, *, include_unused_embedding: bool = True,
                **kw):
   """Export an official-layout FocusLLM checkpoint (full state dict + ``beacon_*`` tensors, and
-  the FocusLLM fields in config.json). ``beacon_embed_tokens`` is written (kept if loaded, else
-  ``embed_tokens[eos]`` like the official init) unless ``include_unused_embedding=False``."""
+  the FocusLLM fields in config.json, plus ``longjax_method`` so that load_beacon refuses it).
+  ``beacon_embed_tokens`` is written (kept if loaded, else ``embed_tokens[eos]`` like the
+  official init) unless ``include_unused_embedding=False``."""
   params = dict(params)
   if include_unused_embedding and not cfg.num_alt_embeddings:
     eos = cfg.eos_token_id[0] if isinstance(cfg.eos_token_id, (tuple, list)) else cfg.eos_token_id
@@ -106,4 +109,4 @@ def save_focus(out_dir, cfg, fcfg: FocusConfig, params, *, include_unused_embedd
   elif not include_unused_embedding and cfg.num_alt_embeddings:
     params.pop("alt_embedding", None)
     cfg = cfg.replace(num_alt_embeddings=0)
-  return save_hf(out_dir, cfg, params, extra_config=fcfg.to_hf(), **kw)
+  return save_hf(out_dir, cfg, params, extra_config={**fcfg.to_hf(), METHOD_KEY: "focus"}, **kw)
