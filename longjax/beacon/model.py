@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import sys
-from typing import Optional, Sequence
+from typing import NamedTuple, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -31,7 +31,8 @@ import numpy as np
 
 from longjax.beacon.config import BeaconConfig
 from longjax.beacon.memory import BeaconState, empty_state
-from longjax.beacon.planner import IGNORE, Planner, RowState, StepDesc, assemble
+from longjax.beacon.planner import (IGNORE, Planner, RowState, StepDesc, WindowPlan, assemble,
+                                    stack)
 from longjax.kernels import MaskRule, TokenMeta
 from longjax.models.config import ModelConfig
 from longjax.models.decoder import Decoder, KVPrefix
@@ -79,8 +80,17 @@ def _head(cfg: ModelConfig, params, h):
   return jnp.einsum("...h,hv->...v", h.astype(cfg.compute_dtype), kernel).astype(jnp.float32)
 
 
-def window_step(model: Decoder, cfg: ModelConfig, sink_cap: int, params, k, v, plan: dict,
-                *, want_loss: bool, want_hidden: bool, mem_size: Optional[int] = None):
+class Carry(NamedTuple):
+  """What the window scan carries from one official call to the next."""
+  k: jax.Array  # [L, B, C, Hkv, D] memory buffers: pre-RoPE keys
+  v: jax.Array  # [L, B, C, Hkv, D] values
+  last: jax.Array  # [B, V] fp32 logits after each row's last raw token so far
+  loss_sum: jax.Array  # [B] fp32 summed token CE
+  loss_count: jax.Array  # [B] int32 labelled tokens
+
+
+def window_step(model: Decoder, sink_cap: int, params, k, v, plan: WindowPlan, *,
+                want_loss: bool, want_hidden: bool, mem_size: Optional[int] = None):
   """One official call for every row (a no-op for rows without one).
 
   ``mem_size`` (static): the attention sees only the buffer's first ``mem_size`` entries (a
@@ -91,29 +101,29 @@ def window_step(model: Decoder, cfg: ModelConfig, sink_cap: int, params, k, v, p
   Returns ``(k, v, out)`` with ``out`` holding ``last_logits [B, V]``, ``has_last [B]``,
   ``loss_sum [B]``, ``loss_count [B]`` and optionally ``hidden [B, Q, H]``.
   """
-  b, q = plan["tokens"].shape
+  cfg = model.cfg
+  b, q = plan.tokens.shape
   cap = k.shape[2]
   m = cap if mem_size is None else min(int(mem_size), cap)
-  r_slots = plan["src"].shape[1]
+  r_slots = plan.src.shape[1]
   kinds = model.rule.kind_sees is not None
   memory = None
   if m > 0:  # m == 0: nothing valid in memory (the first window): attend to the window only
     j = jnp.arange(m, dtype=jnp.int32)[None]
     jr = j - sink_cap
-    nb = plan["beacon_len"][:, None]
+    nb = plan.beacon_len[:, None]
     in_sink = j < sink_cap
-    mem_valid = jnp.where(in_sink, j < plan["sink_len"][:, None],
-                          (jr >= 0) & (jr < nb + plan["raw_len"][:, None]))
-    mem_pos = jnp.where(in_sink, j, plan["sink_len"][:, None] + jr)
+    mem_valid = jnp.where(in_sink, j < plan.sink_len[:, None],
+                          (jr >= 0) & (jr < nb + plan.raw_len[:, None]))
+    mem_pos = jnp.where(in_sink, j, plan.sink_len[:, None] + jr)
     mem_order = jnp.where(jr >= nb, 2 * (jr - nb), -1)
     mem_meta = TokenMeta.causal(mem_order, valid=mem_valid,
                                 kind=jnp.zeros((b, m), jnp.int32) if kinds else None)
     mk, mv = (k, v) if m == cap else (k[:, :, :m], v[:, :, :m])
     memory = KVPrefix(mk, mv, mem_pos, mem_meta)
-  q_meta = TokenMeta.causal(plan["order"], valid=plan["valid"],
-                            kind=plan["kind"] if kinds else None)
-  hidden, (nk, nv) = model.apply({"params": params}, plan["tokens"], plan["pos"], q_meta=q_meta,
-                                 alt=plan["alt"], memory=memory, head=False)
+  q_meta = TokenMeta.causal(plan.order, valid=plan.valid, kind=plan.kind if kinds else None)
+  hidden, (nk, nv) = model.apply({"params": params}, plan.tokens, plan.pos, q_meta=q_meta,
+                                 alt=plan.alt, memory=memory, head=False)
 
   def update(buf, new, base, src, capture):  # one row: buf [L, C, H, D], new [L, Q, H, D]
     new = new.astype(buf.dtype)
@@ -128,16 +138,16 @@ def window_step(model: Decoder, cfg: ModelConfig, sink_cap: int, params, k, v, p
     return buf
 
   upd = jax.vmap(update, in_axes=(1, 1, 0, 0, 0), out_axes=1)
-  base = sink_cap + plan["beacon_len"]
-  k = upd(k, nk, base, plan["src"], plan["capture"])
-  v = upd(v, nv, base, plan["src"], plan["capture"])
+  base = sink_cap + plan.beacon_len
+  k = upd(k, nk, base, plan.src, plan.capture)
+  v = upd(v, nv, base, plan.src, plan.capture)
 
-  last = jnp.maximum(plan["last_slot"], 0)
+  last = jnp.maximum(plan.last_slot, 0)
   h_last = jnp.take_along_axis(hidden, last[:, None, None], axis=1)[:, 0]
-  out = dict(last_logits=_head(cfg, params, h_last), has_last=plan["last_slot"] >= 0)
+  out = dict(last_logits=_head(cfg, params, h_last), has_last=plan.last_slot >= 0)
   if want_loss:
     logits = _head(cfg, params, hidden)
-    labels = plan["labels"]
+    labels = plan.labels
     ok = labels != IGNORE
     logp = jax.nn.log_softmax(logits, axis=-1)
     nll = -jnp.take_along_axis(logp, jnp.where(ok, labels, 0)[..., None], axis=-1)[..., 0]
@@ -149,6 +159,104 @@ def window_step(model: Decoder, cfg: ModelConfig, sink_cap: int, params, k, v, p
   if want_hidden:
     out["hidden"] = hidden
   return k, v, out
+
+
+def run_step(model: Decoder, sink_cap: int, params, carry: Carry, plan: WindowPlan, *,
+             mem_size: Optional[int], want_loss: bool, want_hidden: bool):
+  """``window_step`` folded into the carry: ``(carry, hidden [B, Q, H] or None)``."""
+  k, v, out = window_step(model, sink_cap, params, carry.k, carry.v, plan, want_loss=want_loss,
+                          want_hidden=want_hidden, mem_size=mem_size)
+  last = jnp.where(out["has_last"][:, None], out["last_logits"], carry.last)
+  carry = Carry(k, v, last, carry.loss_sum + out["loss_sum"],
+                carry.loss_count + out["loss_count"])
+  return carry, (out["hidden"] if want_hidden else None)
+
+
+def scan_windows(model: Decoder, sink_cap: int, params, carry: Carry, plan: WindowPlan, *,
+                 want_loss: bool, want_hidden: bool, remat: bool = True):
+  """Run a stacked plan's steps (``[n, ...]`` leaves) over ``carry``: pure and jittable.
+
+  The one window scan of prefill (``BeaconLM.forward``), ``BeaconLM.loss`` and the training
+  task. Each of ``plan.segments`` is one ``lax.scan`` whose attention reads that segment's
+  memory-size bucket of the buffer, so a window costs what its filled memory costs. Inactive
+  (padding) steps are skipped with ``lax.cond``. ``remat``: each window is a ``jax.checkpoint``,
+  so differentiating keeps only the carry per window (the KV buffers) and recomputes the
+  window's activations in the backward pass: memory grows by one buffer per window, not by a
+  whole model's activations.
+
+  Returns ``(carry, hidden [n, B, Q, H] or None)``.
+  """
+  outs, s0 = [], 0
+  for n, mem_size in plan.segments:
+    seg = jax.tree.map(lambda x, s0=s0, n=n: x[s0:s0 + n], plan)
+    s0 += n
+    step = functools.partial(run_step, model, sink_cap, mem_size=mem_size, want_loss=want_loss,
+                             want_hidden=want_hidden)
+    if remat:
+      step = jax.checkpoint(step, prevent_cse=False)
+
+    def body(c, p, step=step):
+      def skip(c):
+        hid = None
+        if want_hidden:
+          b, q = p.tokens.shape
+          hid = jnp.zeros((b, q, params_hidden(params)), c.k.dtype)
+        return c, hid
+      return jax.lax.cond(p.active, lambda c: step(params, c, p), skip, c)
+
+    carry, hid = jax.lax.scan(body, carry, seg)
+    outs.append(hid)
+  if s0 != plan.n_steps:
+    raise AssertionError(f"segments {plan.segments} do not cover the plan's {plan.n_steps} steps")
+  return carry, (jnp.concatenate(outs, axis=0) if want_hidden else None)
+
+
+def loss_terms(params, plan: WindowPlan, k=None, v=None, *, model: Decoder, sink_cap: int,
+               remat: bool = True):
+  """``(loss_sum [B], loss_count [B])`` of a stacked plan from the memory ``k``/``v`` (default:
+  empty buffers of ``plan.capacity`` entries): pure and jittable."""
+  cfg = model.cfg
+  b = plan.tokens.shape[1]
+  if k is None:
+    shape = (cfg.num_layers, b, plan.capacity, cfg.num_kv_heads, cfg.head_dim)
+    k = v = jnp.zeros(shape, cfg.compute_dtype)
+  carry = Carry(k, v, jnp.zeros((b, cfg.vocab_size), jnp.float32), jnp.zeros((b,), jnp.float32),
+                jnp.zeros((b,), jnp.int32))
+  carry, _ = scan_windows(model, sink_cap, params, carry, plan, want_loss=True,
+                          want_hidden=False, remat=remat)
+  return carry.loss_sum, carry.loss_count
+
+
+# Compiled programs, shared by every BeaconLM over an equal decoder (so that
+# ``BeaconLM(...).loss`` built afresh in a loop does not recompile). Traces are counted (tests:
+# one compile per memory-size bucket, for any number of windows).
+_STATIC = ("model", "sink_cap", "want_loss", "want_hidden", "remat")
+
+
+@functools.partial(jax.jit, static_argnames=_STATIC)
+def _scan_jit(params, carry, plan, *, model, sink_cap, want_loss, want_hidden, remat):
+  TRACE_COUNTS["scan_chunk"] += 1
+  return scan_windows(model, sink_cap, params, carry, plan, want_loss=want_loss,
+                      want_hidden=want_hidden, remat=remat)
+
+
+@functools.partial(jax.jit, static_argnames=_STATIC[:3] + ("want_hidden", "mem_size"))
+def _step_jit(params, carry, plan, *, model, sink_cap, want_loss, want_hidden, mem_size):
+  TRACE_COUNTS["step"] += 1
+  return run_step(model, sink_cap, params, carry, plan, mem_size=mem_size, want_loss=want_loss,
+                  want_hidden=want_hidden)
+
+
+_loss_jit = jax.jit(loss_terms, static_argnames=("model", "sink_cap", "remat"))
+
+
+def frozen_base(params):
+  """``params`` with gradients stopped everywhere but the beacon tensors (official training:
+  only ``beacon_*``, here ``alt_*``, is trained), so the base gets no gradient computed."""
+  def f(path, x):
+    beacon = any(str(getattr(p, "key", "")).startswith("alt_") for p in path)
+    return x if beacon else jax.lax.stop_gradient(x)
+  return jax.tree_util.tree_map_with_path(f, params)
 
 
 class BeaconLM:
@@ -171,13 +279,15 @@ class BeaconLM:
       costs what its filled memory costs; one compile per bucket used (``O(log capacity)``).
       ``False``: every step attends over the whole buffer (one compile, cost independent of fill).
     memory_bucket_min: the smallest non-zero bucket.
+    remat: ``jax.checkpoint`` each window when differentiating (memory: one KV buffer per window
+      instead of every window's activations; costs one more forward pass).
   """
 
   def __init__(self, cfg: ModelConfig, bcfg: BeaconConfig, *, max_length: int = 65536,
                scan_chunk: int = 8, decode_slots: int = 8, impl: str = "auto",
                ratio: Optional[int] = None, training: bool = False,
                progress: Optional[bool] = None, memory_buckets: bool = True,
-               memory_bucket_min: int = 64):
+               memory_bucket_min: int = 64, remat: bool = True):
     missing = [p for p in bcfg.param if p not in cfg.alt_projections]
     if missing or cfg.num_alt_embeddings < 1:
       raise BeaconSetupError(
@@ -210,10 +320,8 @@ class BeaconLM:
     rs = cfg.rope_scaling_dict or {}
     max_positions = int(cfg.max_position_embeddings * rs.get("factor", 1))
     self.planner = Planner(bcfg, cfg.vocab_size, max_positions, self.beacon_capacity)
-    step = functools.partial(window_step, self.model, cfg, self.sink_cap)
-    static = ("want_loss", "want_hidden", "mem_size")
-    self._step_jit = jax.jit(self._counted_step(step), static_argnames=static)
-    self._chunk_jit = jax.jit(self._scan_chunk(step), static_argnames=static)
+    self.remat = bool(remat)
+    self._static = dict(model=self.model, sink_cap=self.sink_cap)
 
   # ------------------------------------------------------------------------------------------
   def memory_need(self, d: Optional[StepDesc]) -> int:
@@ -223,14 +331,16 @@ class BeaconLM:
     rest = d.beacon_len + d.raw_len
     return max(d.sink_len, self.sink_cap + rest if rest else 0)
 
-  def memory_bucket(self, need: int) -> int:
-    """The memory-size bucket (static attention length over the buffer) for ``need`` entries."""
+  def memory_bucket(self, need: int, capacity: Optional[int] = None) -> int:
+    """The memory-size bucket (static attention length over a buffer of ``capacity`` entries,
+    default ``self.capacity``) for ``need`` entries."""
+    capacity = self.capacity if capacity is None else capacity
     if not self.memory_buckets:
-      return self.capacity
+      return capacity
     if need <= 0:
       return 0
     b = max(self.memory_bucket_min, 1 << (int(need) - 1).bit_length())
-    return min(b, self.capacity)
+    return min(b, capacity)
 
   def bucket_sizes(self) -> list:
     """Every bucket ``memory_bucket`` can return (an upper bound on compiles per program)."""
@@ -239,42 +349,6 @@ class BeaconLM:
                    if n <= self.capacity})
 
   # ------------------------------------------------------------------------------------------
-  @staticmethod
-  def _counted_step(step):
-    def f(params, k, v, plan, *, want_loss, want_hidden, mem_size):
-      TRACE_COUNTS["step"] += 1
-      return step(params, k, v, plan, want_loss=want_loss, want_hidden=want_hidden,
-                  mem_size=mem_size)
-    return f
-
-  @staticmethod
-  def _scan_chunk(step):
-    def f(params, carry, plans, active, *, want_loss, want_hidden, mem_size):
-      TRACE_COUNTS["scan_chunk"] += 1
-
-      def body(carry, xs):
-        plan, act = xs
-
-        def run(c):
-          k, v, last, ls, lc = c
-          k, v, out = step(params, k, v, plan, want_loss=want_loss, want_hidden=want_hidden,
-                           mem_size=mem_size)
-          last = jnp.where(out["has_last"][:, None], out["last_logits"], last)
-          hid = out["hidden"] if want_hidden else None
-          return (k, v, last, ls + out["loss_sum"], lc + out["loss_count"]), hid
-
-        def skip(c):
-          hid = None
-          if want_hidden:
-            b, q = plan["tokens"].shape
-            hid = jnp.zeros((b, q, params_hidden(params)), c[0].dtype)
-          return c, hid
-
-        return jax.lax.cond(act, run, skip, carry)
-
-      return jax.lax.scan(body, carry, (plans, active))
-    return f
-
   # ------------------------------------------------------------------------------------------
   def init_state(self, batch: int) -> BeaconState:
     c = self.cfg
@@ -293,14 +367,72 @@ class BeaconLM:
             f"{self.beacon_capacity} + window {self.r_slots}); build it with "
             f"BeaconLM(..., max_length={_round_up(need, self.bcfg.window)}) or more")
 
-  def _plan(self, state: BeaconState, rows_ids, rows_labels, training, ratio):
+  def _plan(self, ids, labels, lengths, rows, training, ratio, reserve):
+    """Host planning of one official call: ``(descs per row, new row states, step_descs per
+    step, query slots, memory need per step)``."""
+    rows_ids = _rows(ids, lengths)
+    rows_labels = None if labels is None else _rows(labels, lengths)
+    training = self.training if training is None else training
+    ratio = self.ratio if ratio is None else ratio
+    if ratio is not None:
+      self.bcfg.check_ratio(ratio)
+    if len(rows_ids) != len(rows):
+      raise ValueError(f"{len(rows_ids)} rows of ids for a state of batch {len(rows)}")
+    if any(len(r) == 0 for r in rows_ids):
+      raise ValueError("empty input: every row needs at least one token")
+    self._check_room(rows, [len(r) for r in rows_ids], reserve)
     descs, new_rows = [], []
-    for i, ids in enumerate(rows_ids):
-      labels = None if rows_labels is None else rows_labels[i]
-      d, st = self.planner.plan_row(state.rows[i], ids, labels, training, ratio)
+    for i, ids_i in enumerate(rows_ids):
+      labels_i = None if rows_labels is None else rows_labels[i]
+      d, st = self.planner.plan_row(rows[i], ids_i, labels_i, training, ratio)
       descs.append(d)
       new_rows.append(st)
-    return descs, tuple(new_rows)
+    n_steps = max(len(d) for d in descs)
+    small = all(x.n <= self.decode_slots for d in descs for x in d)
+    q = self.decode_slots if n_steps == 1 and small else self.q_slots
+    step_descs = [[d[s] if s < len(d) else None for d in descs] for s in range(n_steps)]
+    needs = [max(self.memory_need(x) for x in sd) for sd in step_descs]
+    return descs, tuple(new_rows), step_descs, q, needs, rows_ids
+
+  def plan(self, ids, labels=None, *, lengths=None, state: Optional[BeaconState] = None,
+           rows: Optional[Sequence[RowState]] = None, training: Optional[bool] = None,
+           ratio: Optional[int] = None, steps_multiple: int = 1) -> WindowPlan:
+    """Plan one official call (as ``forward`` would) as one stacked ``WindowPlan`` for
+    ``loss_terms``: every step, in memory-bucket segments, padded with skipped steps to a
+    multiple of ``steps_multiple`` (fewer compiles across window counts).
+
+    After ``state``; or from empty memory, with ``rows`` (e.g. ``RowState.seeded(rng)``: the
+    ratio draws) as the planner's start. From empty memory the plan's buffer holds what this
+    input needs (``sink + (T // W) * W / r_min + Q`` entries), not ``max_length``.
+    """
+    if state is not None:
+      rows, capacity = state.rows, state.capacity
+    else:
+      b = len(_rows(ids, lengths))
+      rows = tuple(rows) if rows is not None else tuple(RowState() for _ in range(b))
+      if any(r.fed or r.sizes != (0, 0, 0) for r in rows):
+        raise ValueError("plan(rows=...) starts from empty memory: pass state= to continue")
+      capacity = None
+    _, _, step_descs, q, needs, rows_ids = self._plan(ids, labels, lengths, rows, training,
+                                                      ratio, 0)
+    if capacity is None:
+      longest = max(len(r) for r in rows_ids)
+      capacity = min(self.capacity, self.sink_cap + self.r_slots
+                     + (longest // self.bcfg.window) * self.bcfg.max_memory_per_window)
+    buckets = [self.memory_bucket(n, capacity) for n in needs]
+    segments = [[c1 - c0, buckets[c0]] for c0, c1 in _chunks(buckets, len(buckets))]
+    pad = _round_up(len(step_descs), max(1, int(steps_multiple))) - len(step_descs)
+    segments[-1][0] += pad
+    b = len(rows)
+    plans = [assemble(sd, q, self.r_slots) for sd in step_descs]
+    plans += [assemble([None] * b, q, self.r_slots)] * pad
+    return stack(plans, segments, capacity)
+
+  def loss_terms(self, params, plan: WindowPlan, state: Optional[BeaconState] = None):
+    """``(loss_sum [B], loss_count [B])`` of a ``plan`` (pure and jittable: the training step
+    calls it inside its own jit); from ``state``'s memory or empty buffers."""
+    k, v = (None, None) if state is None else (state.k, state.v)
+    return loss_terms(params, plan, k, v, remat=self.remat, **self._static)
 
   def forward(self, params, ids, *, lengths=None, labels=None, state: Optional[BeaconState] = None,
               training: Optional[bool] = None, ratio: Optional[int] = None,
@@ -312,71 +444,45 @@ class BeaconLM:
     Differentiable in ``params`` (planning only looks at ids). ``collect_logits`` also returns
     the logits of every new raw token (tests / analysis: ``[n, V]`` per row).
     """
-    rows_ids = _rows(ids, lengths)
-    rows_labels = None if labels is None else _rows(labels, lengths)
-    training = self.training if training is None else training
-    ratio = self.ratio if ratio is None else ratio
-    if ratio is not None:
-      self.bcfg.check_ratio(ratio)
     if state is None:
-      state = self.init_state(len(rows_ids))
-    if len(rows_ids) != state.batch:
-      raise ValueError(f"{len(rows_ids)} rows of ids for a state of batch {state.batch}")
-    if any(len(r) == 0 for r in rows_ids):
-      raise ValueError("empty input: every row needs at least one token")
-    self._check_room(state.rows, [len(r) for r in rows_ids], reserve)
-    descs, new_rows = self._plan(state, rows_ids, rows_labels, training, ratio)
-    n_steps = max(len(d) for d in descs)
-    want_loss = rows_labels is not None
+      state = self.init_state(len(_rows(ids, lengths)))
+    descs, new_rows, step_descs, q, needs, rows_ids = self._plan(
+        ids, labels, lengths, state.rows, training, ratio, reserve)
+    n_steps = len(step_descs)
+    want_loss = labels is not None
     b = state.batch
-    k, v = state.k, state.v
-    last = jnp.zeros((b, self.cfg.vocab_size), jnp.float32)
-    ls = jnp.zeros((b,), jnp.float32)
-    lc = jnp.zeros((b,), jnp.int32)
+    carry = Carry(state.k, state.v, jnp.zeros((b, self.cfg.vocab_size), jnp.float32),
+                  jnp.zeros((b,), jnp.float32), jnp.zeros((b,), jnp.int32))
     hidden_chunks = []
-    small = all(x.n <= self.decode_slots for d in descs for x in d)
-    if n_steps == 1 and small:
-      q = self.decode_slots
-    else:
-      q = self.q_slots
-    step_descs = [[d[s] if s < len(d) else None for d in descs] for s in range(n_steps)]
-    buckets = [max(self.memory_bucket(self.memory_need(x)) for x in sd) for sd in step_descs]
+    buckets = [self.memory_bucket(n) for n in needs]
     used = []
+    flags = dict(want_loss=want_loss, want_hidden=collect_logits, **self._static)
     if not use_scan or (n_steps == 1 and q == self.decode_slots):
       for s in range(n_steps):
         plan = assemble(step_descs[s], q, self.r_slots)
-        plan = {name: jnp.asarray(x) for name, x in plan.items() if name != "raw_index"}
-        k, v, out = self._step_jit(params, k, v, plan, want_loss=want_loss,
-                                   want_hidden=collect_logits, mem_size=buckets[s])
+        carry, hid = _step_jit(params, carry, plan, mem_size=buckets[s], **flags)
         used.append(buckets[s])
-        last = jnp.where(out["has_last"][:, None], out["last_logits"], last)
-        ls, lc = ls + out["loss_sum"], lc + out["loss_count"]
         if collect_logits:
-          hidden_chunks.append(out["hidden"][None])
+          hidden_chunks.append(hid[None])
     else:
       chunk = self.scan_chunk
       bar = self._progress_bar(n_steps)
       for c0, c1 in _chunks(buckets, chunk):
+        # Every chunk is padded to scan_chunk skipped steps: one compiled chunk per bucket.
         plans = [assemble(step_descs[s], q, self.r_slots) for s in range(c0, c1)]
-        active = np.zeros(chunk, bool)
-        active[:len(plans)] = True
-        while len(plans) < chunk:
-          plans.append(assemble([None] * b, q, self.r_slots))
-        stacked = {name: jnp.asarray(np.stack([p[name] for p in plans]))
-                   for name in plans[0] if name != "raw_index"}
-        (k, v, last, ls, lc), hid = self._chunk_jit(
-            params, (k, v, last, ls, lc), stacked, jnp.asarray(active), want_loss=want_loss,
-            want_hidden=collect_logits, mem_size=buckets[c0])
+        plans += [assemble([None] * b, q, self.r_slots)] * (chunk - len(plans))
+        plan = stack(plans, [(chunk, buckets[c0])], state.capacity)
+        carry, hid = _scan_jit(params, carry, plan, remat=self.remat, **flags)
         used.append(buckets[c0])
         if collect_logits:
-          hidden_chunks.append(hid[:int(active.sum())])
+          hidden_chunks.append(hid[:c1 - c0])
         if bar is not None:
-          bar.update(int(active.sum()))
+          bar.update(c1 - c0)
       if bar is not None:
         bar.close()
-    state = BeaconState(k, v, new_rows)
-    out = ForwardOutput(next_logits=last, state=state, loss_sum=ls, loss_count=lc, steps=descs,
-                        mem_buckets=used)
+    state = BeaconState(carry.k, carry.v, new_rows)
+    out = ForwardOutput(next_logits=carry.last, state=state, loss_sum=carry.loss_sum,
+                        loss_count=carry.loss_count, steps=descs, mem_buckets=used)
     if collect_logits:
       hidden = jnp.concatenate(hidden_chunks, axis=0)  # [steps, B, Q, H]
       out.raw_logits = self._gather_raw_logits(params, hidden, descs, rows_ids)
@@ -412,12 +518,21 @@ class BeaconLM:
   # ------------------------------------------------------------------------------------------
   def loss(self, params, ids, labels=None, *, lengths=None, training: Optional[bool] = None,
            state: Optional[BeaconState] = None, ratio: Optional[int] = None):
-    """Official loss (labels default to ids; mean CE over labelled raw tokens); differentiable."""
+    """Official loss (labels default to ids; mean CE over labelled raw tokens); differentiable.
+
+    One jitted program over all windows (``loss_terms``, each window rematerialised). In
+    training mode the base is frozen as in the official training: only the beacon tensors
+    (``alt_*``) get a gradient; the base's gradient is zero and never computed.
+    """
     if labels is None:
       labels = ids
-    out = self.forward(params, ids, labels=labels, lengths=lengths, state=state,
-                       training=self.training if training is None else training, ratio=ratio)
-    return out.loss
+    training = self.training if training is None else training
+    plan = self.plan(ids, labels, lengths=lengths, state=state, training=training, ratio=ratio)
+    if training:
+      params = frozen_base(params)
+    k, v = (None, None) if state is None else (state.k, state.v)
+    ls, lc = _loss_jit(params, plan, k, v, remat=self.remat, **self._static)
+    return jnp.sum(ls) / jnp.maximum(jnp.sum(lc), 1)
 
   # ------------------------------------------------------------------------------------------
   # The generate() method interface.

@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 from typing import List, Optional, Sequence, Tuple
 
+import jax
 import numpy as np
 
 from longjax.beacon.config import BeaconConfig, adapt_ratio
@@ -60,6 +61,11 @@ class RowState:
   used_zero: bool = False
   seq_ratio: int = -1
   rng: Optional[tuple] = None
+
+  @classmethod
+  def seeded(cls, rng: np.random.Generator) -> "RowState":
+    """A fresh row whose ratio draws continue ``rng`` (PCG64) instead of ``default_rng(seed)``."""
+    return cls(rng=_rng_state(rng))
 
   @property
   def sizes(self) -> Tuple[int, int, int]:
@@ -266,7 +272,39 @@ class Planner:
 
 
 # ----------------------------------------------------------------------------------------------
-def assemble(descs: Sequence[Optional[StepDesc]], q_slots: int, r_slots: int) -> dict:
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class WindowPlan:
+  """Planned official calls padded to static shapes: what the device scan runs.
+
+  Leaves are ``[B, ...]`` for one step, or ``[n, B, ...]`` stacked over ``n`` steps (``active``:
+  ``[]`` / ``[n]``). Q = query slots, R = raw-region slab entries.
+  """
+  tokens: np.ndarray  # [B, Q] int32 input ids; beacon slots hold vocab_size (the beacon embedding)
+  alt: np.ndarray  # [B, Q] bool: beacon slot (uses the beacon q/k/v(/o) projections)
+  pos: np.ndarray  # [B, Q] int32 RoPE positions (window-relative, recomputed every call)
+  order: np.ndarray  # [B, Q] int32 causal mask order (raw-region entry i of memory has 2 i)
+  kind: np.ndarray  # [B, Q] int32 mask kind (step-expansion: beacons 1, raw 0)
+  valid: np.ndarray  # [B, Q] bool: a real slot (padding slots are masked out and write nothing)
+  labels: np.ndarray  # [B, Q] int32 next-token labels; IGNORE for beacons / unlabelled / padding
+  src: np.ndarray  # [B, R] int32 what the raw region keeps: slab entry i < R, or new slot i - R
+  sink_len: np.ndarray  # [B] int32 memory region lengths before the step: sink, beacons, raw
+  beacon_len: np.ndarray  # [B] int32
+  raw_len: np.ndarray  # [B] int32
+  capture: np.ndarray  # [B] bool: the sink is (re)captured from this step's first entries
+  last_slot: np.ndarray  # [B] int32 slot of the row's last raw token (next-token logits); -1 none
+  active: np.ndarray  # [] bool: some row has a call (False: padding step of a scan, skipped)
+  # Static (part of the compiled program): consecutive runs of steps and the memory-size bucket
+  # their attention reads, ((steps, bucket), ...); and the KV buffer entries the plan needs.
+  segments: Tuple[Tuple[int, int], ...] = dataclasses.field(default=(), metadata=dict(static=True))
+  capacity: int = dataclasses.field(default=0, metadata=dict(static=True))
+
+  @property
+  def n_steps(self) -> int:
+    return int(self.active.shape[0]) if np.ndim(self.active) else 1
+
+
+def assemble(descs: Sequence[Optional[StepDesc]], q_slots: int, r_slots: int) -> WindowPlan:
   """Pad one step of every row to static shapes: ``[B, Q]`` slot arrays, ``[B, R]`` gathers.
 
   ``None`` rows get a no-op step (no valid query; the memory is written back unchanged).
@@ -276,11 +314,12 @@ def assemble(descs: Sequence[Optional[StepDesc]], q_slots: int, r_slots: int) ->
       tokens=np.zeros((b, q_slots), np.int32), alt=np.zeros((b, q_slots), bool),
       pos=np.zeros((b, q_slots), np.int32), order=np.zeros((b, q_slots), np.int32),
       kind=np.zeros((b, q_slots), np.int32), valid=np.zeros((b, q_slots), bool),
-      labels=np.full((b, q_slots), IGNORE, np.int32), raw_index=np.full((b, q_slots), -1, np.int32),
+      labels=np.full((b, q_slots), IGNORE, np.int32),
       src=np.tile(np.arange(r_slots, dtype=np.int32), (b, 1)),
       sink_len=np.zeros(b, np.int32), beacon_len=np.zeros(b, np.int32),
       raw_len=np.zeros(b, np.int32), capture=np.zeros(b, bool),
-      last_slot=np.full(b, -1, np.int32))
+      last_slot=np.full(b, -1, np.int32),
+      active=np.asarray(any(d is not None for d in descs)))
   for i, d in enumerate(descs):
     if d is None:
       continue
@@ -294,7 +333,6 @@ def assemble(descs: Sequence[Optional[StepDesc]], q_slots: int, r_slots: int) ->
     out["kind"][i, :n] = d.alt
     out["valid"][i, :n] = True
     out["labels"][i, :n] = d.labels
-    out["raw_index"][i, :n] = d.raw_index
     if d.src.size > r_slots:
       raise AssertionError(f"step keeps {d.src.size} entries, more than the {r_slots}-entry slab")
     src = np.where(d.src >= 0, d.src, r_slots - d.src - 1)
@@ -306,4 +344,15 @@ def assemble(descs: Sequence[Optional[StepDesc]], q_slots: int, r_slots: int) ->
     out["capture"][i] = d.capture
     raw_slots = np.flatnonzero(~d.alt)
     out["last_slot"][i] = raw_slots[-1] if raw_slots.size else -1
-  return out
+  return WindowPlan(**out)
+
+
+def stack(plans: Sequence[WindowPlan], segments, capacity: int) -> WindowPlan:
+  """Stack single-step plans into an ``[n, ...]`` plan for the scan (``segments`` must cover
+  exactly ``n`` steps)."""
+  if sum(n for n, _ in segments) != len(plans):
+    raise AssertionError(f"segments {segments} do not cover {len(plans)} steps")
+  leaves = {f.name: np.stack([getattr(p, f.name) for p in plans])
+            for f in dataclasses.fields(WindowPlan) if not f.metadata.get("static")}
+  return WindowPlan(**leaves, segments=tuple((int(n), int(m)) for n, m in segments),
+                    capacity=int(capacity))

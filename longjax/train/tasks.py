@@ -1,12 +1,9 @@
 """The two training tasks over the frozen decoder, as host ``prepare`` + device ``loss``.
 
-* :class:`BeaconTask` uses the Activation Beacon planner and window step of ``longjax.beacon``
-  (``Planner.plan_row``, ``planner.assemble``, ``model.window_step``) and runs *all* windows of a
-  global batch inside one jitted ``lax.scan`` (one compile per window count), so the whole
-  optimizer step is a single XLA program: full BPTT through the memory (official), each window
-  step rematerialised with ``jax.checkpoint``. ``BeaconLM.loss`` itself is host-driven (a Python
-  loop of jitted chunks), which cannot sit inside one jitted/sharded train step: this is the
-  thin adapter the training needed.
+* :class:`BeaconTask` plans a global batch with ``BeaconLM.plan`` (host) and runs
+  ``BeaconLM.loss_terms`` (the window scan of ``BeaconLM.loss``: memory-size buckets, each window
+  under ``jax.checkpoint``) inside the jitted train step, so the whole optimizer step is a single
+  XLA program with full BPTT through the memory (official); one compile per bucket schedule.
 * :class:`FocusTask` uses ``longjax.focus`` (``spans`` indices via ``longjax.data.pipeline``,
   ``planner.split_training`` / ``pack_*``, ``FocusLoss.per_sample``) with shapes padded to
   power-of-two buckets (few compiles across random strides and spans).
@@ -22,8 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from longjax.beacon.config import BeaconConfig
-from longjax.beacon.model import BeaconLM, window_step
-from longjax.beacon.planner import IGNORE, RowState, _rng_state, assemble
+from longjax.beacon.model import BeaconLM
+from longjax.beacon.planner import IGNORE, RowState
 from longjax.data import pipeline
 from longjax.focus.config import FocusConfig
 from longjax.focus.losses import FocusLoss
@@ -82,7 +79,7 @@ class BeaconTask:
   def __init__(self, cfg: ModelConfig, bcfg: BeaconConfig, *, max_length: int, seed: int,
                remat: bool = True, step_bucket: int = 1, impl: str = "auto"):
     self.cfg, self.bcfg, self.seed = cfg, bcfg, int(seed)
-    self.lm = BeaconLM(cfg, bcfg, max_length=max_length, training=True, impl=impl)
+    self.lm = BeaconLM(cfg, bcfg, max_length=max_length, training=True, impl=impl, remat=remat)
     self.remat = remat
     self.step_bucket = max(1, int(step_bucket))
 
@@ -90,29 +87,22 @@ class BeaconTask:
     return pipeline.beacon_windows(length, self.bcfg.window, self.bcfg.stride)
 
   def prepare(self, ds, idx, step: int, row_offset: int = 0) -> dict:
-    """Host side: plan every row's official calls; stacked ``[n_steps, B, ...]`` arrays."""
-    planner = self.lm.planner
-    descs = []
-    tokens = 0
+    """Host side: plan every row's official calls: a stacked ``WindowPlan`` ``[n_steps, B, ...]``."""
+    rows_ids, rows_labels, starts = [], [], []
     for row, i in enumerate(idx):
       ids = ds.ids[int(i)]
       ans = ds.answer[int(i)]
       labels = ids.astype(np.int64)
       if ans is not None and self._answer_only:
         labels = np.where(ans, labels, IGNORE)
+      rows_ids.append(ids)
+      rows_labels.append(labels)
       # Ratio RNG: the official one is a single default_rng(42) running over the whole training;
       # here each (seed, step, row) gets its own, so a resumed run draws the same ratios.
-      rs = RowState(rng=_rng_state(pipeline.row_rng(self.seed, step, row_offset + row, salt=1)))
-      d, _ = planner.plan_row(rs, ids, labels, training=True)
-      descs.append(d)
-      tokens += len(ids)
-    n = max(len(d) for d in descs)
-    n_pad = -(-n // self.step_bucket) * self.step_bucket
-    q, r = self.lm.q_slots, self.lm.r_slots
-    plans = [assemble([d[s] if s < len(d) else None for d in descs], q, r) for s in range(n_pad)]
-    out = {k: np.stack([p[k] for p in plans]) for k in plans[0] if k != "raw_index"}
-    out["active"] = np.arange(n_pad) < n
-    return dict(plans=out, tokens=tokens)
+      starts.append(RowState.seeded(pipeline.row_rng(self.seed, step, row_offset + row, salt=1)))
+    plan = self.lm.plan(rows_ids, rows_labels, rows=starts, training=True,
+                        steps_multiple=self.step_bucket)
+    return dict(plans=plan, tokens=int(sum(len(r) for r in rows_ids)))
 
   _answer_only = False
 
@@ -121,30 +111,7 @@ class BeaconTask:
     return {"plans": 1}
 
   def loss(self, params, plans):
-    lm, cfg = self.lm, self.cfg
-    b = plans["tokens"].shape[1]
-    shape = (cfg.num_layers, b, lm.capacity, cfg.num_kv_heads, cfg.head_dim)
-    k = jnp.zeros(shape, cfg.compute_dtype)
-    v = jnp.zeros(shape, cfg.compute_dtype)
-    active = plans["active"]
-    xs = {kk: vv for kk, vv in plans.items() if kk != "active"}
-
-    def one(carry, plan):
-      k, v, ls, lc = carry
-      k, v, out = window_step(lm.model, cfg, lm.sink_cap, params, k, v, plan, want_loss=True,
-                              want_hidden=False)
-      return k, v, ls + out["loss_sum"], lc + out["loss_count"]
-
-    if self.remat:
-      one = jax.checkpoint(one, prevent_cse=False)
-
-    def body(carry, x):
-      plan, act = x
-      return jax.lax.cond(act, lambda c: one(c, plan), lambda c: c, carry), None
-
-    init = (k, v, jnp.zeros((b,), jnp.float32), jnp.zeros((b,), jnp.int32))
-    (_, _, ls, lc), _ = jax.lax.scan(body, init, (xs, active))
-    return ls, lc
+    return self.lm.loss_terms(params, plans)
 
 
 # --------------------------------------------------------------------------------------------
