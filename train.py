@@ -6,9 +6,9 @@
 
 Everything a run writes goes under --config.workdir: checkpoints/ (orbax: trainable params,
 optimizer, data iterator, step; keep-N), metrics.jsonl, tensorboard/ (if a writer is installed),
-config.json and export_hf/ (the trained model in HF format, official tensor names). Rerunning the
-same command resumes from the latest readable checkpoint (--noresume refuses to touch existing
-checkpoints).
+config.json and export_hf/ (the trained model in HF format, official tensor names), and train.lock
+while it runs (a second run on the workdir is refused). Rerunning the same command resumes from the
+latest readable checkpoint (--noresume refuses to touch existing checkpoints).
 """
 import logging
 import sys
