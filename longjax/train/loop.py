@@ -551,10 +551,10 @@ def _stop_nonfinite(ck, step, m, finite_in: bool):
           f"non-finite gradient norm ({m['grad_norm']})" if not finite_in else
           "an update to non-finite weights")
   kept = ck.all_steps()
-  raise TrainingError(
-      f"{what} at step {step}: training stopped without applying it; {moved}the last good "
-      f"checkpoint (step {kept[-1] if kept else 'none'}) in {ck.dir} is kept; lower train.lr or "
-      "check the data before rerunning")
+  kept = (f"the last good checkpoint (step {kept[-1]}) in {ck.dir} is kept" if kept else
+          f"no good checkpoint is left in {ck.dir}")
+  raise TrainingError(f"{what} at step {step}: training stopped without applying it; {moved}"
+                      f"{kept}; lower train.lr or check the data before rerunning")
 
 
 def _shard_like_params(opt_state, params, mesh):
