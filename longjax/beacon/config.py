@@ -21,6 +21,8 @@ import dataclasses
 import re
 from typing import Optional, Sequence, Tuple
 
+from longjax.errors import LongjaxError
+
 RATIO_MIXES = ("step-random", "instance-random", "sequence")  # plus "adapt-N"
 POSITIONS = ("interleave", "append")
 ATTNS = ("full-coverage", "step-expansion", "segmentation")
@@ -43,7 +45,7 @@ HF_FIELDS = {
 }
 
 
-class BeaconConfigError(ValueError):
+class BeaconConfigError(LongjaxError, ValueError):
   pass
 
 

@@ -23,9 +23,10 @@ from pathlib import Path
 import numpy as np
 
 from longjax.atomic_dir import atomic_dir
+from longjax.errors import LongjaxError
 
 
-class GGUFError(ValueError):
+class GGUFError(LongjaxError, ValueError):
   """A GGUF file that longjax cannot import (architecture, quant type, truncated file...)."""
 
 

@@ -22,12 +22,13 @@ from longjax.convert.table import (IGNORED_SUFFIXES, expected_names, get_path, h
                                    set_path)
 from longjax.models.config import ModelConfig
 from longjax.models.decoder import param_shapes
+from longjax.errors import LongjaxError
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 
 
-class CheckpointError(ValueError):
+class CheckpointError(LongjaxError, ValueError):
   """A checkpoint does not match what the model config says it should hold."""
 
 

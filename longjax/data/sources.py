@@ -21,11 +21,12 @@ from pathlib import Path
 from typing import Iterator, List, Sequence, Tuple
 
 from longjax.data import synthetic
+from longjax.errors import LongjaxError
 
 Segments = List[Tuple[str, bool]]
 
 
-class DataError(ValueError):
+class DataError(LongjaxError, ValueError):
   """Missing files, unreadable records, an empty dataset: a clear message for the user."""
 
 

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 from longjax.data.tokenizer import ByteTokenizer
+from longjax.errors import LongjaxError
 
 
 class Tokenizer:
@@ -58,7 +59,7 @@ HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.jso
 BYTE_MARKER = "longjax_tokenizer.json"
 
 
-class TokenizerChoiceError(ValueError):
+class TokenizerChoiceError(LongjaxError, ValueError):
   """The configured tokenizer contradicts the checkpoint's own."""
 
 

@@ -5,12 +5,13 @@ import dataclasses
 from typing import Optional
 
 from longjax.models.config import ALT_PROJECTIONS
+from longjax.errors import LongjaxError
 
 OFFICIAL_MIN_LEN = 4096  # the official hard-coded chunking threshold
 OFFICIAL_PROMPT_CAP = 512  # truncate_size = min(512, stride, local_size)
 
 
-class FocusError(ValueError):
+class FocusError(LongjaxError, ValueError):
   """Bad FocusLLM input or settings (empty prompt, too many chunks, bad sizes, bad checkpoint)."""
 
 

@@ -15,9 +15,10 @@ import jax.numpy as jnp
 from longjax.kernels import TokenMeta
 from longjax.models.config import ModelConfig
 from longjax.models.decoder import Decoder, KVPrefix
+from longjax.errors import LongjaxError
 
 
-class CacheFullError(ValueError):
+class CacheFullError(LongjaxError, ValueError):
   pass
 
 

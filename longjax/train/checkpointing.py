@@ -17,10 +17,12 @@ from typing import Optional
 import jax
 import numpy as np
 
+from longjax.errors import LongjaxError
+
 log = logging.getLogger("longjax.train")
 
 
-class CheckpointMismatch(ValueError):
+class CheckpointMismatch(LongjaxError, ValueError):
   """The checkpoint directory belongs to a different model / method / trainable set."""
 
 

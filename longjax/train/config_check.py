@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import difflib
 
+from longjax.errors import LongjaxError
+
 SCHEMA = {
     "": {"method", "workdir", "seed", "model", "beacon", "focus", "data", "train", "debug", "eval"},
     "model": {"name", "checkpoint", "family", "hidden_size", "intermediate_size", "num_layers", "num_heads",
@@ -29,7 +31,7 @@ SCHEMA = {
 METHODS = ("beacon", "focus", "lm")
 
 
-class ConfigError(ValueError):
+class ConfigError(LongjaxError, ValueError):
   pass
 
 

@@ -11,12 +11,14 @@ import socket
 import time
 from pathlib import Path
 
+from longjax.errors import LongjaxError
+
 log = logging.getLogger("longjax.train")
 
 LOCK_FILE = "train.lock"
 
 
-class WorkdirLocked(RuntimeError):
+class WorkdirLocked(LongjaxError, RuntimeError):
   pass
 
 

@@ -35,11 +35,12 @@ from longjax.train.checkpointing import Checkpointer, fingerprint
 from longjax.train.config_check import validate
 from longjax.train.metrics import MetricsWriter
 from longjax.train import tasks as T
+from longjax.errors import LongjaxError
 
 log = logging.getLogger("longjax.train")
 
 
-class TrainingError(RuntimeError):
+class TrainingError(LongjaxError, RuntimeError):
   pass
 
 

@@ -1,0 +1,23 @@
+"""The one base class of longjax's own exceptions."""
+from __future__ import annotations
+
+
+class LongjaxError(Exception):
+  """A known failure of the project: a bad input, config, checkpoint or run state, with a message
+  that names the problem and what to do about it.
+
+  Every longjax exception class derives from it (keeping its older base, e.g. ``ValueError``, so
+  existing ``except`` clauses still match). The CLIs (train.py, eval.py, convert_weights.py,
+  ``python -m longjax.beacon``, ``python -m longjax.models.smollm2``) print these as one line on
+  stderr and exit non-zero; ``--debug`` shows the traceback instead.
+  """
+
+
+def one_line(e: BaseException) -> str:
+  """The message of ``e`` on one line (whitespace runs collapsed). An OSError with a filename
+  (e.g. FileNotFoundError from open()) reads "<strerror>: <filename>"."""
+  if isinstance(e, OSError) and e.filename is not None and e.strerror:
+    msg = f"{e.strerror}: {e.filename}"
+  else:
+    msg = str(e) or type(e).__name__
+  return " ".join(msg.split())
