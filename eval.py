@@ -9,17 +9,22 @@ Tasks: passkey | needle | perplexity | longbench | infbench (comma-separated, or
 Results go to {config.workdir}/eval (or --config.eval.output_dir): {tag}_{task}.json,
 {tag}_{task}.samples.jsonl (rerunning resumes), {tag}_{task}.png and {tag}_results.json.
 See longjax/eval/config.py for every setting and the README's "Evaluation" section.
+
+A known failure (bad config key or value, missing model or data file...) ends with one line on
+stderr and exit status 1; --debug shows the traceback instead.
 """
 import sys
 from pathlib import Path
 
-from absl import app
+from absl import app, flags
 from ml_collections import config_flags
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from longjax import cli  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "ml_collections config file (configs/*.py)",
                                           lock_config=True)
+_DEBUG = flags.DEFINE_bool("debug", False, "show the traceback of an error")
 
 
 def main(argv):
@@ -31,14 +36,10 @@ def main(argv):
     sys.exit("eval.py: the config has no 'eval' section; add to its get_config():\n"
              "  from longjax.eval.config import eval_config\n"
              "  c.eval = eval_config(c.method)   # official grids; preset='tiny' for CPU smoke runs")
-  from longjax.eval.errors import EvalError
   from longjax.eval.runner import parse_tasks, run
-  try:
-    tasks = parse_tasks(config.eval.task)
-    run(config, tasks)
-  except EvalError as e:
-    sys.exit(f"eval.py: {e}")
+  sys.exit(cli.run("eval.py", lambda: run(config, parse_tasks(config.eval.task)) and 0,
+                   debug=_DEBUG.value))
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=cli.absl_flags_parser("eval.py"))

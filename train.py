@@ -9,6 +9,10 @@ optimizer, data iterator, step; keep-N), metrics.jsonl, tensorboard/ (if a write
 config.json and export_hf/ (the trained model in HF format, official tensor names), and train.lock
 while it runs (a second run on the workdir is refused). Rerunning the same command resumes from the
 latest readable checkpoint (--noresume refuses to touch existing checkpoints).
+
+A known failure (bad config key or value, missing file, unreadable checkpoints, a workdir that is
+a file or is locked by another run...) ends with one line on stderr and exit status 1; --debug
+shows the traceback instead.
 """
 import logging
 import sys
@@ -16,16 +20,22 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
+from longjax import cli
+
 _CONFIG = config_flags.DEFINE_config_file("config", None, "ml_collections config file (configs/*.py)",
                                           lock_config=True)
 _RESUME = flags.DEFINE_bool("resume", True, "resume from the latest checkpoint in the workdir")
+_DEBUG = flags.DEFINE_bool("debug", False, "show the traceback of an error")
 
 
 def main(argv):
   del argv
-  config = _CONFIG.value
-  if config is None:
+  if _CONFIG.value is None:
     sys.exit("train.py needs --config=configs/<name>.py (e.g. configs/tiny_beacon.py)")
+  sys.exit(cli.run("train.py", lambda: _train(_CONFIG.value), debug=_DEBUG.value))
+
+
+def _train(config):
   logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                       force=True)
   for noisy in ("absl", "orbax", "jax._src", "etils"):
@@ -33,8 +43,8 @@ def main(argv):
   from longjax.train import sharding
   sharding.maybe_initialize_distributed(config.get("train", {}).get("distributed", "auto"))
   from longjax.train.loop import run_main
-  sys.exit(run_main(config, resume=_RESUME.value))
+  return run_main(config, resume=_RESUME.value, debug=_DEBUG.value)
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=cli.absl_flags_parser("train.py"))

@@ -391,6 +391,9 @@ class Trainer:
   def run(self) -> dict:
     # One run per workdir: two would interleave checkpoints, metrics and the export. Process 0
     # takes it on behalf of all the processes of a multi-process run.
+    if self.workdir.exists() and not self.workdir.is_dir():
+      raise TrainingError(f"--config.workdir={self.workdir} is a file, not a directory; choose "
+                          "another --config.workdir")
     self.workdir.mkdir(parents=True, exist_ok=True)
     held = lock.acquire(self.workdir) if self.primary else None
     try:
@@ -581,19 +584,16 @@ def _progress(total, start, enabled, desc):
               file=sys.stderr, dynamic_ncols=True)
 
 
-def run_main(c, *, resume: bool = True) -> int:
-  """The CLI entry: run, print a summary; known failures exit with a message and status 1."""
-  from longjax.data.sources import DataError
-  from longjax.train.checkpointing import CheckpointMismatch
-  from longjax.train.config_check import ConfigError
-  from longjax.beacon.config import BeaconConfigError
-  from longjax.focus.config import FocusError
-  from longjax.convert.hf import CheckpointError
+def run_main(c, *, resume: bool = True, debug: bool = False) -> int:
+  """The CLI entry: run, print a summary; known failures (:class:`LongjaxError`, the OSError of
+  a bad path) print one line and give status 1 (``debug``: the traceback instead)."""
+  from longjax.errors import one_line
   try:
     out = Trainer(c, resume=resume).run()
-  except (TrainingError, DataError, CheckpointMismatch, ConfigError, BeaconConfigError,
-          FocusError, CheckpointError, FileNotFoundError, lock.WorkdirLocked) as e:
-    print(f"train.py: error: {e}", file=sys.stderr)
+  except (LongjaxError, OSError) as e:
+    if debug:
+      raise
+    print(f"train.py: error: {one_line(e)}", file=sys.stderr)
     return 1
   print(f"train.py: done: steps {out['start_step']}..{out['final_step']} in "
         f"{out['seconds']:.1f}s; workdir {Path(c.workdir).absolute()}"
