@@ -74,6 +74,7 @@ def convert(args):
     save_hf(args.hf_out, cfg, params, max_shard_bytes=int(args.max_shard_gb * 2**30),
             extra_config=extra.get("hf_config"), overwrite=args.overwrite)
     print(f"wrote HF checkpoint {args.hf_out}")
+  return 0
 
 
 def main(argv=None):
@@ -115,17 +116,22 @@ def main(argv=None):
   if args.hf_out and (args.dtype or args.init_beacon):
     parser.error("--dtype and --init_beacon apply to a longjax output (--out) only")
 
-  from longjax.convert import CheckpointError
-  from longjax.convert.gguf import GGUFError
-  try:
-    convert(args)
-  except (GGUFError, CheckpointError, FileExistsError, FileNotFoundError, ValueError) as e:
-    if args.debug:
-      raise
-    # One line: the problem and the file, not a traceback through the converter.
-    print(f"convert_weights.py: error: {' '.join(str(e).split())}", file=sys.stderr)
-    return 1
-  return 0
+  from longjax import cli
+  # One line: the problem and the file, not a traceback through the converter.
+  return cli.run("convert_weights.py", lambda: _check_inputs(args) or convert(args),
+                 debug=args.debug)
+
+
+def _check_inputs(args):
+  """The cheap checks, before anything is loaded: the source exists and is of the right kind."""
+  for flag, want_dir in (("hf_dir", True), ("longjax_dir", True), ("gguf", False)):
+    p = getattr(args, flag)
+    if not p:
+      continue
+    if not Path(p).exists():
+      raise FileNotFoundError(f"--{flag} {p}: no such {'directory' if want_dir else 'file'}")
+    if want_dir and not Path(p).is_dir():
+      raise NotADirectoryError(f"--{flag} {p}: not a directory")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from pathlib import Path
 import jax
 
 from longjax.atomic_dir import atomic_dir
-from longjax.models.config import ModelConfig, hf_json
+from longjax.models.config import ModelConfig, ModelConfigError, hf_json
 
 CONFIG_FILE = "config.json"
 PARAMS_DIR = "params"
@@ -35,7 +35,7 @@ def config_to_json(cfg: ModelConfig) -> dict:
 
 def config_from_json(d: dict) -> ModelConfig:
   if FORMAT_KEY not in d:
-    raise ValueError("this config.json is not a longjax checkpoint config (no "
+    raise ModelConfigError("this config.json is not a longjax checkpoint config (no "
                      f"'{FORMAT_KEY}' key); for a HF directory use longjax.convert.load_hf")
   fields = {k: _tuples(v) for k, v in d[FORMAT_KEY].items() if k != "hf_extra"}
   extra = d[FORMAT_KEY].get("hf_extra")

@@ -325,7 +325,7 @@ def _bad_inputs(tiny, d):
       "hf_out_exists": (["--gguf", str(quant), "--hf_out", str(d / "exists")],
                         ["exists", "--overwrite"]),
       "longjax_missing": (["--longjax_dir", str(d / "nope"), "--hf_out", str(d / "o")],
-                          ["nope", "not a longjax checkpoint"]),
+                          ["nope", "no such directory"]),
   }
 
 

@@ -11,6 +11,8 @@ from typing import Any, Optional
 
 import jax.numpy as jnp
 
+from longjax.errors import LongjaxError
+
 FAMILIES = ("llama", "qwen2", "mistral")
 ROPE_TYPES = ("default", "linear", "dynamic", "llama3")
 ALT_PROJECTIONS = ("q", "k", "v", "o")
@@ -18,11 +20,15 @@ ALT_PROJECTIONS = ("q", "k", "v", "o")
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
+class ModelConfigError(LongjaxError, ValueError):
+  """A model config the decoder cannot run (family, rope type, dtype, head counts...)."""
+
+
 def dtype_of(name: str):
   try:
     return _DTYPES[name]
   except KeyError:
-    raise ValueError(f"unsupported dtype {name!r}; choose one of {sorted(_DTYPES)}") from None
+    raise ModelConfigError(f"unsupported dtype {name!r}; choose one of {sorted(_DTYPES)}") from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,17 +71,17 @@ class ModelConfig:
 
   def __post_init__(self):
     if self.family not in FAMILIES:
-      raise ValueError(f"unsupported family {self.family!r}; supported: {FAMILIES}")
+      raise ModelConfigError(f"unsupported family {self.family!r}; supported: {FAMILIES}")
     if self.num_heads % self.num_kv_heads:
-      raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
+      raise ModelConfigError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
     bad = [p for p in self.alt_projections if p not in ALT_PROJECTIONS]
     if bad:
-      raise ValueError(f"alt_projections {bad} not in {ALT_PROJECTIONS}")
+      raise ModelConfigError(f"alt_projections {bad} not in {ALT_PROJECTIONS}")
     if self.sliding_windows is not None and len(self.sliding_windows) != self.num_layers:
-      raise ValueError("sliding_windows needs one entry (int or None) per layer")
+      raise ModelConfigError("sliding_windows needs one entry (int or None) per layer")
     dtype_of(self.dtype), dtype_of(self.param_dtype)
     if self.hf_extra is not None and not isinstance(self.hf_extra, str):
-      raise ValueError("hf_extra must be the HF config as a JSON string (see hf_json)")
+      raise ModelConfigError("hf_extra must be the HF config as a JSON string (see hf_json)")
     self.rope_type  # validates rope_scaling
 
   @property
@@ -89,7 +95,7 @@ class ModelConfig:
       return "default"
     kind = rs.get("rope_type", rs.get("type", "default"))
     if kind not in ROPE_TYPES:
-      raise ValueError(f"rope_scaling type {kind!r} is not supported; supported: {ROPE_TYPES}")
+      raise ModelConfigError(f"rope_scaling type {kind!r} is not supported; supported: {ROPE_TYPES}")
     return kind
 
   @property
@@ -115,7 +121,7 @@ class ModelConfig:
     source = hf_json(hf)
     model_type = hf.get("model_type")
     if model_type not in FAMILIES:
-      raise ValueError(f"unsupported model_type {model_type!r} in config.json; longjax supports "
+      raise ModelConfigError(f"unsupported model_type {model_type!r} in config.json; longjax supports "
                        f"{FAMILIES} (LLaMA-2/3, Qwen2, Mistral)")
     n_layers = hf["num_hidden_layers"]
     heads = hf["num_attention_heads"]
@@ -141,7 +147,7 @@ class ModelConfig:
         windows = None
     bias = hf.get("attention_bias", model_type == "qwen2")
     if hf.get("mlp_bias"):
-      raise ValueError("mlp_bias=True is not supported (no LLaMA/Qwen2/Mistral release uses it)")
+      raise ModelConfigError("mlp_bias=True is not supported (no LLaMA/Qwen2/Mistral release uses it)")
     dtype = hf.get("dtype") or hf.get("torch_dtype") or "float32"
     kw = dict(
         family=model_type, vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
