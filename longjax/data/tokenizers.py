@@ -28,6 +28,32 @@ class Tokenizer:
     return self._decode(ids)
 
 
+class TokenizerFilesError(LongjaxError, FileNotFoundError):
+  """A tokenizer directory without (usable) tokenizer files."""
+
+
+# Any of these makes a directory a HF tokenizer directory (fast, sentencepiece, BPE, WordPiece).
+VOCAB_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model",
+               "sentencepiece.bpe.model")
+
+
+def check_tokenizer_dir(spec) -> None:
+  """Refuse a directory without tokenizer vocabulary files: transformers would otherwise build a
+  tokenizer that knows one token (every text encodes to unknowns)."""
+  d = Path(spec)
+  if not any((d / f).is_file() for f in VOCAB_FILES):
+    raise TokenizerFilesError(f"{spec} holds no tokenizer files (one of {', '.join(VOCAB_FILES)}); "
+                              "put the model's tokenizer files there or set "
+                              "--config.data.tokenizer (a HF model dir, or 'byte')")
+
+
+def check_vocab(t, spec) -> None:
+  """A loaded HF tokenizer must know more than one token."""
+  if len(t) <= 1:
+    raise TokenizerFilesError(f"the tokenizer in {spec} has {len(t)} token(s); its files are "
+                              "incomplete (a tokenizer_config.json without a vocabulary?)")
+
+
 def get_tokenizer(spec: str) -> Tokenizer:
   """``"byte"`` or a local directory with HF tokenizer files."""
   if spec == "byte":
@@ -37,6 +63,7 @@ def get_tokenizer(spec: str) -> Tokenizer:
   if not spec or not Path(spec).is_dir():
     raise FileNotFoundError(f"tokenizer directory {spec!r} does not exist; set "
                             "--config.data.tokenizer=/path/to/hf_model (or 'byte')")
+  check_tokenizer_dir(spec)
   from transformers import AutoTokenizer
   try:
     t = AutoTokenizer.from_pretrained(spec, local_files_only=True)
@@ -44,6 +71,7 @@ def get_tokenizer(spec: str) -> Tokenizer:
     raise FileNotFoundError(f"cannot load a HF tokenizer from {spec}: {type(e).__name__}: {e}; "
                             "put the tokenizer files there or set --config.data.tokenizer "
                             "(a HF model dir, or 'byte')") from None
+  check_vocab(t, spec)
   probe = t("a")["input_ids"]
   adds_bos = bool(probe) and t.bos_token_id is not None and probe[0] == t.bos_token_id
   eos = t.eos_token_id

@@ -370,9 +370,16 @@ def load_tokenizer(spec: str) -> Tok:
   if spec == "byte":
     from longjax.data.tokenizer import ByteTokenizer
     return Tok(ByteTokenizer(), hf=False)
+  from longjax.data.tokenizers import TokenizerFilesError, check_tokenizer_dir, check_vocab
   try:
+    if Path(spec).is_dir():
+      check_tokenizer_dir(spec)
     from transformers import AutoTokenizer
-    return Tok(AutoTokenizer.from_pretrained(spec, local_files_only=True), hf=True)
+    t = AutoTokenizer.from_pretrained(spec, local_files_only=True)
+    check_vocab(t, spec)
+    return Tok(t, hf=True)
+  except TokenizerFilesError as e:
+    raise EvalError(str(e)) from None
   except Exception as e:  # noqa: BLE001 -- any loading failure gets the same explanation
     raise EvalError(f"cannot load a tokenizer from {spec!r} ({type(e).__name__}: {e}); put the "
                     "tokenizer files in the checkpoint directory or set config.model.tokenizer "
