@@ -2,14 +2,89 @@
 
 A crash or an exception midway leaves no directory that looks like a complete checkpoint; an
 existing directory is replaced only after the new one is complete.
+
+The hidden sibling is ``.NAME.partial-PID@HOST.XXXXXXXX``: a run killed midway (kill -9, power
+loss) leaves it behind, and the next write of the same target on the same host removes the ones
+whose process is gone (never those of a live writer). The finished directory gets the mode a plain
+``mkdir`` would give (0777 minus the umask), not mkdtemp's private 0700.
 """
 from __future__ import annotations
 
 import contextlib
+import errno
+import logging
 import os
+import re
 import shutil
+import socket
 import tempfile
 from pathlib import Path
+
+log = logging.getLogger("longjax")
+
+
+def current_umask() -> int:
+  """The process umask, read without changing it where /proc allows."""
+  try:
+    for line in Path("/proc/self/status").read_text().splitlines():
+      if line.startswith("Umask:"):
+        return int(line.split()[1], 8)
+  except (OSError, ValueError):
+    pass
+  mask = os.umask(0o022)  # no /proc: set and restore (not thread-safe, but brief)
+  os.umask(mask)
+  return mask
+
+
+def pid_alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:
+    return True  # exists, owned by someone else
+  except OSError as e:
+    return e.errno != errno.ESRCH
+  return True
+
+
+def _host() -> str:
+  return re.sub(r"[^A-Za-z0-9_.-]", "_", socket.gethostname()) or "localhost"
+
+
+def _partial_prefix(name: str) -> str:
+  return f".{name}.partial-"
+
+
+def stale_partials(path) -> list:
+  """The hidden partial (and replaced ``.old-PID``) siblings of ``path`` left by dead processes on
+  this host."""
+  path = Path(path).absolute()
+  if not path.parent.is_dir():
+    return []
+  part = re.compile(re.escape(_partial_prefix(path.name)) + r"(\d+)@(.+)\.[a-z0-9_]{8}$")
+  old = re.compile(re.escape(f".{path.name}.old-") + r"(\d+)$")
+  host, out = _host(), []
+  for p in path.parent.iterdir():
+    m = part.match(p.name)
+    if m and m.group(2) == host and not pid_alive(int(m.group(1))):
+      out.append(p)
+      continue
+    m = old.match(p.name)
+    if m and not pid_alive(int(m.group(1))):
+      out.append(p)
+  return sorted(out)
+
+
+def clean_stale_partials(path) -> list:
+  """Remove :func:`stale_partials` of ``path``; returns what was removed."""
+  gone = []
+  for p in stale_partials(path):
+    shutil.rmtree(p, ignore_errors=True)
+    if not p.exists():
+      gone.append(p)
+      log.warning("removed %s, left by a killed write of %s", p, Path(path).name)
+  return gone
 
 
 @contextlib.contextmanager
@@ -19,8 +94,11 @@ def atomic_dir(path, overwrite: bool = False):
   if path.exists() and not overwrite:
     raise FileExistsError(f"{path} exists; pass overwrite=True (--overwrite) to replace it")
   path.parent.mkdir(parents=True, exist_ok=True)
-  tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.partial-", dir=path.parent))
+  clean_stale_partials(path)
+  tmp = Path(tempfile.mkdtemp(prefix=f"{_partial_prefix(path.name)}{os.getpid()}@{_host()}.",
+                              dir=path.parent))
   try:
+    os.chmod(tmp, 0o777 & ~current_umask())
     yield tmp
     if path.exists():
       old = path.with_name(f".{path.name}.old-{os.getpid()}")

@@ -7,10 +7,13 @@ an error, never silently loaded.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import gc
 import hashlib
 import json
 import logging
+import sys
 from pathlib import Path
 from typing import Optional
 
@@ -109,7 +112,7 @@ class Checkpointer:
     bad = []
     for step in reversed(steps):
       try:
-        meta = self.mgr.restore(step, args=a.Composite(meta=a.JsonRestore())).meta
+        meta = self._restore(step, a.Composite(meta=a.JsonRestore())).meta
       except Exception as e:  # noqa: BLE001 - any read failure means "unreadable"
         log.warning("checkpoint step %d in %s is unreadable (%s: %s); falling back to the "
                     "previous one", step, self.dir, type(e).__name__, _short(e))
@@ -117,8 +120,8 @@ class Checkpointer:
         continue
       _check_meta(meta, expected_meta, self.dir, step)
       try:
-        r = self.mgr.restore(step, args=a.Composite(state=a.StandardRestore(abstract_state),
-                                                    data=a.JsonRestore()))
+        r = self._restore(step, a.Composite(state=a.StandardRestore(abstract_state),
+                                            data=a.JsonRestore()))
       except Exception as e:  # noqa: BLE001
         log.warning("checkpoint step %d in %s is truncated or corrupt (%s: %s); falling back to "
                     "the previous one", step, self.dir, type(e).__name__, _short(e))
@@ -127,9 +130,57 @@ class Checkpointer:
       self.set_aside(bad)
       return step, r.state, r.data
     if steps:
-      raise RuntimeError(f"none of the checkpoints {steps} in {self.dir} could be read; remove "
-                         "the directory (or use a new --config.workdir) to start afresh")
+      from longjax.train.loop import TrainingError
+      raise TrainingError(f"none of the checkpoints {steps} in {self.dir} could be read "
+                          "(truncated or corrupt); remove the directory (or use a new "
+                          "--config.workdir) to start afresh")
     return None
+
+  def _restore(self, step, args):
+    """``mgr.restore`` with orbax's and tensorstore's background noise about a truncated step
+    (hundreds of "Exception ignored in ..." lines from their abandoned tasks) kept to one
+    debug log line: the caller reports the failure itself."""
+    with _quiet_unraisable(f"reading checkpoint step {step}"):
+      try:
+        return self.mgr.restore(step, args=args)
+      finally:
+        gc.collect()  # abandoned coroutines/futures report here, inside the quiet block
+
+
+class _DropAsyncioNoise(logging.Filter):
+  """Drops asyncio's "Task exception was never retrieved" (and "Exception in callback") records:
+  orbax's abandoned reads of a truncated step, each with a traceback."""
+
+  def __init__(self, seen):
+    super().__init__()
+    self.seen = seen
+
+  def filter(self, record):
+    msg = str(record.msg)
+    if msg.startswith(("Task exception was never retrieved", "Exception in callback")):
+      self.seen.append("asyncio")
+      return False
+    return True
+
+
+@contextlib.contextmanager
+def _quiet_unraisable(what: str):
+  """Collect what Python and asyncio would print as "Exception ignored in ..." (sys.unraisablehook)
+  or "Task exception was never retrieved" while ``what`` runs; log their count at debug level
+  instead of printing each with its traceback."""
+  seen = []
+  old = sys.unraisablehook
+  sys.unraisablehook = lambda u: seen.append(u.exc_type.__name__ if u.exc_type else "?")
+  drop = _DropAsyncioNoise(seen)
+  logging.getLogger("asyncio").addFilter(drop)
+  try:
+    yield
+  finally:
+    sys.unraisablehook = old
+    logging.getLogger("asyncio").removeFilter(drop)
+    if seen:
+      log.debug("%d background exceptions ignored while %s (%s)", len(seen), what,
+                ", ".join(sorted(set(seen))))
 
 
 def _short(e, n=300):
