@@ -89,14 +89,50 @@ class Carry(NamedTuple):
   loss_count: jax.Array  # [B] int32 labelled tokens
 
 
+def _token_nll(cfg: ModelConfig, params, h, labels, frozen_head: bool):
+  """Next-token NLL ``[B, L]`` of hidden states ``h [B, L, H]`` (IGNORE labels: 0)."""
+  return _frozen_head_nll(cfg, params, h, labels) if frozen_head else _nll(cfg, params, h, labels)
+
+
+def _nll(cfg, params, h, labels, with_grad=False):
+  ok = labels != IGNORE
+  safe = jnp.where(ok, labels, 0)
+  logits = _head(cfg, params, h)
+  logp = jax.nn.log_softmax(logits, axis=-1)
+  nll = jnp.where(ok, -jnp.take_along_axis(logp, safe[..., None], axis=-1)[..., 0], 0.0)
+  if not with_grad:
+    return nll
+  g = jnp.exp(logp) - jax.nn.one_hot(safe, logits.shape[-1], dtype=logp.dtype)
+  _, pull = jax.vjp(lambda x: _head(cfg, params, x), h)
+  (dh,) = pull(jnp.where(ok[..., None], g, 0.0))
+  return nll, dh.astype(h.dtype)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
+def _frozen_head_nll(cfg, params, h, labels):
+  """``_nll`` whose derivative reaches ``h`` only: the LM head (and the tied embedding) is
+  frozen. d nll / d h = (softmax - onehot) @ head is computed with the logits in the forward pass
+  (only when differentiating), so the backward pass keeps ``dh [B, L, H]`` instead of the
+  ``[B, L, V]`` logits and needs no head matmul."""
+  return _nll(cfg, params, h, labels)
+
+
+@_frozen_head_nll.defjvp
+def _frozen_head_nll_jvp(cfg, primals, tangents):
+  params, h, labels = primals
+  nll, dh = _nll(cfg, params, h, labels, with_grad=True)
+  return nll, jnp.sum(tangents[1] * dh, axis=-1)
+
+
 def window_step(model: Decoder, sink_cap: int, params, k, v, plan: WindowPlan, *,
-                want_loss: bool, want_hidden: bool, mem_size: Optional[int] = None):
+                want_loss: bool, want_hidden: bool, mem_size: Optional[int] = None,
+                frozen_head: bool = False):
   """One official call for every row (a no-op for rows without one).
 
   ``mem_size`` (static): the attention sees only the buffer's first ``mem_size`` entries (a
   memory-size bucket; every row's valid memory must lie inside them, see
   ``BeaconLM.memory_need``); ``None``: the whole buffer. The write-back always goes to the full
-  buffer.
+  buffer. ``frozen_head``: the loss's gradient stops at the hidden states (``_token_nll``).
 
   Returns ``(k, v, out)`` with ``out`` holding ``last_logits [B, V]``, ``has_last [B]``,
   ``loss_sum [B]``, ``loss_count [B]`` and optionally ``hidden [B, Q, H]``.
@@ -146,12 +182,9 @@ def window_step(model: Decoder, sink_cap: int, params, k, v, plan: WindowPlan, *
   h_last = jnp.take_along_axis(hidden, last[:, None, None], axis=1)[:, 0]
   out = dict(last_logits=_head(cfg, params, h_last), has_last=plan.last_slot >= 0)
   if want_loss:
-    logits = _head(cfg, params, hidden)
-    labels = plan.labels
-    ok = labels != IGNORE
-    logp = jax.nn.log_softmax(logits, axis=-1)
-    nll = -jnp.take_along_axis(logp, jnp.where(ok, labels, 0)[..., None], axis=-1)[..., 0]
-    out["loss_sum"] = jnp.sum(jnp.where(ok, nll, 0.0), axis=-1)
+    h = jnp.take_along_axis(hidden, plan.label_slot[..., None], axis=1)  # [B, L, H]
+    ok = plan.labels != IGNORE
+    out["loss_sum"] = jnp.sum(_token_nll(cfg, params, h, plan.labels, frozen_head), axis=-1)
     out["loss_count"] = jnp.sum(ok, axis=-1, dtype=jnp.int32)
   else:
     out["loss_sum"] = jnp.zeros((b,), jnp.float32)
@@ -162,10 +195,11 @@ def window_step(model: Decoder, sink_cap: int, params, k, v, plan: WindowPlan, *
 
 
 def run_step(model: Decoder, sink_cap: int, params, carry: Carry, plan: WindowPlan, *,
-             mem_size: Optional[int], want_loss: bool, want_hidden: bool):
+             mem_size: Optional[int], want_loss: bool, want_hidden: bool,
+             frozen_head: bool = False):
   """``window_step`` folded into the carry: ``(carry, hidden [B, Q, H] or None)``."""
   k, v, out = window_step(model, sink_cap, params, carry.k, carry.v, plan, want_loss=want_loss,
-                          want_hidden=want_hidden, mem_size=mem_size)
+                          want_hidden=want_hidden, mem_size=mem_size, frozen_head=frozen_head)
   last = jnp.where(out["has_last"][:, None], out["last_logits"], carry.last)
   carry = Carry(k, v, last, carry.loss_sum + out["loss_sum"],
                 carry.loss_count + out["loss_count"])
@@ -173,16 +207,15 @@ def run_step(model: Decoder, sink_cap: int, params, carry: Carry, plan: WindowPl
 
 
 def scan_windows(model: Decoder, sink_cap: int, params, carry: Carry, plan: WindowPlan, *,
-                 want_loss: bool, want_hidden: bool, remat: bool = True):
+                 want_loss: bool, want_hidden: bool, frozen_head: bool = False):
   """Run a stacked plan's steps (``[n, ...]`` leaves) over ``carry``: pure and jittable.
 
   The one window scan of prefill (``BeaconLM.forward``), ``BeaconLM.loss`` and the training
   task. Each of ``plan.segments`` is one ``lax.scan`` whose attention reads that segment's
-  memory-size bucket of the buffer, so a window costs what its filled memory costs. Inactive
-  (padding) steps are skipped with ``lax.cond``. ``remat``: each window is a ``jax.checkpoint``,
-  so differentiating keeps only the carry per window (the KV buffers) and recomputes the
-  window's activations in the backward pass: memory grows by one buffer per window, not by a
-  whole model's activations.
+  memory-size bucket of the buffer, so a window costs what its filled memory costs. With
+  ``plan.guard``, inactive (padding) steps are skipped with ``lax.cond``. Memory under
+  ``jax.grad``: with ``model.cfg.remat`` (``BeaconLM(remat=True)``) each window keeps its layer
+  inputs and memory slices, and its layers are recomputed one at a time in the backward pass.
 
   Returns ``(carry, hidden [n, B, Q, H] or None)``.
   """
@@ -190,21 +223,22 @@ def scan_windows(model: Decoder, sink_cap: int, params, carry: Carry, plan: Wind
   for n, mem_size in plan.segments:
     seg = jax.tree.map(lambda x, s0=s0, n=n: x[s0:s0 + n], plan)
     s0 += n
-    step = functools.partial(run_step, model, sink_cap, mem_size=mem_size, want_loss=want_loss,
-                             want_hidden=want_hidden)
-    if remat:
-      step = jax.checkpoint(step, prevent_cse=False)
+    run = functools.partial(run_step, model, sink_cap, mem_size=mem_size, want_loss=want_loss,
+                            want_hidden=want_hidden, frozen_head=frozen_head)
 
-    def body(c, p, step=step):
+    def step(params, c, p, run=run):
+      if not plan.guard:
+        return run(params, c, p)
+
       def skip(c):
         hid = None
         if want_hidden:
           b, q = p.tokens.shape
           hid = jnp.zeros((b, q, params_hidden(params)), c.k.dtype)
         return c, hid
-      return jax.lax.cond(p.active, lambda c: step(params, c, p), skip, c)
+      return jax.lax.cond(p.active, lambda c: run(params, c, p), skip, c)
 
-    carry, hid = jax.lax.scan(body, carry, seg)
+    carry, hid = jax.lax.scan(lambda c, p, step=step: step(params, c, p), carry, seg)
     outs.append(hid)
   if s0 != plan.n_steps:
     raise AssertionError(f"segments {plan.segments} do not cover the plan's {plan.n_steps} steps")
@@ -212,9 +246,11 @@ def scan_windows(model: Decoder, sink_cap: int, params, carry: Carry, plan: Wind
 
 
 def loss_terms(params, plan: WindowPlan, k=None, v=None, *, model: Decoder, sink_cap: int,
-               remat: bool = True):
+               frozen_head: bool = False):
   """``(loss_sum [B], loss_count [B])`` of a stacked plan from the memory ``k``/``v`` (default:
-  empty buffers of ``plan.capacity`` entries): pure and jittable."""
+  empty buffers of ``plan.capacity`` entries): pure and jittable. ``frozen_head``: no gradient
+  reaches the LM head / tied embedding (training: the base is frozen), which saves a head matmul
+  and the logits' memory in the backward pass."""
   cfg = model.cfg
   b = plan.tokens.shape[1]
   if k is None:
@@ -223,31 +259,31 @@ def loss_terms(params, plan: WindowPlan, k=None, v=None, *, model: Decoder, sink
   carry = Carry(k, v, jnp.zeros((b, cfg.vocab_size), jnp.float32), jnp.zeros((b,), jnp.float32),
                 jnp.zeros((b,), jnp.int32))
   carry, _ = scan_windows(model, sink_cap, params, carry, plan, want_loss=True,
-                          want_hidden=False, remat=remat)
+                          want_hidden=False, frozen_head=frozen_head)
   return carry.loss_sum, carry.loss_count
 
 
 # Compiled programs, shared by every BeaconLM over an equal decoder (so that
 # ``BeaconLM(...).loss`` built afresh in a loop does not recompile). Traces are counted (tests:
 # one compile per memory-size bucket, for any number of windows).
-_STATIC = ("model", "sink_cap", "want_loss", "want_hidden", "remat")
+_STATIC = ("model", "sink_cap", "want_loss", "want_hidden")
 
 
 @functools.partial(jax.jit, static_argnames=_STATIC)
-def _scan_jit(params, carry, plan, *, model, sink_cap, want_loss, want_hidden, remat):
+def _scan_jit(params, carry, plan, *, model, sink_cap, want_loss, want_hidden):
   TRACE_COUNTS["scan_chunk"] += 1
   return scan_windows(model, sink_cap, params, carry, plan, want_loss=want_loss,
-                      want_hidden=want_hidden, remat=remat)
+                      want_hidden=want_hidden)
 
 
-@functools.partial(jax.jit, static_argnames=_STATIC[:3] + ("want_hidden", "mem_size"))
+@functools.partial(jax.jit, static_argnames=_STATIC + ("mem_size",))
 def _step_jit(params, carry, plan, *, model, sink_cap, want_loss, want_hidden, mem_size):
   TRACE_COUNTS["step"] += 1
   return run_step(model, sink_cap, params, carry, plan, mem_size=mem_size, want_loss=want_loss,
                   want_hidden=want_hidden)
 
 
-_loss_jit = jax.jit(loss_terms, static_argnames=("model", "sink_cap", "remat"))
+_loss_jit = jax.jit(loss_terms, static_argnames=("model", "sink_cap", "frozen_head"))
 
 
 def frozen_base(params):
@@ -279,8 +315,11 @@ class BeaconLM:
       costs what its filled memory costs; one compile per bucket used (``O(log capacity)``).
       ``False``: every step attends over the whole buffer (one compile, cost independent of fill).
     memory_bucket_min: the smallest non-zero bucket.
-    remat: ``jax.checkpoint`` each window when differentiating (memory: one KV buffer per window
-      instead of every window's activations; costs one more forward pass).
+    remat: when differentiating, rematerialise every decoder layer of every window (the
+      decoder's ``remat``: ``jax.checkpoint`` per layer): each window keeps its layer inputs,
+      memory slices and KV carry instead of its activations, for one more forward pass. (A
+      checkpoint around a whole window was measured 1.2x slower and 3.4x larger on SmolLM2: its
+      recomputation holds all layers' activations at once.)
   """
 
   def __init__(self, cfg: ModelConfig, bcfg: BeaconConfig, *, max_length: int = 65536,
@@ -308,7 +347,7 @@ class BeaconLM:
     self.training = training
     self.progress = progress
     rule = MaskRule(causal=True, kind_sees=(0b01, 0b11) if bcfg.attn == "step-expansion" else None)
-    self.model = Decoder(cfg, rule=rule, impl=impl)
+    self.model = Decoder(cfg.replace(remat=True) if remat else cfg, rule=rule, impl=impl)
     self.q_slots = bcfg.query_slots
     self.r_slots = self.q_slots
     self.decode_slots = min(int(decode_slots), self.q_slots)
@@ -398,8 +437,8 @@ class BeaconLM:
            rows: Optional[Sequence[RowState]] = None, training: Optional[bool] = None,
            ratio: Optional[int] = None, steps_multiple: int = 1) -> WindowPlan:
     """Plan one official call (as ``forward`` would) as one stacked ``WindowPlan`` for
-    ``loss_terms``: every step, in memory-bucket segments, padded with skipped steps to a
-    multiple of ``steps_multiple`` (fewer compiles across window counts).
+    ``loss_terms``: every step, in memory-bucket segments, padded with no-op steps to a
+    multiple of ``steps_multiple``.
 
     After ``state``; or from empty memory, with ``rows`` (e.g. ``RowState.seeded(rng)``: the
     ratio draws) as the planner's start. From empty memory the plan's buffer holds what this
@@ -423,16 +462,17 @@ class BeaconLM:
     segments = [[c1 - c0, buckets[c0]] for c0, c1 in _chunks(buckets, len(buckets))]
     pad = _round_up(len(step_descs), max(1, int(steps_multiple))) - len(step_descs)
     segments[-1][0] += pad
+    segments = _no_single_steps(segments)
     b = len(rows)
     plans = [assemble(sd, q, self.r_slots) for sd in step_descs]
     plans += [assemble([None] * b, q, self.r_slots)] * pad
-    return stack(plans, segments, capacity)
+    return stack(plans, segments, capacity, compact_labels=True, guard=False)
 
   def loss_terms(self, params, plan: WindowPlan, state: Optional[BeaconState] = None):
     """``(loss_sum [B], loss_count [B])`` of a ``plan`` (pure and jittable: the training step
     calls it inside its own jit); from ``state``'s memory or empty buffers."""
     k, v = (None, None) if state is None else (state.k, state.v)
-    return loss_terms(params, plan, k, v, remat=self.remat, **self._static)
+    return loss_terms(params, plan, k, v, frozen_head=self.training, **self._static)
 
   def forward(self, params, ids, *, lengths=None, labels=None, state: Optional[BeaconState] = None,
               training: Optional[bool] = None, ratio: Optional[int] = None,
@@ -472,7 +512,7 @@ class BeaconLM:
         plans = [assemble(step_descs[s], q, self.r_slots) for s in range(c0, c1)]
         plans += [assemble([None] * b, q, self.r_slots)] * (chunk - len(plans))
         plan = stack(plans, [(chunk, buckets[c0])], state.capacity)
-        carry, hid = _scan_jit(params, carry, plan, remat=self.remat, **flags)
+        carry, hid = _scan_jit(params, carry, plan, **flags)
         used.append(buckets[c0])
         if collect_logits:
           hidden_chunks.append(hid[:c1 - c0])
@@ -520,7 +560,7 @@ class BeaconLM:
            state: Optional[BeaconState] = None, ratio: Optional[int] = None):
     """Official loss (labels default to ids; mean CE over labelled raw tokens); differentiable.
 
-    One jitted program over all windows (``loss_terms``, each window rematerialised). In
+    One jitted program over all windows (``loss_terms``; see ``remat``). In
     training mode the base is frozen as in the official training: only the beacon tensors
     (``alt_*``) get a gradient; the base's gradient is zero and never computed.
     """
@@ -531,7 +571,7 @@ class BeaconLM:
     if training:
       params = frozen_base(params)
     k, v = (None, None) if state is None else (state.k, state.v)
-    ls, lc = _loss_jit(params, plan, k, v, remat=self.remat, **self._static)
+    ls, lc = _loss_jit(params, plan, k, v, frozen_head=training, **self._static)
     return jnp.sum(ls) / jnp.maximum(jnp.sum(lc), 1)
 
   # ------------------------------------------------------------------------------------------
@@ -586,6 +626,21 @@ def _chunks(buckets: Sequence[int], size: int):
       c1 += 1
     yield c0, c1
     c0 = c1
+
+
+def _no_single_steps(segments):
+  """Merge every 1-step segment into a neighbour (which then runs at the larger bucket): XLA
+  turns a 1-step scan into straight-line code and schedules its backward pass worse (SmolLM2,
+  4 windows: 565 MB of temporaries instead of 407 MB)."""
+  out = []
+  for n, m in segments:
+    if out and out[-1][0] == 1:
+      out[-1] = [n + 1, max(m, out[-1][1])]
+    else:
+      out.append([n, m])
+  if len(out) > 1 and out[-1][0] == 1:
+    out[-2:] = [[out[-2][0] + 1, max(out[-2][1], out[-1][1])]]
+  return out
 
 
 def _round_up(n: int, m: int) -> int:

@@ -286,7 +286,10 @@ class WindowPlan:
   order: np.ndarray  # [B, Q] int32 causal mask order (raw-region entry i of memory has 2 i)
   kind: np.ndarray  # [B, Q] int32 mask kind (step-expansion: beacons 1, raw 0)
   valid: np.ndarray  # [B, Q] bool: a real slot (padding slots are masked out and write nothing)
-  labels: np.ndarray  # [B, Q] int32 next-token labels; IGNORE for beacons / unlabelled / padding
+  # The slots whose next-token loss counts: only their logits are computed (a vocabulary-wide
+  # head per slot is the largest matmul of a window); L = Q, or fewer once compacted (``stack``).
+  label_slot: np.ndarray  # [B, L] int32 slot of each label
+  labels: np.ndarray  # [B, L] int32 next-token labels; IGNORE for padding
   src: np.ndarray  # [B, R] int32 what the raw region keeps: slab entry i < R, or new slot i - R
   sink_len: np.ndarray  # [B] int32 memory region lengths before the step: sink, beacons, raw
   beacon_len: np.ndarray  # [B] int32
@@ -298,6 +301,9 @@ class WindowPlan:
   # their attention reads, ((steps, bucket), ...); and the KV buffer entries the plan needs.
   segments: Tuple[Tuple[int, int], ...] = dataclasses.field(default=(), metadata=dict(static=True))
   capacity: int = dataclasses.field(default=0, metadata=dict(static=True))
+  # Static: skip inactive (padding) steps with a lax.cond (prefill chunks: saves their compute).
+  # False: they run as no-ops (loss plans: under jax.grad a cond in the scan keeps ~10x more).
+  guard: bool = dataclasses.field(default=True, metadata=dict(static=True))
 
   @property
   def n_steps(self) -> int:
@@ -314,6 +320,7 @@ def assemble(descs: Sequence[Optional[StepDesc]], q_slots: int, r_slots: int) ->
       tokens=np.zeros((b, q_slots), np.int32), alt=np.zeros((b, q_slots), bool),
       pos=np.zeros((b, q_slots), np.int32), order=np.zeros((b, q_slots), np.int32),
       kind=np.zeros((b, q_slots), np.int32), valid=np.zeros((b, q_slots), bool),
+      label_slot=np.tile(np.arange(q_slots, dtype=np.int32), (b, 1)),
       labels=np.full((b, q_slots), IGNORE, np.int32),
       src=np.tile(np.arange(r_slots, dtype=np.int32), (b, 1)),
       sink_len=np.zeros(b, np.int32), beacon_len=np.zeros(b, np.int32),
@@ -347,12 +354,20 @@ def assemble(descs: Sequence[Optional[StepDesc]], q_slots: int, r_slots: int) ->
   return WindowPlan(**out)
 
 
-def stack(plans: Sequence[WindowPlan], segments, capacity: int) -> WindowPlan:
+def stack(plans: Sequence[WindowPlan], segments, capacity: int, compact_labels: bool = False,
+          guard: bool = True) -> WindowPlan:
   """Stack single-step plans into an ``[n, ...]`` plan for the scan (``segments`` must cover
-  exactly ``n`` steps)."""
+  exactly ``n`` steps). ``compact_labels``: keep only as many label slots as the most labelled
+  step needs (a power of two >= 8, at most Q): beacons and unlabelled tokens get no logits."""
   if sum(n for n, _ in segments) != len(plans):
     raise AssertionError(f"segments {segments} do not cover {len(plans)} steps")
   leaves = {f.name: np.stack([getattr(p, f.name) for p in plans])
             for f in dataclasses.fields(WindowPlan) if not f.metadata.get("static")}
+  if compact_labels:
+    ok = leaves["labels"] != IGNORE  # [n, B, Q], label_slot is still arange(Q)
+    need = max(8, int(ok.sum(-1).max()))
+    keep = np.argsort(~ok, axis=-1, kind="stable")[..., :min(ok.shape[-1], 1 << (need - 1).bit_length())]
+    leaves["labels"] = np.take_along_axis(leaves["labels"], keep, -1)
+    leaves["label_slot"] = keep.astype(np.int32)
   return WindowPlan(**leaves, segments=tuple((int(n), int(m)) for n, m in segments),
-                    capacity=int(capacity))
+                    capacity=int(capacity), guard=guard)
