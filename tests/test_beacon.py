@@ -344,3 +344,34 @@ def test_sink_quirk_short_prompt():
     captures.append(s.capture)
   assert captures == [True, True, True, True, False, False]  # raw token 8 completes window 0
   assert st.sizes == (1, 2, 2)
+
+
+def test_resume_refuses_row_count_mismatch(lm, model):
+  """Reliability: more prompts (or carry rows) than state rows used to be zipped away silently,
+  answering one row's question from another row's memory."""
+  _, params = model
+  out1 = longjax.generate(lm, params, _ids(40, 3).tolist(), max_new_tokens=2)
+  two = [_ids(5, 4).tolist(), _ids(6, 5).tolist()]
+  for carry in (None, [out1.tokens[0][-1:]]):  # the probe: one carry row, two prompts
+    with pytest.raises(CapacityError, match="2 prompts for a state of 1 rows"):
+      longjax.generate(lm.resume(out1.state, carry_tokens=carry), params, two, max_new_tokens=2)
+  with pytest.raises(CapacityError, match="carry_tokens has 2 rows, the state 1"):
+    longjax.generate(lm.resume(out1.state, carry_tokens=[[1], [2]]), params, two[0],
+                     max_new_tokens=2)
+
+
+def test_mistral_beacon_ignores_sliding_window_like_the_official_code(caplog):
+  """The official beacon Mistral code never applies sliding_window; PlainLM keeps it."""
+  cfg = tiny_cfg("mistral", sliding_windows=(20, 20))
+  params = tiny_params(cfg)
+  ids = _ids(100, 11)
+  with caplog.at_level("WARNING", logger="longjax.beacon"):
+    windowed = BeaconLM(cfg, BCFG, max_length=256).forward(params, ids).next_logits
+  assert "ignores the model's sliding window 20" in caplog.text
+  full = BeaconLM(cfg.replace(sliding_windows=None), BCFG, max_length=256).forward(
+      params, ids).next_logits
+  np.testing.assert_array_equal(np.asarray(windowed), np.asarray(full))
+  # ... while the plain model keeps its window (memory + window here exceed 20 tokens)
+  plain = lambda c: longjax.generate(longjax.PlainLM(c), params, ids.tolist(), max_new_tokens=1,  # noqa: E731
+                                     return_logits=True).logits[0][0]
+  assert np.abs(plain(cfg) - plain(cfg.replace(sliding_windows=None))).max() > 1e-3

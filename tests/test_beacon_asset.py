@@ -9,7 +9,7 @@ from safetensors.numpy import load_file
 
 from hf_models import save_tiny
 from longjax.beacon import BeaconConfig, load_beacon
-from longjax.beacon.asset import load_beacon_asset, save_beacon_asset
+from longjax.beacon.asset import AssetError, load_beacon_asset, save_beacon_asset
 
 
 def _trained(tmp_path):
@@ -52,7 +52,7 @@ def test_asset_of_another_base_is_refused(tmp_path):
   _, cfg, bcfg, params = _trained(tmp_path)
   out = save_beacon_asset(tmp_path / "asset", cfg, bcfg, params, base="unused")
   _, other = save_tiny(tmp_path / "o", "llama2", num_hidden_layers=2)
-  with pytest.raises(ValueError, match="does not fit this base model"):
+  with pytest.raises(AssetError, match="does not fit this base model"):
     load_beacon_asset(out, other)
-  with pytest.raises(FileNotFoundError, match="not a beacon asset"):
+  with pytest.raises(AssetError, match="not a beacon asset"):
     load_beacon_asset(tmp_path)

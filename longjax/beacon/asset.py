@@ -18,6 +18,11 @@ from typing import Optional
 import numpy as np
 
 from longjax.atomic_dir import atomic_dir
+from longjax.errors import LongjaxError
+
+class AssetError(LongjaxError, ValueError):
+  """A beacon asset that does not fit (missing files, another base model, no beacon tensors)."""
+
 
 TENSORS = "beacon.safetensors"
 META = "beacon.json"
@@ -37,7 +42,7 @@ def save_beacon_asset(out_dir, cfg, bcfg, params, *, base: str, dtype: str = "bf
   tensors = {n: np.ascontiguousarray(v.astype(np_dtype)) for n, v in hf_tensors(cfg, params)
              if _is_beacon(n)}
   if not tensors:
-    raise ValueError("these params hold no beacon tensors")
+    raise AssetError("these params hold no beacon tensors")
   meta = dict(base=base, dtype=dtype, **bcfg.to_hf(), **(info or {}))
   with atomic_dir(out_dir, overwrite) as tmp:
     save_file(tensors, str(tmp / TENSORS), metadata={"format": "pt"})
@@ -55,7 +60,7 @@ def load_beacon_asset(asset_dir, base_dir: Optional[str] = None):
   from longjax.models.smollm2 import resolve
   asset_dir = Path(asset_dir)
   if not (asset_dir / META).exists() or not (asset_dir / TENSORS).exists():
-    raise FileNotFoundError(f"{asset_dir} is not a beacon asset (needs {META} and {TENSORS})")
+    raise AssetError(f"{asset_dir} is not a beacon asset (needs {META} and {TENSORS})")
   meta = json.loads((asset_dir / META).read_text())
   bcfg = BeaconConfig.from_hf(meta)
   cfg, bcfg, params = load_beacon(resolve(base_dir or meta["base"]), init="official", beacon=bcfg,
@@ -64,10 +69,10 @@ def load_beacon_asset(asset_dir, base_dir: Optional[str] = None):
   with safe_open(asset_dir / TENSORS, framework="np") as f:
     missing = sorted(n for n in names if _is_beacon(n) and n not in f.keys())
     if missing:
-      raise ValueError(f"{asset_dir / TENSORS} lacks {missing[:3]} ... ({len(missing)} tensors)")
+      raise AssetError(f"{asset_dir / TENSORS} lacks {missing[:3]} ... ({len(missing)} tensors)")
     for name in f.keys():
       if name not in names:
-        raise ValueError(f"{asset_dir / TENSORS}: tensor {name} does not fit this base model")
+        raise AssetError(f"{asset_dir / TENSORS}: tensor {name} does not fit this base model")
       row, layer = names[name]
       value = row.transform.to_jax(f.get_tensor(name).astype(np.float32), cfg)
       target = get_path(params, row.path)
@@ -97,7 +102,7 @@ def params_from_workdir(workdir):
   mgr = ocp.CheckpointManager(workdir / "checkpoints")
   step = mgr.latest_step()
   if step is None:
-    raise FileNotFoundError(f"{workdir}/checkpoints holds no checkpoint yet")
+    raise AssetError(f"{workdir}/checkpoints holds no checkpoint yet")
   state = mgr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))["state"]
   _merge(params, state["params"])
   return cfg, bcfg, params, int(step), c.model.checkpoint
@@ -116,12 +121,18 @@ def main(argv=None):
   ap.add_argument("--workdir", required=True, help="a train.py beacon run directory")
   ap.add_argument("--out", required=True)
   ap.add_argument("--overwrite", action="store_true")
+  ap.add_argument("--debug", action="store_true", help="show tracebacks")
   args = ap.parse_args(argv)
-  cfg, bcfg, params, step, base = params_from_workdir(args.workdir)
-  save_beacon_asset(args.out, cfg, bcfg, params, base=base, info=dict(train_step=step),
-                    overwrite=args.overwrite)
-  print(f"wrote {args.out} (step {step})")
-  return 0
+
+  def export():
+    if not (Path(args.workdir) / "config.json").exists():
+      raise AssetError(f"{args.workdir} is not a train.py run directory (no config.json)")
+    cfg, bcfg, params, step, base = params_from_workdir(args.workdir)
+    save_beacon_asset(args.out, cfg, bcfg, params, base=base, info=dict(train_step=step),
+                      overwrite=args.overwrite)
+    print(f"wrote {args.out} (step {step})")
+  from longjax import cli
+  return cli.run("python -m longjax.beacon.asset", export, debug=args.debug)
 
 
 if __name__ == "__main__":

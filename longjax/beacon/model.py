@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import sys
 from typing import NamedTuple, Optional, Sequence
 
@@ -33,16 +34,19 @@ from longjax.beacon.config import BeaconConfig
 from longjax.beacon.memory import BeaconState, empty_state
 from longjax.beacon.planner import (IGNORE, Planner, RowState, StepDesc, WindowPlan, assemble,
                                     stack)
+from longjax.errors import LongjaxError
 from longjax.kernels import MaskRule, TokenMeta
 from longjax.models.config import ModelConfig
 from longjax.models.decoder import Decoder, KVPrefix
 
+_log = logging.getLogger("longjax.beacon")
 
-class BeaconSetupError(ValueError):
+
+class BeaconSetupError(LongjaxError, ValueError):
   """The model / checkpoint cannot run Activation Beacon as configured."""
 
 
-class CapacityError(ValueError):
+class CapacityError(LongjaxError, ValueError):
   """An input does not fit the memory capacity this BeaconLM was built for."""
 
 
@@ -339,6 +343,12 @@ class BeaconLM:
       bcfg.check_ratio(ratio)
     if max_length < 1:
       raise CapacityError(f"max_length must be >= 1, got {max_length}")
+    if cfg.has_sliding_window:
+      # The official Activation Beacon code never applies a sliding window (Mistral's is not passed
+      # to its attention; it only warns): follow it, so logits match its outputs. PlainLM keeps it.
+      _log.warning("Activation Beacon ignores the model's sliding window %s, as the official "
+                   "beacon code does (memory + window attend in full)", cfg.sliding_windows[0])
+      cfg = cfg.replace(sliding_windows=None)
     self.cfg = cfg
     self.bcfg = bcfg
     self.max_length = int(max_length)
@@ -601,7 +611,15 @@ class Resumed:
 
   def prefill(self, params, tokens, lengths, max_new_tokens):
     rows = _rows(tokens, lengths)
+    n_state = len(self.state.sizes())
+    # zip would silently drop rows: a prompt fed to another row's memory answers the wrong question
+    if len(rows) != n_state:
+      raise CapacityError(f"resume: {len(rows)} prompts for a state of {n_state} rows; give one "
+                          "prompt per row of the state")
     if self.carry is not None:
+      if len(self.carry) != n_state:
+        raise CapacityError(f"resume: carry_tokens has {len(self.carry)} rows, the state "
+                            f"{n_state}; give one entry per row (an empty list for none)")
       rows = [list(map(int, c)) + list(r) for c, r in zip(self.carry, rows)]
     out = self.lm.forward(params, rows, state=self.state, training=False, reserve=max_new_tokens)
     return out.next_logits, out.state

@@ -27,11 +27,12 @@ import jax
 import numpy as np
 
 from longjax.beacon.config import BeaconConfig, adapt_ratio
+from longjax.errors import LongjaxError
 
 IGNORE = -100
 
 
-class MemoryFullError(ValueError):
+class MemoryFullError(LongjaxError, ValueError):
   """The beacon memory buffers cannot hold what a step would add."""
 
 
