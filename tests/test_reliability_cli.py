@@ -262,3 +262,46 @@ def test_atomic_dir_output_follows_the_umask(tmp_path, umask):
   finally:
     os.umask(old)
   assert (tmp_path / "out").stat().st_mode & 0o777 == 0o777 & ~umask
+
+
+def test_convert_weights_broken_checkpoint_files_one_line(tmp_path, capsys):
+  """Truncated safetensors (header or data), a missing shard, a bad config.json: one line naming
+  the file, never a raw SafetensorError / JSONDecodeError traceback."""
+  import json
+  from convert_weights import main
+  from hf_models import save_tiny
+  _, good = save_tiny(tmp_path, "llama2")
+  capsys.readouterr()  # transformers' save progress bar
+  data = (good / "model.safetensors").read_bytes()
+  header = 8 + int.from_bytes(data[:8], "little")
+  names = list(json.loads(data[8:header]))
+  names.remove("__metadata__")
+
+  def variant(name, edit):
+    d = tmp_path / name
+    d.mkdir()
+    (d / "config.json").write_text((good / "config.json").read_text())
+    (d / "model.safetensors").write_bytes(data)
+    edit(d)
+    return d
+
+  cases = {
+      "header cut": (variant("hdr", lambda d: (d / "model.safetensors").write_bytes(data[:100])),
+                     ["model.safetensors", "truncated or corrupt"]),
+      "data cut": (variant("dat", lambda d: (d / "model.safetensors").write_bytes(data[:header + 64])),
+                   ["model.safetensors", "truncated"]),
+      "bad config": (variant("cfg", lambda d: (d / "config.json").write_text("{bad")),
+                     ["config.json", "not valid JSON"]),
+      "missing shard": (variant("shard", lambda d: (
+          (d / "model.safetensors").rename(d / "model-00001-of-00002.safetensors"),
+          (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
+              n: "model-00002-of-00002.safetensors" for n in names}})))),
+          ["model-00002-of-00002.safetensors", "missing"]),
+  }
+  for case, (src, words) in cases.items():
+    assert main(["--hf_dir", str(src), "--out", str(tmp_path / "o")]) == 1, case
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("convert_weights.py: error: "), (case, err)
+    for w in words:
+      assert w in err[0], (case, err[0])
+  assert not (tmp_path / "o").exists()

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Optional
 
 import numpy as np
-from safetensors import safe_open
+from safetensors import safe_open as _safe_open
 from safetensors.numpy import save_file
 
 from longjax.atomic_dir import atomic_dir
@@ -32,6 +32,24 @@ class CheckpointError(LongjaxError, ValueError):
   """A checkpoint does not match what the model config says it should hold."""
 
 
+def safe_open(path, framework="np"):
+  """``safetensors.safe_open`` whose failures (truncated or corrupt file) name the file."""
+  if not Path(path).exists():
+    raise CheckpointError(f"checkpoint shard {path} is missing (listed in the index?)")
+  try:
+    return _safe_open(path, framework=framework)
+  except Exception as e:  # noqa: BLE001 -- SafetensorError is not importable by a stable name
+    raise CheckpointError(f"cannot read {path}: {e} (truncated or corrupt safetensors file?)") \
+        from None
+
+
+def _read_json(path: Path) -> dict:
+  try:
+    return json.loads(path.read_text())
+  except json.JSONDecodeError as e:
+    raise CheckpointError(f"{path} is not valid JSON ({e})") from None
+
+
 def _listing(names, limit=20) -> str:
   names = sorted(names)
   more = f" ... and {len(names) - limit} more" if len(names) > limit else ""
@@ -42,7 +60,7 @@ def shard_map(hf_dir) -> dict:
   """HF tensor name -> shard file path, for single-file and sharded checkpoints."""
   hf_dir = Path(hf_dir)
   if (hf_dir / INDEX_FILE).exists():
-    weight_map = json.loads((hf_dir / INDEX_FILE).read_text())["weight_map"]
+    weight_map = _read_json(hf_dir / INDEX_FILE)["weight_map"]
     return {name: hf_dir / f for name, f in weight_map.items()}
   if (hf_dir / SINGLE_FILE).exists():
     with safe_open(hf_dir / SINGLE_FILE, framework="np") as f:
@@ -57,7 +75,7 @@ def read_hf_config(hf_dir) -> dict:
   path = Path(hf_dir) / "config.json"
   if not path.exists():
     raise CheckpointError(f"{hf_dir} has no config.json: is it a HF model directory?")
-  return json.loads(path.read_text())
+  return _read_json(path)
 
 
 # config.json field naming the method an export was trained with (written by save_beacon /
@@ -175,7 +193,13 @@ def load_hf(hf_dir, *, param_dtype: Optional[str] = None, alt_init: Optional[str
     with safe_open(path, framework="np") as f:
       for name in file_names:
         row, layer = expected[name]
-        value = row.transform.to_jax(f.get_tensor(name), cfg)
+        try:
+          tensor = f.get_tensor(name)
+        except Exception as e:  # noqa: BLE001 -- a header that promises more bytes than the file has
+          raise CheckpointError(f"cannot read tensor {name} from {path}: {e} (truncated file?)") \
+              from None
+        value = row.transform.to_jax(tensor, cfg)
+        del tensor  # at most one source tensor alive (the one-tensor memory bound)
         target = get_path(params, row.path)
         if layer is None:
           target[...] = value
