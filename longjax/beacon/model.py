@@ -100,16 +100,22 @@ def _token_nll(cfg: ModelConfig, params, h, labels, frozen_head: bool):
 
 def _nll(cfg, params, h, labels, with_grad=False):
   ok = labels != IGNORE
-  safe = jnp.where(ok, labels, 0)
+  safe = jnp.where(ok, labels, 0)[..., None]
   logits = _head(cfg, params, h)
-  logp = jax.nn.log_softmax(logits, axis=-1)
-  nll = jnp.where(ok, -jnp.take_along_axis(logp, safe[..., None], axis=-1)[..., 0], 0.0)
   if not with_grad:
-    return nll
-  g = jnp.exp(logp) - jax.nn.one_hot(safe, logits.shape[-1], dtype=logp.dtype)
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    return jnp.where(ok, -jnp.take_along_axis(logp, safe, axis=-1)[..., 0], 0.0)
+  # One pass over the [B, L, V] logits for both the NLL and its gradient (softmax - onehot).
+  m = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
+  e = jnp.exp(logits - m)
+  s = jnp.sum(e, axis=-1, keepdims=True)
+  nll = (jnp.log(s) + m - jnp.take_along_axis(logits, safe, axis=-1))[..., 0]
+  g = e * (ok[..., None] / s)
+  g = jnp.put_along_axis(g, safe, jnp.take_along_axis(g, safe, axis=-1) - ok[..., None], axis=-1,
+                         inplace=False)
   _, pull = jax.vjp(lambda x: _head(cfg, params, x), h)
-  (dh,) = pull(jnp.where(ok[..., None], g, 0.0))
-  return nll, dh.astype(h.dtype)
+  (dh,) = pull(g)
+  return jnp.where(ok, nll, 0.0), dh.astype(h.dtype)
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
