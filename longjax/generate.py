@@ -22,9 +22,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from longjax.models.config import ModelConfig
-from longjax.models.decoder import Decoder
+from longjax.errors import LongjaxError
+from longjax.models.decoder import Decoder, param_shapes
 from longjax.models.kv_cache import KVCache, cache_forward
 from longjax.sampling import SamplingConfig, select_next
+
+
+class GenerateError(LongjaxError, ValueError):
+  """Arguments of ``generate`` that cannot work (params of another config)."""
 
 
 @dataclasses.dataclass
@@ -110,6 +115,30 @@ def _as_id_lists(prompts, tokenizer) -> list:
   return rows
 
 
+@functools.lru_cache(maxsize=8)
+def _expected_shapes(cfg: ModelConfig) -> dict:
+  flat = jax.tree_util.tree_flatten_with_path(param_shapes(cfg))[0]
+  return {jax.tree_util.keystr(k): tuple(v.shape) for k, v in flat}
+
+
+def check_params(params, cfg: ModelConfig):
+  """Host side, before any trace: ``params`` must be the tree ``cfg`` describes (params of another
+  config otherwise surface as a Flax ScopeParamNotFoundError or a shape error deep in a trace)."""
+  want = _expected_shapes(cfg.replace(remat=False))
+  got = {jax.tree_util.keystr(k): tuple(np.shape(v))
+         for k, v in jax.tree_util.tree_flatten_with_path(params)[0]}
+  missing = sorted(set(want) - set(got))  # extra leaves are harmless (Flax never reads them)
+  shapes = [f"{k}: {got[k]} (config: {want[k]})" for k in sorted(set(want) & set(got))
+            if got[k] != want[k]]
+  if missing or shapes:
+    parts = ([f"missing {missing[:3]}"] if missing else []) + \
+        ([f"shapes {shapes[:3]}"] if shapes else [])
+    raise GenerateError(f"params do not fit the method's model config ({cfg.family}, "
+                        f"{cfg.num_layers} layers, hidden {cfg.hidden_size}, alt "
+                        f"{cfg.alt_projections or 'none'}): {'; '.join(parts)}; load the params "
+                        "with the config they were saved with")
+
+
 def generate(method, params, prompts, max_new_tokens: int = 32, *, tokenizer=None,
              temperature: float = 0.0, top_k: Optional[int] = None, top_p: Optional[float] = None,
              seed: int = 0, stop_ids: Sequence[int] = (), return_logits: bool = False,
@@ -131,6 +160,7 @@ def generate(method, params, prompts, max_new_tokens: int = 32, *, tokenizer=Non
     raise ValueError(f"empty prompt (rows {empty or [0]}): give at least one token per prompt")
   # Checked before the int32 cast below, which would wrap ids >= 2**31 into range.
   check_token_ids(ids, method.cfg.vocab_size)
+  check_params(params, method.cfg)
   lengths = np.array([len(r) for r in ids], np.int32)
   tokens = np.zeros((len(ids), int(lengths.max())), np.int32)
   for i, r in enumerate(ids):

@@ -274,3 +274,22 @@ def test_old_longjax_checkpoint_config_still_loads():
   assert hf["model_type"] == "llama" and hf["num_hidden_layers"] == 2
   again = checkpoint.config_from_json(json.loads(json.dumps(checkpoint.config_to_json(cfg))))
   assert again == cfg
+
+
+def test_params_of_another_config_are_refused_before_tracing():
+  """Reliability (WEAK): params of another config used to fail deep in a trace (Flax
+  ScopeParamNotFoundError / a shape error); now one error names the first mismatches."""
+  import longjax
+  from longjax.generate import GenerateError
+  from longjax.models import ModelConfig, init_params
+  small = ModelConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_layers=2,
+                      num_heads=4, num_kv_heads=2, head_dim=8)
+  bigger = small.replace(hidden_size=48, num_layers=3)
+  params = init_params(small, 0)
+  with pytest.raises(GenerateError, match=r"params do not fit .*shapes"):
+    longjax.generate(longjax.PlainLM(bigger), params, [[5, 6, 7]], max_new_tokens=1)
+  with pytest.raises(GenerateError, match=r"missing .*alt_q_proj"):
+    longjax.generate(longjax.PlainLM(small.replace(alt_projections=("q",))), params, [[5, 6]],
+                     max_new_tokens=1)
+  assert len(longjax.generate(longjax.PlainLM(small), params, [[5, 6]], max_new_tokens=2)
+             .tokens[0]) == 2
