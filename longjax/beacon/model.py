@@ -17,6 +17,10 @@ share one bucket (a chunk starts a new bucket when the memory outgrows the curre
 chunk's unused tail steps are skipped with ``lax.cond``, so one compiled chunk per bucket serves
 any number of windows (full windows and the final partial window alike). Decode steps use one
 jitted step per (query slots, bucket).
+
+``loss`` and the training task run the same scan (``scan_windows`` over a ``WindowPlan``) as one
+jitted program over all windows: ``plan`` stacks every step in bucket segments, ``loss_terms``
+runs them from an empty buffer sized to the input.
 """
 from __future__ import annotations
 
