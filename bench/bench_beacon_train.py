@@ -140,6 +140,11 @@ def _task(spec):
   return fw, st
 
 
+NOTE = ("Times are medians after a warm-up; with other processes on the cores (load average "
+        "above) they vary by about 20 % from run to run, the ratios (same process) less. Peak "
+        "RSS is the whole process's (model, compile, runs).")
+
+
 def run_one(spec, timeout_s):
   """One measurement in a subprocess: its RESULT line plus its peak RSS from ``os.wait4``."""
   env = dict(os.environ, PYTHONPATH=str(H.ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -205,7 +210,7 @@ def main():
       ("step / prefill", "step_over_prefill"), ("step / loss forward", "step_over_loss_forward"),
       ("peak RSS MiB", "peak_rss_mib"), ("status", "status")])
   md = (f"# Beacon training step vs forward (SmolLM2-135M-Instruct, W = S = {a.window}, "
-        f"ratio {a.ratio}, fp32)\n\n{H.machine_md(machine)}\n\n{table}\n")
+        f"ratio {a.ratio}, fp32)\n\n{H.machine_md(machine)}\n\n{table}\n\n{NOTE}\n")
   H.write_results(a.out, dict(machine=machine, rows=rows), md)
   print(md)
 

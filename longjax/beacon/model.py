@@ -490,7 +490,8 @@ class BeaconLM:
 
   def loss_terms(self, params, plan: WindowPlan, state: Optional[BeaconState] = None):
     """``(loss_sum [B], loss_count [B])`` of a ``plan`` (pure and jittable: the training step
-    calls it inside its own jit); from ``state``'s memory or empty buffers."""
+    calls it inside its own jit); from ``state``'s memory or empty buffers. In training mode the
+    LM head is frozen (no gradient reaches it, as in ``loss``)."""
     k, v = (None, None) if state is None else (state.k, state.v)
     return loss_terms(params, plan, k, v, frozen_head=self.training, **self._static)
 
