@@ -54,3 +54,16 @@ def hf_logits(model, ids) -> np.ndarray:
   import torch
   with torch.no_grad():
     return model(torch.as_tensor(np.asarray(ids))).logits.float().numpy()
+
+
+def byte_level_tokenizer():
+  """A byte-level HF tokenizer with 258 ids (<s>, </s>, 256 bytes; BOS added), built offline."""
+  from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+  from transformers import PreTrainedTokenizerFast
+  alphabet = pre_tokenizers.ByteLevel.alphabet()
+  vocab = {"<s>": 0, "</s>": 1, **{ch: i + 2 for i, ch in enumerate(sorted(alphabet))}}
+  t = Tokenizer(models.BPE(vocab, merges=[]))
+  t.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  t.decoder = decoders.ByteLevel()
+  t.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
+  return PreTrainedTokenizerFast(tokenizer_object=t, bos_token="<s>", eos_token="</s>")

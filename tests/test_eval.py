@@ -310,15 +310,8 @@ def test_cli_real_checkpoint_uses_its_own_tokenizer(tmp_path):
 
 def _hf_tokenizer():
   """A tiny byte-level HF tokenizer built offline (BOS added by default, a chat template)."""
-  from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
-  from transformers import PreTrainedTokenizerFast
-  alphabet = pre_tokenizers.ByteLevel.alphabet()
-  vocab = {"<s>": 0, "</s>": 1, **{ch: i + 2 for i, ch in enumerate(sorted(alphabet))}}
-  t = Tokenizer(models.BPE(vocab, merges=[]))
-  t.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-  t.decoder = decoders.ByteLevel()
-  t.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
-  tok = PreTrainedTokenizerFast(tokenizer_object=t, bos_token="<s>", eos_token="</s>")
+  from hf_models import byte_level_tokenizer
+  tok = byte_level_tokenizer()
   tok.chat_template = ("{% for m in messages %}[U]{{ m['content'] }}{% endfor %}"
                        "{% if add_generation_prompt %}[A]{% endif %}")
   return tok

@@ -7,21 +7,13 @@ from train_helpers import micro_config
 from longjax.data.tokenizers import (BYTE_MARKER, TokenizerChoiceError, choose_tokenizer,
                                      get_tokenizer)
 from longjax.eval import EvalError
+from hf_models import byte_level_tokenizer
 from longjax.eval.models import build_method
 from longjax.train import loop
 
 
 def _hf_tokenizer():
-  """A byte-level HF tokenizer with 258 ids (<s>, </s>, 256 bytes), built offline."""
-  from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
-  from transformers import PreTrainedTokenizerFast
-  alphabet = pre_tokenizers.ByteLevel.alphabet()
-  vocab = {"<s>": 0, "</s>": 1, **{ch: i + 2 for i, ch in enumerate(sorted(alphabet))}}
-  t = Tokenizer(models.BPE(vocab, merges=[]))
-  t.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-  t.decoder = decoders.ByteLevel()
-  t.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
-  return PreTrainedTokenizerFast(tokenizer_object=t, bos_token="<s>", eos_token="</s>")
+  return byte_level_tokenizer()
 
 
 @pytest.fixture(scope="module")
