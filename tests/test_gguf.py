@@ -139,10 +139,15 @@ def write_gguf(path, hf_state, tokens, merges, *, quant=QUANT, arch="llama", see
     else:
       data = gguf.quants.quantize(np.ascontiguousarray(x, np.float32), qtype)
     w.add_tensor(name, data, raw_dtype=qtype)
-  w.write_header_to_file()
-  w.write_kv_data_to_file()
-  w.write_tensors_to_file()
-  w.close()
+  return _finish(w, path)
+
+
+def _finish(writer, path):
+  """Write a GGUFWriter's header, metadata and tensors to ``path``."""
+  writer.write_header_to_file()
+  writer.write_kv_data_to_file()
+  writer.write_tensors_to_file()
+  writer.close()
   return path
 
 
@@ -284,11 +289,7 @@ def _other_arch(path, arch, tensor="token_embd.weight"):
   w = gguf.GGUFWriter(str(path), arch)
   w.add_block_count(1)
   w.add_tensor(tensor, np.zeros((8, 32), np.float32))
-  w.write_header_to_file()
-  w.write_kv_data_to_file()
-  w.write_tensors_to_file()
-  w.close()
-  return path
+  return _finish(w, path)
 
 
 def _bad_inputs(tiny, d):
