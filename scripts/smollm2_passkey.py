@@ -144,7 +144,7 @@ def main(argv=None):
   if "beacon" in methods and "UNTRAINED" in methods["beacon"][3]:
     print("note: the beacon row uses untrained beacons (official init). They are only a starting "
           "point for training: SmolLM2 with them emits <|im_end|> or noise. Train them with "
-          "scripts/learn_passkey_real.py (see README 'Does it learn?').")
+          "configs/smollm2_beacon.py (README 'Does it learn? On SmolLM2').")
   return 0
 
 
