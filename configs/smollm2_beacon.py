@@ -1,11 +1,16 @@
 """Activation Beacon on frozen SmolLM2-135M-Instruct (the real-model learning proof, CPU-sized).
 
-W = S = 256 (1/32 of SmolLM2's 8K context), ratio 2, interleave + full-coverage, beacon q/k/v +
-embedding trained (official init: copies, embedding from EOS), fp32. Data: passkey documents in
-the official prompt format through the chat template, 700-1400 tokens (3-6 windows), loss on the
-answer ("The pass key is K.") only; written by scripts/passkey_data.py.
+W = S = 256 (1/32 of SmolLM2's 8K context), ratio 2, interleave + full-coverage, beacon q/k/v/o +
+embedding trained (official init: copies, embedding from EOS; v1 of the paper also trained o),
+fp32. Data: passkey documents in the official prompt format through the chat template, 400-1100
+tokens (2-5 windows: a beacon compresses one window at a time, so short documents teach the same
+skill at a fraction of the step time), keys of 5-16 digits (each digit is one SmolLM2 token, so a
+longer key is more retrieval targets per step), 90 % of keys outside the beacon-free last training
+window, loss on the answer ("The pass key is K.") only; written by scripts/passkey_data.py.
+The README ("Does it learn? On SmolLM2") lists the recipes tried and what they reached.
 
-  python scripts/passkey_data.py --out runs/smollm2_beacon_data/train.jsonl --count 3000 --min 700 --max 1400
+  python scripts/passkey_data.py --out runs/smollm2_beacon_data/train.jsonl --count 3000 \
+      --min 400 --max 1100 --digits 5-16 --before_last 0.9 --seed 11
   python train.py --config=configs/smollm2_beacon.py     # rerun the same command to resume
 """
 import ml_collections
@@ -28,12 +33,12 @@ def get_config():
                               dtype="float32", param_dtype="float32")
   c.beacon = ml_collections.ConfigDict(dict(window=256, stride=256, ratios=(2,),
                                             ratio_mix="step-random", pos="interleave",
-                                            attn="full-coverage", param=("q", "k", "v"),
+                                            attn="full-coverage", param=("q", "k", "v", "o"),
                                             sink_size=0, embed_init="eos", attend_prev=True))
   c.data = common.data_defaults(sources="jsonl:runs/smollm2_beacon_data/train.jsonl",
-                                min_length=0, max_length=1600, loss_on="answer")
-  c.train = common.train_defaults(num_steps=3000, global_batch=1, lr=1e-4, warmup_steps=20,
-                                  save_every=20, keep=2, log_every=1, progress=False)
+                                min_length=0, max_length=1400, loss_on="answer")
+  c.train = common.train_defaults(num_steps=600, global_batch=1, lr=2e-4, warmup_steps=10,
+                                  save_every=25, keep=40, log_every=1, progress=False)
   c.debug = common.debug_defaults()
   from longjax.eval.config import eval_config  # noqa: E402
   c.eval = eval_config("beacon", preset="tiny")

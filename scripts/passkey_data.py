@@ -68,6 +68,13 @@ def main(argv=None):
   ap.add_argument("--min", type=int, default=768, help="shortest document (tokens)")
   ap.add_argument("--max", type=int, default=1536, help="longest document (tokens)")
   ap.add_argument("--seed", type=int, default=7)
+  ap.add_argument("--digits", default="5",
+                  help="key length in digits, or a range LO-HI drawn uniformly per document: a "
+                       "longer key gives more retrieval targets per step (each digit is a token)")
+  ap.add_argument("--before_last", type=float, default=0.0,
+                  help="fraction of documents whose key is placed before the last --window tokens "
+                       "(in a window that beacons must compress); the rest: depth uniform 0-100 %%")
+  ap.add_argument("--window", type=int, default=256)
   ap.add_argument("--tokenizer", default="smollm2")
   args = ap.parse_args(argv)
   from transformers import AutoTokenizer
@@ -79,9 +86,16 @@ def main(argv=None):
   out.parent.mkdir(parents=True, exist_ok=True)
   tmp = out.with_suffix(".partial")
   with open(tmp, "w") as f:
+    lo, _, hi = args.digits.partition("-")
+    lo, hi = int(lo), int(hi or lo)
     for i in range(args.count):
-      rec = make(tok, rng, int(rng.integers(args.min, args.max + 1)),
-                 int(rng.integers(10000, 100000)), float(rng.uniform(0, 100)), bool(i % 2))
+      length = int(rng.integers(args.min, args.max + 1))
+      digits = int(rng.integers(lo, hi + 1))
+      key = int(rng.integers(10 ** (digits - 1), 10 ** digits))
+      top = 100.0
+      if rng.uniform() < args.before_last:  # keep the key out of the (beacon-free) last window
+        top = 100.0 * max(0.0, length - args.window - 64) / length
+      rec = make(tok, rng, length, key, float(rng.uniform(0, top)), bool(i % 2))
       f.write(json.dumps(rec) + "\n")
   tmp.replace(out)
   print(f"wrote {args.count} documents to {out}")

@@ -83,9 +83,9 @@ def load_beacon_asset(asset_dir, base_dir: Optional[str] = None):
   return cfg, bcfg, params
 
 
-def params_from_workdir(workdir):
-  """The newest checkpoint of a train.py beacon run merged into its base:
-  ``(ModelConfig, BeaconConfig, params, step)``."""
+def params_from_workdir(workdir, step=None):
+  """Checkpoint ``step`` (default: the newest) of a train.py beacon run merged into its base:
+  ``(ModelConfig, BeaconConfig, params, step, checkpoint name)``."""
   import ml_collections
   import orbax.checkpoint as ocp
   from longjax.beacon.config import BeaconConfig
@@ -100,9 +100,12 @@ def params_from_workdir(workdir):
   cfg, bcfg, params = load_beacon(resolve(c.model.checkpoint), init="official", beacon=bcfg,
                                   param_dtype="float32")
   mgr = ocp.CheckpointManager(workdir / "checkpoints")
-  step = mgr.latest_step()
   if step is None:
-    raise AssetError(f"{workdir}/checkpoints holds no checkpoint yet")
+    step = mgr.latest_step()
+    if step is None:
+      raise AssetError(f"{workdir}/checkpoints holds no checkpoint yet")
+  elif step not in mgr.all_steps():
+    raise AssetError(f"{workdir}/checkpoints has no step {step} (kept: {sorted(mgr.all_steps())})")
   state = mgr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))["state"]
   _merge(params, state["params"])
   return cfg, bcfg, params, int(step), c.model.checkpoint

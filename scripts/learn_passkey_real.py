@@ -1,0 +1,290 @@
+"""Does beacon training teach SmolLM2-135M to read past its window? The evaluation side.
+
+Subcommands (all append to one results JSON, --out, default results/learn_smollm2.json, written
+atomically after every sample, so an interrupted run resumes where it stopped):
+
+  passkey  exact 5-digit passkey accuracy (greedy, official prompt format through the chat template)
+           on fresh documents: keys from --seed (training used seeds 7 and 11), depths evenly spread
+           over 0-100 %, the official noise filler; per condition and length:
+             truncation  the plain model given the last W tokens (what a W-token model reads)
+             untrained   beacon with the official init (copies of the projections, EOS embedding)
+             trained     beacon with the trained tensors (--asset, or --workdir [--step])
+             full        the plain model on the whole document (upper bound, inside its 8K context)
+  ppl      perplexity of the last --scored tokens of held-out real text (Python's own reference
+           documentation, pydoc_data.topics: in every Python, never in the training data), split
+           into documents of --doc_tokens tokens; truncation scores each token from at most W
+           preceding tokens (W-token windows every W/2), full and beacon from the whole document
+  curve    accuracy at --length on --samples documents (seed --curve_seed) for every kept
+           checkpoint of --workdir not yet in the file (the learning curve)
+  plot     the learning curve PNG next to the JSON
+
+  python scripts/learn_passkey_real.py curve --workdir runs/smollm2_beacon
+  python scripts/learn_passkey_real.py passkey --asset assets/smollm2_beacon --conditions trained
+  python scripts/learn_passkey_real.py ppl --asset assets/smollm2_beacon
+"""
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+CONDITIONS = ("truncation", "untrained", "trained", "full")
+
+
+# ------------------------------------------------------------------------------------------------
+# Results file: one JSON, rewritten atomically (never half-written).
+def load(path: Path) -> dict:
+  return json.loads(path.read_text()) if path.exists() else {}
+
+
+def save(path: Path, res: dict):
+  path.parent.mkdir(parents=True, exist_ok=True)
+  tmp = path.with_name(path.name + ".partial")
+  tmp.write_text(json.dumps(res, indent=1, sort_keys=True))
+  os.replace(tmp, path)
+
+
+# ------------------------------------------------------------------------------------------------
+# Documents.
+def passkey_docs(tok, length: int, n: int, seed: int) -> list:
+  """``n`` passkey prompts of ``length`` tokens (before the chat template): keys from ``seed``
+  (mixed with the length, so lengths do not share keys), depths evenly over 0-100 %."""
+  from longjax.eval import passkey
+  rng = np.random.default_rng([seed, length])
+  docs = []
+  for depth in np.linspace(0, 100, n):
+    key = int(rng.integers(10000, 100000))
+    s = passkey.depth_sample(tok, length, float(depth), passkey.INFO.format(key=key),
+                             passkey.QUESTION)
+    docs.append(dict(ids=tok.prompt_ids(s["text"], True), key=str(key),
+                     depth=round(float(depth), 2)))
+  return docs
+
+
+def real_text_docs(tok, n_docs: int, doc_tokens: int) -> list:
+  from pydoc_data.topics import topics
+  text = "\n\n".join(topics[k] for k in sorted(topics))
+  ids = tok.encode(text)
+  if len(ids) < n_docs * doc_tokens:
+    raise SystemExit(f"pydoc_data.topics has {len(ids)} tokens, fewer than {n_docs} x {doc_tokens}")
+  return [ids[i * doc_tokens:(i + 1) * doc_tokens] for i in range(n_docs)]
+
+
+# ------------------------------------------------------------------------------------------------
+# Models.
+class Models:
+  """The frozen base and the beacon variants, built on first use (compiles are cached per shape)."""
+
+  def __init__(self, args):
+    from transformers import AutoTokenizer
+    from longjax.eval.models import Tok
+    from longjax.models import smollm2
+    self.args = args
+    self.hf_dir = smollm2.get()
+    self.tok = Tok(AutoTokenizer.from_pretrained(self.hf_dir), hf=True)
+    self._base = None
+    self._beacon = {}
+
+  def base(self):
+    if self._base is None:
+      import jax
+      import jax.numpy as jnp
+      from longjax.convert import load_hf
+      cfg, params = load_hf(self.hf_dir)
+      self._base = (cfg, jax.tree.map(jnp.asarray, params))
+    return self._base
+
+  def beacon(self, which: str, step=None):
+    """``(BeaconLM, params, description)``; ``which`` is trained or untrained."""
+    key = (which, step)
+    if key not in self._beacon:
+      import jax
+      import jax.numpy as jnp
+      from longjax.beacon import BeaconLM, load_beacon
+      from longjax.beacon.asset import load_beacon_asset, params_from_workdir
+      a = self.args
+      if a.workdir:
+        cfg, bcfg, params, step, _ = params_from_workdir(a.workdir, step)
+        src = f"{a.workdir} step {step}"
+      else:
+        cfg, bcfg, params = load_beacon_asset(a.asset, self.hf_dir)
+        src = str(a.asset)
+      if which == "untrained":
+        cfg, bcfg, params = load_beacon(self.hf_dir, init="official", beacon=bcfg,
+                                        param_dtype="float32")
+        src = "official init"
+      desc = (f"beacon W={bcfg.window} ratio {'/'.join(map(str, bcfg.ratios))} "
+              f"({'+'.join(bcfg.param)}), {which} ({src})")
+      lm = BeaconLM(cfg, bcfg, max_length=16 * bcfg.window + 512, progress=False)
+      self._beacon = {key: (lm, jax.tree.map(jnp.asarray, params), desc, bcfg)}  # one at a time
+    return self._beacon[key]
+
+  def answer(self, cond: str, ids, step=None) -> str:
+    import longjax
+    from longjax.eval import scorers
+    cfg, params = self.base()
+    stops = [int(cfg.eos_token_id)]
+    if cond in ("truncation", "full"):
+      method = longjax.PlainLM(cfg)
+      if cond == "truncation":
+        ids = ids[-self.args.window:]
+    else:
+      method, params, _, _ = self.beacon(cond, step)
+    gen = longjax.generate(method, params, [ids], max_new_tokens=self.args.max_new_tokens,
+                           stop_ids=stops).tokens[0]
+    text = self.tok.decode(gen)
+    return text, scorers.first_int(text)
+
+
+# ------------------------------------------------------------------------------------------------
+def cmd_passkey(args, models: Models, res: dict, out: Path):
+  table = res.setdefault("passkey", {})
+  res["passkey_protocol"] = dict(seed=args.seed, samples=args.samples, window=args.window,
+                                 lengths=args.lengths, max_new_tokens=args.max_new_tokens)
+  for cond in args.conditions:
+    for length in args.lengths:
+      cell = table.setdefault(cond, {}).setdefault(str(length), dict(samples=[]))
+      done = {(s["key"], s["depth"]) for s in cell["samples"]}
+      docs = passkey_docs(models.tok, length, args.samples, args.seed)
+      t0 = time.time()
+      for d in docs:
+        if (d["key"], d["depth"]) in done:
+          continue
+        text, pred = models.answer(cond, d["ids"])
+        cell["samples"].append(dict(key=d["key"], depth=d["depth"], output=text,
+                                    correct=pred == d["key"]))
+        cell["accuracy"] = float(np.mean([s["correct"] for s in cell["samples"]]))
+        cell["n"] = len(cell["samples"])
+        if cond in ("trained", "untrained"):
+          cell["model"] = models.beacon(cond)[2]
+        save(out, res)
+      print(f"{cond:10s} {length:5d}: {cell.get('accuracy', float('nan')):6.1%} of "
+            f"{cell.get('n', 0)} ({time.time() - t0:.0f} s)", flush=True)
+
+
+def cmd_ppl(args, models: Models, res: dict, out: Path):
+  from longjax.eval.models import Built
+  import longjax
+  cfg, params = models.base()
+  w = args.window
+  docs = real_text_docs(models.tok, args.docs, args.doc_tokens)
+  table = res.setdefault("perplexity", {})
+  res["perplexity_protocol"] = dict(text="pydoc_data.topics (sorted keys, joined)",
+                                    docs=args.docs, doc_tokens=args.doc_tokens,
+                                    scored=args.scored, window=w)
+  for cond in args.conditions:
+    cell = table.setdefault(cond, dict(doc_nll=[]))
+    if len(cell["doc_nll"]) >= len(docs):
+      continue
+    if cond in ("truncation", "full"):
+      built = Built("plain", longjax.PlainLM(cfg), params, models.tok, None, cfg)
+    else:
+      lm, bparams, desc, bcfg = models.beacon(cond)
+      built = Built("beacon", lm, bparams, models.tok, None, lm.cfg, extra=bcfg)
+      cell["model"] = desc
+    t0 = time.time()
+    for ids in docs[len(cell["doc_nll"]):]:
+      n = len(ids)
+      if cond == "truncation":  # W-token windows every W/2: each token sees W/2..W-1 tokens
+        nll = cnt = 0
+        for end in range(n - args.scored + w // 2, n + 1, w // 2):
+          s, c = built.suffix_nll(ids[max(0, end - w):end], w // 2)
+          nll, cnt = nll + s, cnt + c
+      else:
+        nll, cnt = built.suffix_nll(ids, args.scored)
+      cell["doc_nll"].append(nll / cnt)
+      cell["ppl"] = math.exp(float(np.mean(cell["doc_nll"])))
+      save(out, res)
+    print(f"{cond:10s} ppl {cell['ppl']:.3f} over {len(cell['doc_nll'])} documents "
+          f"({time.time() - t0:.0f} s)", flush=True)
+
+
+def cmd_curve(args, models: Models, res: dict, out: Path):
+  import orbax.checkpoint as ocp
+  curve = res.setdefault("curve", {})
+  res["curve_protocol"] = dict(seed=args.curve_seed, samples=args.samples, length=args.length,
+                               workdir=Path(args.workdir).name)
+  steps = sorted(ocp.CheckpointManager(Path(args.workdir).absolute() / "checkpoints").all_steps())
+  docs = passkey_docs(models.tok, args.length, args.samples, args.curve_seed)
+  for step in steps:
+    if str(step) in curve:
+      continue
+    t0 = time.time()
+    outs = [models.answer("trained", d["ids"], step) for d in docs]
+    curve[str(step)] = dict(accuracy=float(np.mean([p == d["key"] for (_, p), d in zip(outs, docs)])),
+                            example=outs[0][0])
+    save(out, res)
+    print(f"step {step:5d}: {curve[str(step)]['accuracy']:6.1%} at {args.length} "
+          f"({time.time() - t0:.0f} s; e.g. {outs[0][0]!r} for {docs[0]['key']})", flush=True)
+
+
+def cmd_plot(args, res: dict, out: Path):
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  curve = res.get("curve", {})
+  if not curve:
+    raise SystemExit(f"{out} has no learning curve yet (run the curve subcommand)")
+  steps = sorted(int(s) for s in curve)
+  fig, ax = plt.subplots(figsize=(6, 3.5))
+  ax.plot(steps, [100 * curve[str(s)]["accuracy"] for s in steps], "o-", label="trained beacon")
+  p = res.get("curve_protocol", {})
+  for cond, style in (("full", "--"), ("truncation", ":")):
+    cell = res.get("passkey", {}).get(cond, {}).get(str(p.get("length")))
+    if cell and "accuracy" in cell:
+      ax.axhline(100 * cell["accuracy"], ls=style, color="gray", label=f"{cond} (fresh set)")
+  ax.set(xlabel="training step", ylabel=f"passkey exact match at {p.get('length')} (%)",
+         ylim=(-3, 103), title="SmolLM2-135M + Activation Beacon (W=256)")
+  ax.legend(loc="best", fontsize=8)
+  fig.tight_layout()
+  png = out.with_suffix(".png")
+  fig.savefig(png, dpi=120)
+  print(f"wrote {png}")
+
+
+def main(argv=None):
+  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap.add_argument("command", choices=("passkey", "ppl", "curve", "plot"))
+  ap.add_argument("--out", default=str(ROOT / "results" / "learn_smollm2.json"))
+  src = ap.add_mutually_exclusive_group()
+  src.add_argument("--asset", default=str(ROOT / "assets" / "smollm2_beacon"),
+                   help="trained beacon tensors (assets/...; default)")
+  src.add_argument("--workdir", default="", help="a train.py beacon run instead of the asset")
+  ap.add_argument("--step", type=int, default=None, help="with --workdir: that checkpoint")
+  ap.add_argument("--conditions", default=",".join(CONDITIONS))
+  ap.add_argument("--lengths", default="1024,2048,4096")
+  ap.add_argument("--samples", type=int, default=50)
+  ap.add_argument("--seed", type=int, default=99, help="passkey keys (training used 7 and 11)")
+  ap.add_argument("--curve_seed", type=int, default=98)
+  ap.add_argument("--length", type=int, default=2048, help="curve: document length")
+  ap.add_argument("--max_new_tokens", type=int, default=16)
+  ap.add_argument("--window", type=int, default=256, help="W: what truncation keeps")
+  ap.add_argument("--docs", type=int, default=8, help="ppl: documents")
+  ap.add_argument("--doc_tokens", type=int, default=3072, help="ppl: tokens per document")
+  ap.add_argument("--scored", type=int, default=1024, help="ppl: last tokens scored")
+  args = ap.parse_args(argv)
+  args.conditions = [c.strip() for c in args.conditions.split(",") if c.strip()]
+  bad = sorted(set(args.conditions) - set(CONDITIONS))
+  if bad:
+    ap.error(f"unknown condition(s) {bad}; choose from {list(CONDITIONS)}")
+  args.lengths = [int(x) for x in args.lengths.split(",")]
+  if args.command == "curve" and not args.workdir:
+    ap.error("curve needs --workdir (a train.py run with checkpoints)")
+  out = Path(args.out)
+  res = load(out)
+  if args.command == "plot":
+    return cmd_plot(args, res, out)
+  models = Models(args)
+  {"passkey": cmd_passkey, "ppl": cmd_ppl, "curve": cmd_curve}[args.command](args, models, res, out)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
