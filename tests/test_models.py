@@ -93,6 +93,27 @@ def test_kv_cache_full_raises(tmp_root):
     cache_forward(model, params, cache, jnp.ones((1, 3), jnp.int32))
 
 
+@pytest.mark.parametrize("tied", [False, True])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_lm_head_equals_the_decoders_own(tied, dtype):
+  """The head the methods apply to chosen rows gives the decoder's logits, dtype for dtype."""
+  from longjax.models.head import lm_head
+  cfg = ModelConfig(vocab_size=97, hidden_size=32, intermediate_size=48, num_layers=1, num_heads=4,
+                    num_kv_heads=2, head_dim=8, tie_word_embeddings=tied, dtype=dtype)
+  params = init_params(cfg, 0)
+  ids = jnp.asarray(_ids(2, 12, vocab=97))
+  pos = jnp.broadcast_to(jnp.arange(12), ids.shape)
+  model = Decoder(cfg)
+  logits, _ = model.apply({"params": params}, ids, pos)
+  hidden, _ = model.apply({"params": params}, ids, pos, head=False)
+  ours = lm_head(cfg, params, hidden)
+  assert ours.dtype == logits.dtype == jnp.float32
+  np.testing.assert_array_equal(np.asarray(ours), np.asarray(logits))
+  # any leading shape: one row per batch element, as the methods pick them
+  np.testing.assert_array_equal(np.asarray(lm_head(cfg, params, hidden[:, -1])),
+                                np.asarray(logits[:, -1]))
+
+
 def test_batched_generation_equals_unbatched(tmp_root):
   _, cfg, params = converted("qwen2", tmp_root)
   method = PlainLM(cfg)

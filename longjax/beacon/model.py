@@ -42,6 +42,7 @@ from longjax.errors import LongjaxError
 from longjax.kernels import MaskRule, TokenMeta
 from longjax.models.config import ModelConfig
 from longjax.models.decoder import Decoder, KVPrefix
+from longjax.models.head import lm_head
 
 _log = logging.getLogger("longjax.beacon")
 
@@ -79,15 +80,6 @@ class ForwardOutput:
     return self.loss_sum / jnp.maximum(self.loss_count, 1)
 
 
-def _head(cfg: ModelConfig, params, h):
-  """LM head on final hidden states (as ``Decoder._logits``)."""
-  if cfg.tie_word_embeddings:
-    table = params["embedding"].astype(h.dtype)
-    return jnp.einsum("...h,vh->...v", h, table).astype(jnp.float32)
-  kernel = params["lm_head"]["kernel"].astype(cfg.compute_dtype)
-  return jnp.einsum("...h,hv->...v", h.astype(cfg.compute_dtype), kernel).astype(jnp.float32)
-
-
 class Carry(NamedTuple):
   """What the window scan carries from one official call to the next."""
   k: jax.Array  # [L, B, C, Hkv, D] memory buffers: pre-RoPE keys
@@ -105,7 +97,7 @@ def _token_nll(cfg: ModelConfig, params, h, labels, frozen_head: bool):
 def _nll(cfg, params, h, labels, with_grad=False):
   ok = labels != IGNORE
   safe = jnp.where(ok, labels, 0)[..., None]
-  logits = _head(cfg, params, h)
+  logits = lm_head(cfg, params, h)
   if not with_grad:
     logp = jax.nn.log_softmax(logits, axis=-1)
     return jnp.where(ok, -jnp.take_along_axis(logp, safe, axis=-1)[..., 0], 0.0)
@@ -117,7 +109,7 @@ def _nll(cfg, params, h, labels, with_grad=False):
   g = e * (ok[..., None] / s)
   g = jnp.put_along_axis(g, safe, jnp.take_along_axis(g, safe, axis=-1) - ok[..., None], axis=-1,
                          inplace=False)
-  _, pull = jax.vjp(lambda x: _head(cfg, params, x), h)
+  _, pull = jax.vjp(lambda x: lm_head(cfg, params, x), h)
   (dh,) = pull(g)
   return jnp.where(ok, nll, 0.0), dh.astype(h.dtype)
 
@@ -194,7 +186,7 @@ def window_step(model: Decoder, sink_cap: int, params, k, v, plan: WindowPlan, *
 
   last = jnp.maximum(plan.last_slot, 0)
   h_last = jnp.take_along_axis(hidden, last[:, None, None], axis=1)[:, 0]
-  out = dict(last_logits=_head(cfg, params, h_last), has_last=plan.last_slot >= 0)
+  out = dict(last_logits=lm_head(cfg, params, h_last), has_last=plan.last_slot >= 0)
   if want_loss:
     h = jnp.take_along_axis(hidden, plan.label_slot[..., None], axis=1)  # [B, L, H]
     ok = plan.labels != IGNORE
@@ -559,7 +551,7 @@ class BeaconLM:
         idx_q.extend(slots.tolist())
         where.extend(x.raw_index[slots].tolist())
       h = hidden[np.asarray(idx_s), i, np.asarray(idx_q)]
-      logits = _head(self.cfg, params, h)
+      logits = lm_head(self.cfg, params, h)
       order = np.argsort(np.asarray(where))
       res.append(logits[order])
     return res

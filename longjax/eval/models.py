@@ -38,6 +38,7 @@ from longjax.eval.errors import EvalError
 from longjax.generate import PlainLM, generate
 from longjax.models.config import ModelConfig
 from longjax.models.decoder import Decoder, init_params
+from longjax.models.head import lm_head
 
 METHODS = ("beacon", "focus", "plain")
 IGNORE = -100
@@ -142,13 +143,6 @@ class BucketedPlainLM(PlainLM):
     return super().prefill(params, tokens, lengths, max_new_tokens)
 
 
-def _head(cfg: ModelConfig, params, h):
-  if cfg.tie_word_embeddings:
-    return jnp.einsum("...h,vh->...v", h, params["embedding"].astype(h.dtype)).astype(jnp.float32)
-  kernel = params["lm_head"]["kernel"].astype(cfg.compute_dtype)
-  return jnp.einsum("...h,hv->...v", h.astype(cfg.compute_dtype), kernel).astype(jnp.float32)
-
-
 @functools.lru_cache(maxsize=8)
 def _plain_nll_fn(cfg: ModelConfig, block: int):
   model = Decoder(cfg)
@@ -163,7 +157,7 @@ def _plain_nll_fn(cfg: ModelConfig, block: int):
 
     def one(xs):
       h, y, w = xs
-      logits = _head(cfg, params, h)
+      logits = lm_head(cfg, params, h)
       nll = jax.nn.logsumexp(logits, axis=-1) - jnp.take_along_axis(logits, y[:, None], -1)[:, 0]
       return jnp.sum(nll * w)
 

@@ -25,6 +25,10 @@ from jax.sharding import PartitionSpec as P
 
 from longjax.kernels import TokenMeta
 from longjax.models.decoder import Decoder, KVPrefix
+from longjax.models.head import lm_head
+
+# The head applied to chosen rows is the shared one; the old name stays for the bench/ scripts.
+apply_head = lm_head
 
 
 def condense(model: Decoder, params, tokens, positions, valid, lengths):
@@ -90,16 +94,6 @@ def local_hidden(model: Decoder, params, cand_k, cand_v, gather, cand_valid, tok
   hidden, _ = model.apply({"params": params}, tokens, positions, q_meta=q_meta, memory=memory,
                           head=False)
   return hidden
-
-
-def apply_head(cfg, params, hidden):
-  """fp32 logits from final hidden states (the decoder's own head, applied to chosen rows)."""
-  if cfg.tie_word_embeddings:
-    w = params["embedding"].astype(hidden.dtype)
-    logits = jnp.einsum("...h,vh->...v", hidden, w)
-  else:
-    logits = jnp.einsum("...h,hv->...v", hidden, params["lm_head"]["kernel"].astype(hidden.dtype))
-  return logits.astype(jnp.float32)
 
 
 def last_hidden(hidden, lengths):

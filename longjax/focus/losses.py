@@ -25,6 +25,7 @@ from longjax.focus.config import FocusConfig, check_model
 from longjax.focus.planner import ChunkBatch, LocalBatch, pack_chunks, pack_local, split_training
 from longjax.models.config import ModelConfig
 from longjax.models.decoder import Decoder
+from longjax.models.head import lm_head
 
 INDEX_KEYS = ("memory_len", "local_start", "local_size", "stride")
 
@@ -90,7 +91,7 @@ class FocusLoss:
     cand_k, cand_v, _, _ = self._condense(params, cb.tokens, cb.positions, cb.valid, cb.lengths)
     hidden = C.local_hidden(self.model, params, cand_k, cand_v, cb.gather, cb.cand_valid,
                             lb.tokens, lb.lengths, lb.n_chunks)
-    logits = C.apply_head(self.cfg, params, C.last_hidden(hidden, lb.lengths))
+    logits = lm_head(self.cfg, params, C.last_hidden(hidden, lb.lengths))
     logp = jax.nn.log_softmax(logits, axis=-1)
     return -jnp.take_along_axis(logp, batch.targets[:, None], axis=-1)[:, 0]
 

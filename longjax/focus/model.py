@@ -34,6 +34,7 @@ from longjax.focus.planner import (ChunkBatch, LocalBatch, RowPlan, pack_chunks,
 from longjax.generate import check_max_new_tokens, check_token_ids
 from longjax.models.config import ModelConfig
 from longjax.models.decoder import Decoder
+from longjax.models.head import lm_head
 
 
 @jax.tree_util.register_dataclass
@@ -147,8 +148,8 @@ class FocusLLM:
     hidden = C.local_hidden(self.model, params, s.cand_k, s.cand_v, s.gather, s.cand_valid,
                             s.local_tokens, s.local_len, s.n_chunks)
     if all_logits:
-      return C.apply_head(self.cfg, params, hidden)
-    return C.apply_head(self.cfg, params, C.last_hidden(hidden, s.local_len))
+      return lm_head(self.cfg, params, hidden)
+    return lm_head(self.cfg, params, C.last_hidden(hidden, s.local_len))
 
   def _step_impl(self, params, s: FocusState, tokens):
     tokens = tokens.astype(jnp.int32)
