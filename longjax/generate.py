@@ -24,7 +24,7 @@ import numpy as np
 from longjax.models.config import ModelConfig
 from longjax.errors import LongjaxError
 from longjax.models.decoder import Decoder, param_shapes
-from longjax.models.kv_cache import KVCache, cache_forward
+from longjax.models.kv_cache import KVCache, cache_forward, check_room
 from longjax.sampling import SamplingConfig, select_next
 
 
@@ -66,6 +66,9 @@ class PlainLM:
     return self._prefill(params, cache, jnp.asarray(tokens), jnp.asarray(valid))
 
   def step(self, params, state, tokens):
+    # Host side: under jit cache_forward cannot see the lengths (a state stepped past the
+    # max_new_tokens it was prefilled for would otherwise overwrite its last entries).
+    check_room(state, 1)
     return self._step(params, state, jnp.asarray(tokens)[:, None])
 
 

@@ -93,6 +93,18 @@ def test_kv_cache_full_raises(tmp_root):
     cache_forward(model, params, cache, jnp.ones((1, 3), jnp.int32))
 
 
+def test_kv_cache_full_raises_on_the_jitted_path():
+  """PlainLM steps are jitted (the cache lengths are tracers inside): the check runs on the host."""
+  cfg = ModelConfig(vocab_size=97, hidden_size=32, intermediate_size=48, num_layers=1, num_heads=4,
+                    num_kv_heads=2, head_dim=8)
+  lm, params = PlainLM(cfg), init_params(cfg, 0)
+  # 64 prompt tokens and nothing to generate: the cache (capacity rounded up to 64) is full.
+  _, state = lm.prefill(params, np.ones((1, 64), np.int32), np.array([64]), max_new_tokens=0)
+  assert state.capacity == 64 and int(state.length[0]) == 64
+  with pytest.raises(CacheFullError, match=r"needs 65 entries but the capacity is 64"):
+    lm.step(params, state, np.array([3], np.int32))
+
+
 @pytest.mark.parametrize("tied", [False, True])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_lm_head_equals_the_decoders_own(tied, dtype):

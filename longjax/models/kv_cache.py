@@ -43,7 +43,11 @@ class KVCache:
 
 
 def check_room(cache: KVCache, new_tokens: int):
-  """Raise when ``new_tokens`` more entries would not fit (only when lengths are concrete)."""
+  """Raise when ``new_tokens`` more entries would not fit.
+
+  Call it on the host before a jitted ``cache_forward`` (as ``PlainLM`` does): inside a trace the
+  lengths are unknown, so the check here is skipped, and an overfull write would be clamped by
+  ``dynamic_update_slice`` silently, overwriting the last entries."""
   if isinstance(cache.length, jax.core.Tracer):
     return
   longest = int(jnp.max(cache.length)) + new_tokens
