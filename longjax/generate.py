@@ -26,6 +26,7 @@ from longjax.errors import LongjaxError
 from longjax.models.decoder import Decoder, param_shapes
 from longjax.models.kv_cache import KVCache, cache_forward, check_room
 from longjax.sampling import SamplingConfig, select_next
+from longjax.sizes import round_up
 
 
 class GenerateError(LongjaxError, ValueError):
@@ -40,10 +41,6 @@ class GenerateOutput:
   # The method's state after the last fed token (the last generated token is not fed back):
   # lets a method continue from it (e.g. BeaconLM.resume for multi-turn).
   state: object = None
-
-
-def _round_up(n: int, m: int) -> int:
-  return -(-n // m) * m
 
 
 class PlainLM:
@@ -61,7 +58,7 @@ class PlainLM:
     lengths = np.asarray(lengths)
     check_token_ids([r[:int(n)] for r, n in zip(tokens, lengths)], self.cfg.vocab_size)
     b, t = tokens.shape
-    cache = KVCache.create(self.cfg, b, _round_up(t + max_new_tokens, 64))
+    cache = KVCache.create(self.cfg, b, round_up(t + max_new_tokens, 64))
     valid = np.arange(t)[None] < np.asarray(lengths)[:, None]
     return self._prefill(params, cache, jnp.asarray(tokens), jnp.asarray(valid))
 

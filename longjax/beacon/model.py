@@ -43,6 +43,7 @@ from longjax.kernels import MaskRule, TokenMeta
 from longjax.models.config import ModelConfig
 from longjax.models.decoder import Decoder, KVPrefix
 from longjax.models.head import lm_head
+from longjax.sizes import next_pow2, round_up
 
 _log = logging.getLogger("longjax.beacon")
 
@@ -368,9 +369,7 @@ class BeaconLM:
     self.capacity = self.sink_cap + self.beacon_capacity + self.r_slots
     self.memory_buckets = bool(memory_buckets)
     self.memory_bucket_min = max(1, int(memory_bucket_min))
-    rs = cfg.rope_scaling_dict or {}
-    max_positions = int(cfg.max_position_embeddings * rs.get("factor", 1))
-    self.planner = Planner(bcfg, cfg.vocab_size, max_positions, self.beacon_capacity)
+    self.planner = Planner(bcfg, cfg.vocab_size, cfg.max_positions, self.beacon_capacity)
     self.remat = bool(remat)
     self._static = dict(model=self.model, sink_cap=self.sink_cap)
 
@@ -390,7 +389,7 @@ class BeaconLM:
       return capacity
     if need <= 0:
       return 0
-    b = max(self.memory_bucket_min, 1 << (int(need) - 1).bit_length())
+    b = max(self.memory_bucket_min, next_pow2(need))
     return min(b, capacity)
 
   def bucket_sizes(self) -> list:
@@ -416,7 +415,7 @@ class BeaconLM:
             + f" = {need} tokens exceed this BeaconLM's max_length={self.max_length} (memory "
             f"capacity {self.capacity} KV entries per layer: sink {self.sink_cap} + beacons "
             f"{self.beacon_capacity} + window {self.r_slots}); build it with "
-            f"BeaconLM(..., max_length={_round_up(need, self.bcfg.window)}) or more")
+            f"BeaconLM(..., max_length={round_up(need, self.bcfg.window)}) or more")
 
   def _plan(self, ids, labels, lengths, rows, training, ratio, reserve):
     """Host planning of one official call: ``(descs per row, new row states, step_descs per
@@ -472,7 +471,7 @@ class BeaconLM:
                      + (longest // self.bcfg.window) * self.bcfg.max_memory_per_window)
     buckets = [self.memory_bucket(n, capacity) for n in needs]
     segments = [[c1 - c0, buckets[c0]] for c0, c1 in _chunks(buckets, len(buckets))]
-    pad = _round_up(len(step_descs), max(1, int(steps_multiple))) - len(step_descs)
+    pad = round_up(len(step_descs), max(1, int(steps_multiple))) - len(step_descs)
     segments[-1][0] += pad
     segments = _no_single_steps(segments)
     b = len(rows)
@@ -662,10 +661,6 @@ def _no_single_steps(segments):
   if len(out) > 1 and out[-1][0] == 1:
     out[-2:] = [[out[-2][0] + 1, max(out[-2][1], out[-1][1])]]
   return out
-
-
-def _round_up(n: int, m: int) -> int:
-  return -(-n // m) * m
 
 
 def _rows(ids, lengths=None) -> list:

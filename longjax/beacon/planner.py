@@ -28,6 +28,7 @@ import numpy as np
 
 from longjax.beacon.config import BeaconConfig, adapt_ratio
 from longjax.errors import LongjaxError
+from longjax.sizes import next_pow2
 
 IGNORE = -100
 
@@ -367,7 +368,7 @@ def stack(plans: Sequence[WindowPlan], segments, capacity: int, compact_labels: 
   if compact_labels:
     ok = leaves["labels"] != IGNORE  # [n, B, Q], label_slot is still arange(Q)
     need = max(8, int(ok.sum(-1).max()))
-    keep = np.argsort(~ok, axis=-1, kind="stable")[..., :min(ok.shape[-1], 1 << (need - 1).bit_length())]
+    keep = np.argsort(~ok, axis=-1, kind="stable")[..., :min(ok.shape[-1], next_pow2(need))]
     leaves["labels"] = np.take_along_axis(leaves["labels"], keep, -1)
     leaves["label_slot"] = keep.astype(np.int32)
   return WindowPlan(**leaves, segments=tuple((int(n), int(m)) for n, m in segments),

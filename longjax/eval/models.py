@@ -39,6 +39,7 @@ from longjax.generate import PlainLM, generate
 from longjax.models.config import ModelConfig
 from longjax.models.decoder import Decoder, init_params
 from longjax.models.head import lm_head
+from longjax.sizes import round_up
 
 METHODS = ("beacon", "focus", "plain")
 IGNORE = -100
@@ -137,7 +138,7 @@ class BucketedPlainLM(PlainLM):
   def prefill(self, params, tokens, lengths, max_new_tokens):
     tokens = np.asarray(tokens)
     t = tokens.shape[1]
-    pad = -(-t // self.bucket) * self.bucket - t
+    pad = round_up(t, self.bucket) - t
     if pad:
       tokens = np.pad(tokens, ((0, 0), (0, pad)))
     return super().prefill(params, tokens, lengths, max_new_tokens)
@@ -186,8 +187,7 @@ class Built:
   # ---------------------------------------------------------------------------------------------
   @property
   def max_positions(self) -> int:
-    rs = self.cfg.rope_scaling_dict or {}
-    return int(self.cfg.max_position_embeddings * rs.get("factor", 1))
+    return self.cfg.max_positions
 
   @property
   def capacity(self) -> Optional[int]:
@@ -236,7 +236,7 @@ class Built:
       return
     from longjax.beacon import BeaconLM
     w = self.extra.window
-    self.method = BeaconLM(self.cfg, self.extra, max_length=-(-total // w) * w, progress=False)
+    self.method = BeaconLM(self.cfg, self.extra, max_length=round_up(total, w), progress=False)
 
   def input_limit(self, max_new_tokens: int) -> int:
     """Plain baseline: the most prompt tokens kept (0: no truncation)."""
@@ -293,7 +293,7 @@ class Built:
   def _plain_nll(self, ids, n):
     block = 256
     t = len(ids)
-    tp = -(-t // block) * block
+    tp = round_up(t, block)
     tokens = np.zeros((1, tp), np.int32)
     tokens[0, :t] = ids
     targets = np.zeros((1, tp), np.int32)
@@ -450,8 +450,7 @@ def build_method(config, name: Optional[str] = None) -> Built:
   eos = _generation_eos(ckpt)
   if name == "plain":
     limit = int(_get(config.eval, "truncate_to", 0) or 0)
-    limit = limit or (cfg.max_position_embeddings *
-                      int((cfg.rope_scaling_dict or {}).get("factor", 1)))
+    limit = limit or cfg.max_positions
     return Built("plain", BucketedPlainLM(cfg), params, tok, limit, cfg, None, user_cap,
                  f"plain {desc} (middle truncation to {limit} tokens incl. output)", eos)
   if name == "beacon":

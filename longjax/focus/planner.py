@@ -19,17 +19,13 @@ import jax
 import numpy as np
 
 from longjax.focus.config import FocusConfig, FocusError
-
-
-def round_up(n: int, m: int) -> int:
-  return -(-int(n) // int(m)) * int(m)
+from longjax.sizes import next_pow2, round_up
 
 
 def pow2_bucket(n: int, multiple: int = 1) -> int:
   """``multiple * 2^k``: the smallest such value ``>= n`` (``>= multiple``). Padding stays below
   2x (beyond rounding up to ``multiple``) and small counts stay small."""
-  per = max(1, -(-int(n) // int(multiple)))
-  return int(multiple) * (1 << (per - 1).bit_length())
+  return int(multiple) * next_pow2(-(-int(n) // int(multiple)))
 
 
 def bos(s: np.ndarray, bos_id: int) -> np.ndarray:

@@ -22,10 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from longjax.kernels.mask import (KernelMeta, block_visits, kernel_allowed, pad_kernel_meta)
-
-
-def _round_up(x: int, m: int) -> int:
-  return (x + m - 1) // m * m
+from longjax.sizes import round_up
 
 
 def _pad_seq(x, t, axis=1):
@@ -38,9 +35,9 @@ def _pad_seq(x, t, axis=1):
 
 
 def _blocks(tq, tk, block_q, block_k):
-  bq = min(block_q, _round_up(tq, 8))
-  bk = min(block_k, _round_up(tk, 8))
-  return bq, bk, _round_up(tq, bq), _round_up(tk, bk)
+  bq = min(block_q, round_up(tq, 8))
+  bk = min(block_k, round_up(tk, 8))
+  return bq, bk, round_up(tq, bq), round_up(tk, bk)
 
 
 def _mask(km: KernelMeta, i, j, bq, bk, kind_sees):

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 from longjax.kernels import flash
 from longjax.kernels.blockwise import attention_with_vjp, blockwise_bwd
 from longjax.kernels.mask import INT_MAX, KernelMeta
+from longjax.sizes import round_up
 
 # Decode path is used when the packed rows (G * Tq) fit one query block of this many rows.
 MAX_DECODE_ROWS = 64
@@ -45,7 +46,7 @@ def decode_fwd(q, k, v, km: KernelMeta, *, scale: float, kind_sees=None, backend
   rows = g * tq
   _, bk = flash.block_sizes(backend, rows, tk, None, block_k)
   splits = num_splits or auto_splits(b, hkv, tk, bk)
-  chunk = flash._round_up(-(-tk // splits), bk)
+  chunk = round_up(-(-tk // splits), bk)
   splits = -(-tk // chunk)
   tkp = splits * chunk
 

@@ -37,21 +37,11 @@ from longjax.kernels import pallas_gpu, pallas_tpu
 from longjax.kernels.blockwise import attention_with_vjp, blockwise_bwd
 from longjax.kernels.mask import (KernelMeta, block_lists, block_visits, is_concrete,
                                   pad_kernel_meta)
+from longjax.sizes import next_pow2, round_up
 
 BACKENDS = ("tpu", "gpu")
 # Default block sizes per backend (query rows, key columns).
 DEFAULT_BLOCKS = {"tpu": (128, 128), "gpu": (128, 64)}
-
-
-def _round_up(x: int, m: int) -> int:
-  return (x + m - 1) // m * m
-
-
-def _next_pow2(x: int) -> int:
-  p = 1
-  while p < x:
-    p *= 2
-  return p
 
 
 def platform() -> str:
@@ -99,8 +89,8 @@ def block_sizes(backend: str, tq: int, tk: int, block_q=None, block_k=None):
   block_q = block_q or dq
   block_k = block_k or dk
   if backend == "gpu":
-    return min(block_q, _next_pow2(max(tq, 16))), min(block_k, _next_pow2(max(tk, 16)))
-  return min(block_q, _round_up(tq, 8)), min(block_k, _round_up(tk, 8))
+    return min(block_q, next_pow2(max(tq, 16))), min(block_k, next_pow2(max(tk, 16)))
+  return min(block_q, round_up(tq, 8)), min(block_k, round_up(tk, 8))
 
 
 def _lists(kmp: KernelMeta, bq: int, bk: int):
@@ -128,7 +118,7 @@ def flash_fwd(q, k, v, km: KernelMeta, *, scale: float, kind_sees=None, backend:
   b, tq, hq, d = q.shape
   tk = k.shape[1]
   bq, bk = block_sizes(backend, tq, tk, block_q, block_k)
-  tqp, tkp = _round_up(tq, bq), _round_up(tk, bk)
+  tqp, tkp = round_up(tq, bq), round_up(tk, bk)
   kmp = pad_kernel_meta(km, tqp, tkp)
   blocks, counts, n_steps = _lists(kmp, bq, bk)
 

@@ -44,21 +44,18 @@ except Exception:  # pragma: no cover - backend removed in a future jax
   plt = None
 
 from longjax.kernels.mask import kernel_allowed
+from longjax.sizes import is_pow2
 
 
 def available() -> bool:
   return plt is not None and hasattr(plt, "CompilerParams")
 
 
-def _is_pow2(x: int) -> bool:
-  return x > 0 and (x & (x - 1)) == 0
-
-
 def supported(d: int, block_q: int, block_k: int):
   """``None`` if the shapes are supported, else a reason string."""
-  if not _is_pow2(d) or d < 16 or d > 256:
+  if not is_pow2(d) or d < 16 or d > 256:
     return f"head_dim {d} must be a power of two in [16, 256] for the Triton kernel"
-  if not (_is_pow2(block_q) and _is_pow2(block_k)) or min(block_q, block_k) < 16:
+  if not (is_pow2(block_q) and is_pow2(block_k)) or min(block_q, block_k) < 16:
     return f"block sizes ({block_q}, {block_k}) must be powers of two >= 16"
   return None
 

@@ -99,6 +99,13 @@ class ModelConfig:
     return kind
 
   @property
+  def max_positions(self) -> int:
+    """The longest position the model was trained for, rope scaling included (HF's
+    ``max_position_embeddings * factor``)."""
+    rs = self.rope_scaling_dict or {}
+    return int(self.max_position_embeddings * rs.get("factor", 1))
+
+  @property
   def compute_dtype(self):
     return dtype_of(self.dtype)
 

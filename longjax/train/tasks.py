@@ -26,10 +26,7 @@ from longjax.focus.config import FocusConfig
 from longjax.focus.losses import FocusLoss
 from longjax.focus.planner import pack_chunks, pack_local, split_training
 from longjax.models.config import ModelConfig
-
-
-def _round(n: int, m: int) -> int:
-  return -(-int(n) // int(m)) * int(m)
+from longjax.sizes import round_up
 
 
 # --------------------------------------------------------------------------------------------
@@ -133,8 +130,8 @@ class FocusTask:
     w = int(self.fc["window"])
     p = min(self.fcfg.prompt_cap, stride, w)
     cmax = -(-max_len // stride)
-    return dict(rows=batch * cmax, length=_round(stride + p + 1, 16), cmax=cmax,
-                local=_round(w + 1, 16))
+    return dict(rows=batch * cmax, length=round_up(stride + p + 1, 16), cmax=cmax,
+                local=round_up(w + 1, 16))
 
   def prepare(self, ds, idx, step: int, row_offset: int = 0) -> dict:
     """Host side: draw each sample's indices, split into chunks + local context, pad to the
