@@ -8,10 +8,9 @@
 from longjax.beacon.config import BeaconConfig, BeaconConfigError, adapt_ratio
 from longjax.beacon.convert import load_beacon, save_beacon
 from longjax.beacon.memory import BeaconState
-from longjax.beacon.model import (BeaconLM, BeaconSetupError, CapacityError, ForwardOutput,
-                                  TRACE_COUNTS)
+from longjax.beacon.model import BeaconLM, BeaconSetupError, CapacityError, ForwardOutput
 from longjax.beacon.planner import MemoryFullError, Planner, RowState
 
 __all__ = ["BeaconConfig", "BeaconConfigError", "adapt_ratio", "load_beacon", "save_beacon",
            "BeaconState", "BeaconLM", "BeaconSetupError", "CapacityError", "ForwardOutput",
-           "TRACE_COUNTS", "MemoryFullError", "Planner", "RowState"]
+           "MemoryFullError", "Planner", "RowState"]

@@ -56,11 +56,6 @@ class CapacityError(LongjaxError, ValueError):
   """An input does not fit the memory capacity this BeaconLM was built for."""
 
 
-# Traces of the compiled functions (tests count them: one compile per memory-size bucket, for any
-# number of windows).
-TRACE_COUNTS = {"scan_chunk": 0, "step": 0}
-
-
 @dataclasses.dataclass
 class ForwardOutput:
   next_logits: jax.Array  # [B, V] fp32: after each row's last new token
@@ -75,10 +70,6 @@ class ForwardOutput:
   def loss(self) -> jax.Array:
     """Official ``loss``: summed CE over all rows / labelled tokens."""
     return jnp.sum(self.loss_sum) / jnp.maximum(jnp.sum(self.loss_count), 1)
-
-  @property
-  def batch_loss(self) -> jax.Array:
-    return self.loss_sum / jnp.maximum(self.loss_count, 1)
 
 
 class Carry(NamedTuple):
@@ -271,21 +262,20 @@ def loss_terms(params, plan: WindowPlan, k=None, v=None, *, model: Decoder, sink
 
 
 # Compiled programs, shared by every BeaconLM over an equal decoder (so that
-# ``BeaconLM(...).loss`` built afresh in a loop does not recompile). Traces are counted (tests:
-# one compile per memory-size bucket, for any number of windows).
+# ``BeaconLM(...).loss`` built afresh in a loop does not recompile). ``_scan_jit`` calls
+# ``scan_windows`` only while tracing: tests count those calls (one compile per memory-size bucket,
+# for any number of windows).
 _STATIC = ("model", "sink_cap", "want_loss", "want_hidden")
 
 
 @functools.partial(jax.jit, static_argnames=_STATIC)
 def _scan_jit(params, carry, plan, *, model, sink_cap, want_loss, want_hidden):
-  TRACE_COUNTS["scan_chunk"] += 1
   return scan_windows(model, sink_cap, params, carry, plan, want_loss=want_loss,
                       want_hidden=want_hidden)
 
 
 @functools.partial(jax.jit, static_argnames=_STATIC + ("mem_size",))
 def _step_jit(params, carry, plan, *, model, sink_cap, want_loss, want_hidden, mem_size):
-  TRACE_COUNTS["step"] += 1
   return run_step(model, sink_cap, params, carry, plan, mem_size=mem_size, want_loss=want_loss,
                   want_hidden=want_hidden)
 

@@ -321,8 +321,6 @@ class Trainer:
     self.n_trainable = int(sum(x.size for x in jax.tree.leaves(tr)))
     self.n_frozen = int(sum(x.size for x in jax.tree.leaves(fr)))
     self.optimizer, self.schedule = make_optimizer(tc, self.num_steps)
-    opt_sh = jax.jit(self.optimizer.init).eval_shape(trainable)
-    self.opt_sh = jax.tree.map(lambda _: shd.replicated(self.mesh), opt_sh)
     opt_state = jax.jit(self.optimizer.init, out_shardings=None)(trainable)
     # Optimizer moments are laid out like their parameters.
     opt_state = _shard_like_params(opt_state, trainable, self.mesh)

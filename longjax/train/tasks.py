@@ -103,10 +103,6 @@ class BeaconTask:
 
   _answer_only = False
 
-  def batch_axes(self) -> dict:
-    """Which axis of each prepared array is the batch axis (for sharding)."""
-    return {"plans": 1}
-
   def loss(self, params, plans):
     return self.lm.loss_terms(params, plans)
 
@@ -160,9 +156,6 @@ class FocusTask:
     return dict(plans=batch, tokens=int(sum(ix["memory_len"] + ix["local_size"] for ix in recs)),
                 indices=recs)
 
-  def batch_axes(self) -> dict:
-    return {}
-
   def loss(self, params, plans):
     from longjax.focus.losses import TrainBatch
     from longjax.focus.planner import ChunkBatch, LocalBatch
@@ -206,9 +199,6 @@ class LMTask:
       else:
         mask[row, :len(piece)] = True
     return dict(plans=dict(tokens=toks, mask=mask), tokens=int(mask.sum()))
-
-  def batch_axes(self) -> dict:
-    return {}
 
   def loss(self, params, plans):
     toks, mask = plans["tokens"], plans["mask"]
