@@ -6,13 +6,7 @@ this config is ``beacon_qwen2.py`` with those fields changed).
       --config.model.checkpoint=/path/to/Meta-Llama-3-8B-Instruct \
       --config.data.sources=jsonl:/path/activation-beacon/redpajama/train.json
 """
-import importlib.util
-import pathlib
-
-_spec = importlib.util.spec_from_file_location(
-    "beacon_qwen2", pathlib.Path(__file__).with_name("beacon_qwen2.py"))
-_qwen2 = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_qwen2)
+from configs import beacon_qwen2 as _qwen2
 
 
 def get_config():

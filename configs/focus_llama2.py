@@ -12,13 +12,7 @@ prompt cap 512, chunking threshold 4096.
 """
 import ml_collections
 
-try:
-  from configs import common
-except ImportError:  # loaded by path
-  import importlib.util, pathlib  # noqa: E401
-  _s = importlib.util.spec_from_file_location("common", pathlib.Path(__file__).with_name("common.py"))
-  common = importlib.util.module_from_spec(_s)
-  _s.loader.exec_module(common)
+from configs import common
 
 
 def get_config():
