@@ -25,7 +25,6 @@ Sections
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import subprocess
@@ -42,7 +41,8 @@ import numpy as np  # noqa: E402
 
 from longjax.kernels import attention, explain, flash  # noqa: E402
 from longjax.kernels import decode as decode_lib  # noqa: E402
-from longjax.kernels.mask import NO_WINDOW, MaskRule, TokenMeta, kernel_meta  # noqa: E402
+from longjax.kernels import testing as kernel_cases  # noqa: E402
+from longjax.kernels.mask import NO_WINDOW, MaskRule, TokenMeta, allowed, kernel_meta  # noqa: E402
 from longjax.kernels.reference import dense_attention  # noqa: E402
 
 START = time.time()
@@ -92,21 +92,13 @@ def section_env():
 
 
 # ------------------------------------------------------------------------------------------------
-def _load_test_module():
-  spec = importlib.util.spec_from_file_location("lj_test_kernels",
-                                                os.path.join(ROOT, "tests", "test_kernels.py"))
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  return mod
-
-
 def _rel(a, b):
   a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
   return float(np.max(np.abs(a - b)) / max(float(np.max(np.abs(b))), 1e-30))
 
 
 def section_correctness():
-  tk = _load_test_module()
+  tk = kernel_cases
   cases = [("beacon", jnp.float32, 4, 2), ("beacon", jnp.bfloat16, 4, 2),
            ("step_expansion", jnp.float32, 2, 2), ("condense", jnp.bfloat16, 4, 1),
            ("focus_local", jnp.float32, 6, 2), ("window", jnp.float32, 4, 2),
@@ -136,7 +128,7 @@ def _check_case(tk, name, dtype, hq, hkv, kind):
     out, lse = jax.jit(fn)(q, k, v)
     tol = tk.TOL[q.dtype.type]
     err = _rel(out, ref)
-    empty = ~np.asarray(tk.allowed(qm, km, rule, window)).any(-1)
+    empty = ~np.asarray(allowed(qm, km, rule, window)).any(-1)
     empty_ok = bool(np.all(np.asarray(out, np.float32)[empty] == 0))
     finite = bool(np.all(np.isfinite(np.asarray(out, np.float32))))
     lse_np, rl = np.asarray(lse), np.asarray(ref_lse)
@@ -145,7 +137,7 @@ def _check_case(tk, name, dtype, hq, hkv, kind):
     lse_err = float(np.max(np.abs(lse_np[fin] - rl[fin]))) if fin.any() else 0.0
     gerr = None
     if dtype == jnp.float32:
-      loss = lambda f: (lambda q, k, v: tk._loss(f, q, k, v))
+      loss = lambda f: (lambda q, k, v: tk.grad_loss(f, q, k, v))
       g_ref = jax.jit(jax.grad(loss(ref_fn), (0, 1, 2)))(q, k, v)
       g = jax.jit(jax.grad(loss(fn), (0, 1, 2)))(q, k, v)
       gerr = max(_rel(a, b) for a, b in zip(g, g_ref))
