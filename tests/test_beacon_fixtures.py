@@ -7,21 +7,15 @@ settings come from its own files. Decoding is teacher-forced (fixtures README).
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from conftest import fixtures_root
 from longjax.beacon import BeaconLM, load_beacon
 from longjax.convert.hf import hf_tensors
-
-
-def fixtures_root() -> Path:
-  env = os.environ.get("LONGJAX_FIXTURES")
-  return Path(env) if env else Path(__file__).resolve().parents[2] / "shared" / "fixtures"
 
 
 BEACON = fixtures_root() / "beacon"
@@ -43,8 +37,15 @@ def hf_dir(tmp_path_factory):
 def case_setup(hf_dir, case):
   info = json.loads((BEACON / case / "case.json").read_text())
   cfg, bcfg, params = load_beacon(hf_dir, **info["beacon_config"])
-  ids = np.load(BEACON / "input_ids.npy")
+  own = BEACON / case / "input_ids.npy"  # a case may bring its own input; else the shared one
+  ids = np.load(own if own.exists() else BEACON / "input_ids.npy")
   return info, cfg, bcfg, jax.tree.map(jnp.asarray, params), ids
+
+
+def max_length(case, ids) -> int:
+  """The case's own capacity: its input plus the tokens it generates (so a longer case runs
+  without changing this file)."""
+  return len(ids) + len(np.load(BEACON / case / "gen_ids.npy"))
 
 
 def _max_abs(a, b):
@@ -85,7 +86,7 @@ def test_fixture_case_pallas_interpret(hf_dir, case, monkeypatch):
 def check_case(hf_dir, case, impl):
   info, cfg, bcfg, params, ids = case_setup(hf_dir, case)
   ref = BEACON / case
-  lm = BeaconLM(cfg, bcfg, max_length=512, impl=impl)
+  lm = BeaconLM(cfg, bcfg, max_length=max_length(case, ids), impl=impl)
 
   # 1. Forward (empty memory): every raw token's logits, the returned (last call) logits, memory.
   out = lm.forward(params, ids, collect_logits=True)
@@ -145,7 +146,7 @@ def test_fixture_training(hf_dir, case):
   from safetensors.numpy import load_file
   info, cfg, bcfg, params, ids = case_setup(hf_dir, case)
   ref = BEACON / case
-  lm = BeaconLM(cfg, bcfg, max_length=512, training=True)
+  lm = BeaconLM(cfg, bcfg, max_length=max_length(case, ids), training=True)
   loss, grads = jax.value_and_grad(lambda p: lm.loss(p, ids))(params)
   assert abs(float(loss) - float(np.load(ref / "loss_train.npy"))) < 1e-5
   if (ref / "grads.safetensors").exists():
@@ -161,7 +162,7 @@ def test_fixture_training(hf_dir, case):
 def test_fixture_bf16(hf_dir, case):
   """bf16 compute runs and stays within bf16 tolerance of the fp32 reference."""
   info, cfg, bcfg, params, ids = case_setup(hf_dir, case)
-  lm = BeaconLM(cfg.replace(dtype="bfloat16"), bcfg, max_length=512)
+  lm = BeaconLM(cfg.replace(dtype="bfloat16"), bcfg, max_length=max_length(case, ids))
   out = lm.forward(params, ids, collect_logits=True)
   raw_all = np.load(BEACON / case / "logits_raw_all.npy")
   err = _max_abs(out.raw_logits[0], raw_all)
@@ -172,7 +173,8 @@ def test_fixture_bf16(hf_dir, case):
   agree = np.mean(np.argmax(np.asarray(out.raw_logits[0]), -1) == np.argmax(raw_all, -1))
   assert agree > 0.9, agree
   # bf16 parameters and compute: eval loss within 1e-2 of the fp32 reference.
-  lm16 = BeaconLM(cfg.replace(dtype="bfloat16", param_dtype="bfloat16"), bcfg, max_length=512)
+  lm16 = BeaconLM(cfg.replace(dtype="bfloat16", param_dtype="bfloat16"), bcfg,
+                  max_length=max_length(case, ids))
   p16 = jax.tree.map(lambda x: x.astype(jnp.bfloat16), params)
   loss = lm16.loss(p16, ids, training=False)
   assert abs(float(loss) - float(np.load(BEACON / case / "loss_eval.npy"))) < 1e-2

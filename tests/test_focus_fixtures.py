@@ -9,22 +9,17 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from conftest import fixtures_root
 from longjax.focus import FocusLLM, load_focus
 from longjax.focus.losses import FocusLoss
 from longjax.generate import generate
 
 LOGIT_TOL, LOSS_TOL = 1e-4, 1e-5
-
-
-def fixtures_root() -> Path:
-  env = os.environ.get("LONGJAX_FIXTURES")
-  return Path(env) if env else Path(__file__).resolve().parents[2] / "shared" / "fixtures"
 
 
 def _scenarios():

@@ -4,12 +4,11 @@ loaded as the other method, NaN sampling settings, exported config.json that tra
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from conftest import fixtures_root
 from longjax import checkpoint
 from longjax.convert.hf import CheckpointError, save_hf
 from longjax.data.sources import DataError, read_source
@@ -18,8 +17,7 @@ from longjax.models.config import ModelConfig
 from longjax.models.decoder import init_params
 from longjax.sampling import SamplingConfig
 
-FIXTURES = Path(os.environ.get("LONGJAX_FIXTURES")
-                or Path(__file__).resolve().parents[2] / "shared" / "fixtures")
+FIXTURES = fixtures_root()
 V = 97
 
 
