@@ -1,4 +1,7 @@
+import functools
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -6,6 +9,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 jax.config.update("jax_compilation_cache_dir",
@@ -38,3 +43,23 @@ def fixtures_root() -> Path:
   ``shared/fixtures``."""
   env = os.environ.get("LONGJAX_FIXTURES")
   return Path(env) if env else REPO.parent / "shared" / "fixtures"
+
+
+@functools.lru_cache(maxsize=None)
+def _jitted_apply(cfg):
+  from longjax.models import Decoder
+  return jax.jit(Decoder(cfg).apply)
+
+
+def forward(cfg, params, ids) -> np.ndarray:
+  """fp32 logits ``[B, T, V]`` of the plain decoder over ``ids [B, T]`` (positions ``0..T-1``);
+  one compile per config."""
+  positions = jnp.broadcast_to(jnp.arange(ids.shape[1]), ids.shape)
+  logits, _ = _jitted_apply(cfg)({"params": params}, jnp.asarray(ids), positions)
+  return np.asarray(logits, np.float32)
+
+
+def run_python(*args, env=None, timeout=None, cwd=REPO, check=False):
+  """``python *args`` in a fresh process (the repository as cwd); output captured as text."""
+  return subprocess.run([sys.executable, *map(str, args)], cwd=cwd, capture_output=True, text=True,
+                        env=env, timeout=timeout, check=check)

@@ -1,16 +1,11 @@
 """Entry points parse their configs and fail clearly for what is not built yet."""
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from conftest import run_python
 
 
 def _run(*args):
-  return subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True,
-                        env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"}, timeout=300)
+  return run_python(*args, env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"}, timeout=300)
 
 
 @pytest.mark.parametrize("script", ["train.py", "eval.py"])

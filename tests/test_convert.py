@@ -1,36 +1,25 @@
 """HF <-> longjax conversion: round trips, dtypes, sharded reading, and clear errors."""
 import json
 import shutil
-import subprocess
-import sys
 import tracemalloc
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
 import longjax.convert.hf as hf_io
+from conftest import forward, run_python
 from hf_models import hf_logits, save_tiny
 from longjax import checkpoint
 from longjax.convert import CheckpointError, load_hf, save_hf
-from longjax.models import Decoder
-
-REPO = Path(__file__).resolve().parents[1]
-
 
 def _all_tensors(d: Path) -> dict:
   out = {}
   for f in sorted(d.glob("*.safetensors")):
     out.update(load_file(f))
   return out
-
-
-def _forward(cfg, params, ids):
-  pos = jnp.broadcast_to(jnp.arange(ids.shape[1]), ids.shape)
-  return np.asarray(Decoder(cfg).apply({"params": params}, jnp.asarray(ids), pos)[0])
 
 
 @pytest.mark.parametrize("family", ["llama3", "qwen2", "mistral", "qwen2_tied"])
@@ -61,8 +50,8 @@ def test_bf16_stays_bf16_and_computes_within_tolerance(tmp_path):
   for name, value in original.items():
     assert str(exported[name].dtype) == "bfloat16" and np.array_equal(exported[name], value), name
   ids = np.random.default_rng(1).integers(3, 320, (1, 64))
-  ref = _forward(cfg.replace(dtype="float32"), params, ids)  # bf16 weights, fp32 compute
-  got = _forward(cfg.replace(dtype="bfloat16"), params, ids)
+  ref = forward(cfg.replace(dtype="float32"), params, ids)  # bf16 weights, fp32 compute
+  got = forward(cfg.replace(dtype="bfloat16"), params, ids)
   scale = np.abs(ref).max()
   assert np.abs(got - ref).max() < 0.05 * scale
   assert np.abs(got - ref).mean() < 0.01 * scale
@@ -214,8 +203,7 @@ def test_missing_beacon_tensors_need_an_init_rule(tmp_path):
 
 def test_cli_both_directions(tmp_path, capsys):
   _, src = save_tiny(tmp_path, "mistral")
-  help_text = subprocess.run([sys.executable, "convert_weights.py", "--help"], cwd=REPO,
-                             capture_output=True, text=True, check=True).stdout
+  help_text = run_python("convert_weights.py", "--help", check=True).stdout
   assert "HF -> longjax" in help_text and "longjax -> HF" in help_text
   from convert_weights import main
   main(["--hf_dir", str(src), "--out", str(tmp_path / "lj")])

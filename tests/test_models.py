@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from conftest import forward
 from hf_models import hf_logits, save_tiny
 from longjax.convert import load_hf
 from longjax.generate import PlainLM, generate
@@ -32,17 +33,11 @@ def _ids(batch=2, length=SEQ, seed=0, vocab=320):
   return np.random.default_rng(seed).integers(3, vocab, (batch, length))
 
 
-def _forward(cfg, params, ids):
-  positions = jnp.broadcast_to(jnp.arange(ids.shape[1]), ids.shape)
-  logits, _ = jax.jit(Decoder(cfg).apply)({"params": params}, jnp.asarray(ids), positions)
-  return np.asarray(logits)
-
-
 @pytest.mark.parametrize("family", FAMILIES)
 def test_logits_match_hf(family, tmp_root):
   model, cfg, params = converted(family, tmp_root)
   ids = _ids()
-  diff = np.abs(_forward(cfg, params, ids) - hf_logits(model, ids)).max()
+  diff = np.abs(forward(cfg, params, ids) - hf_logits(model, ids)).max()
   assert diff < 1e-4, f"{family}: max |dlogit| {diff}"
 
 
@@ -62,7 +57,7 @@ def test_family_feature_matters(family, without, tmp_root):
   if without.get("attention_bias") is False:
     for p in "qkv":
       reduced["layers"]["attn"][f"{p}_proj"].pop("bias")
-  diff = np.abs(_forward(cfg, params, ids) - _forward(cfg.replace(**without), reduced, ids)).max()
+  diff = np.abs(forward(cfg, params, ids) - forward(cfg.replace(**without), reduced, ids)).max()
   assert diff > 1e-2
 
 
@@ -70,7 +65,7 @@ def test_family_feature_matters(family, without, tmp_root):
 def test_kv_cache_decoding_equals_full_forward(family, tmp_root):
   _, cfg, params = converted(family, tmp_root)
   ids = _ids(batch=2, length=100, seed=1)
-  full = _forward(cfg, params, ids)
+  full = forward(cfg, params, ids)
   model = Decoder(cfg)
   step = jax.jit(functools.partial(cache_forward, model))
   cache = KVCache.create(cfg, batch=2, capacity=128)
@@ -214,8 +209,8 @@ def test_remat_and_bf16_compute(tmp_root):
   g_plain = jax.grad(loss)(params, cfg)
   g_remat = jax.grad(loss)(params, cfg.replace(remat=True))
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), g_plain, g_remat)
-  ref = _forward(cfg, params, np.asarray(ids))
-  bf16 = _forward(cfg.replace(dtype="bfloat16"), params, np.asarray(ids))
+  ref = forward(cfg, params, np.asarray(ids))
+  bf16 = forward(cfg.replace(dtype="bfloat16"), params, np.asarray(ids))
   scale = np.abs(ref).max()
   assert np.abs(bf16 - ref).max() < 0.05 * scale and np.abs(bf16 - ref).mean() < 0.01 * scale
 

