@@ -30,6 +30,7 @@ import numpy as np
 
 from longjax.kernels import NO_WINDOW, MaskRule, TokenMeta, attention
 from longjax.models.config import ModelConfig
+from longjax.models.head import lm_head
 from longjax.models.rope import apply_rope, rope_tables
 
 
@@ -197,12 +198,9 @@ class Decoder(nn.Module):
 
   def _logits(self, x):
     cfg = self.cfg
-    if cfg.tie_word_embeddings:
-      table = self.get_variable("params", "embedding")
-      logits = jnp.einsum("bth,vh->btv", x, table.astype(x.dtype))
-    else:
-      logits = _dense(cfg, cfg.vocab_size, "lm_head")(x)
-    return logits.astype(jnp.float32)
+    if not cfg.tie_word_embeddings and self.is_initializing():
+      _dense(cfg, cfg.vocab_size, "lm_head")(x)  # declares the untied head kernel only (init)
+    return lm_head(cfg, self.variables["params"], x)
 
 
 def init_params(cfg: ModelConfig, seed: int = 0):
