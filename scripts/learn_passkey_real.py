@@ -44,11 +44,23 @@ def load(path: Path) -> dict:
   return json.loads(path.read_text()) if path.exists() else {}
 
 
+def _merge(into: dict, new: dict) -> dict:
+  for k, v in new.items():
+    into[k] = _merge(into[k], v) if isinstance(v, dict) and isinstance(into.get(k), dict) else v
+  return into
+
+
 def save(path: Path, res: dict):
+  """Merge ``res`` into the file under a lock: evaluations of different conditions may run at
+  once (each process owns its cells), so the file is re-read and only this process's cells win."""
+  import fcntl
   path.parent.mkdir(parents=True, exist_ok=True)
-  tmp = path.with_name(path.name + ".partial")
-  tmp.write_text(json.dumps(res, indent=1, sort_keys=True))
-  os.replace(tmp, path)
+  with open(path.with_name(path.name + ".lock"), "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    merged = _merge(load(path), res)
+    tmp = path.with_name(path.name + ".partial")
+    tmp.write_text(json.dumps(merged, indent=1, sort_keys=True))
+    os.replace(tmp, path)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -97,8 +109,10 @@ class Models:
       import jax
       import jax.numpy as jnp
       from longjax.convert import load_hf
+      import longjax
       cfg, params = load_hf(self.hf_dir)
-      self._base = (cfg, jax.tree.map(jnp.asarray, params))
+      # one PlainLM for the whole run: its jitted prefill/decode are cached on the object
+      self._base = (cfg, jax.tree.map(jnp.asarray, params), longjax.PlainLM(cfg))
     return self._base
 
   def beacon(self, which: str, step=None):
@@ -129,10 +143,10 @@ class Models:
   def answer(self, cond: str, ids, step=None) -> str:
     import longjax
     from longjax.eval import scorers
-    cfg, params = self.base()
+    cfg, params, plain = self.base()
     stops = [int(cfg.eos_token_id)]
     if cond in ("truncation", "full"):
-      method = longjax.PlainLM(cfg)
+      method = plain
       if cond == "truncation":
         ids = ids[-self.args.window:]
     else:
@@ -171,8 +185,7 @@ def cmd_passkey(args, models: Models, res: dict, out: Path):
 
 def cmd_ppl(args, models: Models, res: dict, out: Path):
   from longjax.eval.models import Built
-  import longjax
-  cfg, params = models.base()
+  cfg, params, plain = models.base()
   w = args.window
   docs = real_text_docs(models.tok, args.docs, args.doc_tokens)
   table = res.setdefault("perplexity", {})
@@ -184,7 +197,7 @@ def cmd_ppl(args, models: Models, res: dict, out: Path):
     if len(cell["doc_nll"]) >= len(docs):
       continue
     if cond in ("truncation", "full"):
-      built = Built("plain", longjax.PlainLM(cfg), params, models.tok, None, cfg)
+      built = Built("plain", plain, params, models.tok, None, cfg)
     else:
       lm, bparams, desc, bcfg = models.beacon(cond)
       built = Built("beacon", lm, bparams, models.tok, None, lm.cfg, extra=bcfg)
@@ -214,7 +227,7 @@ def cmd_curve(args, models: Models, res: dict, out: Path):
   steps = sorted(ocp.CheckpointManager(Path(args.workdir).absolute() / "checkpoints").all_steps())
   docs = passkey_docs(models.tok, args.length, args.samples, args.curve_seed)
   for step in steps:
-    if str(step) in curve:
+    if str(step) in curve or step % args.every:
       continue
     t0 = time.time()
     outs = [models.answer("trained", d["ids"], step) for d in docs]
@@ -264,6 +277,7 @@ def main(argv=None):
   ap.add_argument("--seed", type=int, default=99, help="passkey keys (training used 7 and 11)")
   ap.add_argument("--curve_seed", type=int, default=98)
   ap.add_argument("--length", type=int, default=2048, help="curve: document length")
+  ap.add_argument("--every", type=int, default=50, help="curve: checkpoints whose step divides by it")
   ap.add_argument("--max_new_tokens", type=int, default=16)
   ap.add_argument("--window", type=int, default=256, help="W: what truncation keeps")
   ap.add_argument("--docs", type=int, default=8, help="ppl: documents")
