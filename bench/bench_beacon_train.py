@@ -63,13 +63,19 @@ def _timer(fn):
   return run
 
 
-def _forwards(cfg, bcfg, params, ids, runs):
-  """Prefill and loss-value forward of the same tokens: median seconds after one warm-up."""
+def _forward_timers(cfg, bcfg, params, ids) -> dict:
+  """Timers of the prefill and of the loss-value forward of the same tokens."""
   from longjax.beacon import BeaconLM
   lm = BeaconLM(cfg, bcfg, max_length=len(ids))
-  pre = _timer(lambda: lm.forward(params, ids).next_logits)
-  val = _timer(lambda: BeaconLM(cfg, bcfg, training=True).loss(params, ids))
-  return H.timed_runs(lambda: dict(prefill=pre(), loss_forward=val()), runs=runs, budget_s=1e9)
+  return dict(prefill=_timer(lambda: lm.forward(params, ids).next_logits),
+              loss_forward=_timer(lambda: BeaconLM(cfg, bcfg, training=True).loss(params, ids)))
+
+
+def _interleaved(timers: dict, runs: int):
+  """Median seconds of each timer after one warm-up, the timers run back to back in every round
+  (prefill, loss forward, step, prefill, ...): load from other processes on the host then hits
+  all of them alike, so the ratios hold better than with one block of runs per timer."""
+  return H.timed_runs(lambda: {k: t() for k, t in timers.items()}, runs=runs, budget_s=1e9)
 
 
 def worker(spec):
@@ -82,17 +88,16 @@ def worker(spec):
     from longjax.beacon import BeaconLM
     cfg, bcfg, params, ids = _setup(spec)
     params = jax.tree.map(jnp.asarray, params)
-    fw = _forwards(cfg, bcfg, params, ids, spec["runs"])
+    timers = _forward_timers(cfg, bcfg, params, ids)
     if mode == "grad":
-      step = _timer(lambda: jax.grad(
+      timers["step"] = _timer(lambda: jax.grad(
           lambda p: BeaconLM(cfg, bcfg, training=True).loss(p, ids))(params))
-      st = H.timed_runs(lambda: dict(step=step()), runs=spec["runs"], budget_s=1e9)
+    fw = _interleaved(timers, spec["runs"])
   else:
-    fw, st = _task(spec)
+    fw = _task(spec)
   res.update(forward=fw)
   if mode != "forward":
-    res.update(step=st)
-    s = st["median"]["step"]
+    s = fw["median"]["step"]
     res.update(step_s=s, step_over_prefill=s / fw["median"]["prefill"],
                step_over_loss_forward=s / fw["median"]["loss_forward"])
   res.update(prefill_s=fw["median"]["prefill"], loss_forward_s=fw["median"]["loss_forward"],
@@ -103,6 +108,7 @@ def worker(spec):
 def _task(spec):
   """train.py's beacon step, built by ``loop.Trainer`` exactly as a run builds it."""
   import jax
+  import jax.numpy as jnp
   import numpy as np
   from configs import smollm2_beacon
   from longjax.train import loop
@@ -125,9 +131,9 @@ def _task(spec):
     pass
   ds = DS()
   ds.ids, ds.answer = [ids], [None]
-  params = loop.merge_params(tr.state["params"], tr.frozen)
-  fw = _forwards(tr.cfg, tr.task.bcfg, params, ids, spec["runs"])
-  del params
+  # The forwards get their own copy of the trainable tensors: the fused step donates its inputs.
+  params = loop.merge_params(jax.tree.map(jnp.copy, tr.state["params"]), tr.frozen)
+  timers = _forward_timers(tr.cfg, tr.task.bcfg, params, ids)
   state = dict(trainable=tr.state["params"], opt=tr.state["opt_state"])
 
   def step():
@@ -136,11 +142,12 @@ def _task(spec):
                                                     plans)
     return m
 
-  st = H.timed_runs(lambda: dict(step=_timer(step)()), runs=spec["runs"], budget_s=1e9)
-  return fw, st
+  timers["step"] = _timer(step)
+  return _interleaved(timers, spec["runs"])
 
 
-NOTE = ("Times are medians after a warm-up; with other processes on the cores (load average "
+NOTE = ("Times are medians after a warm-up of rounds that run prefill, loss forward and step back to "
+        "back (load from other processes hits all three alike); with other processes on the cores (load average "
         "above) they vary by about 20 % from run to run, the ratios (same process) less. Peak "
         "RSS is the whole process's (model, compile, runs).")
 

@@ -33,7 +33,8 @@ def get_config():
   c.data = common.data_defaults(sources="jsonl:runs/smollm2_beacon_data/train.jsonl",
                                 min_length=0, max_length=1400, loss_on="answer")
   c.train = common.train_defaults(num_steps=600, global_batch=1, lr=2e-4, warmup_steps=10,
-                                  save_every=25, keep=40, log_every=1, progress=False)
+                                  save_every=25, keep=40, log_every=1, progress=False,
+                                  remat="dots")  # 2.8 GB and 12 % faster than True (bench)
   c.debug = common.debug_defaults()
   from longjax.eval.config import eval_config  # noqa: E402
   c.eval = eval_config("beacon", preset="tiny")

@@ -17,6 +17,7 @@ atomically after every sample, so an interrupted run resumes where it stopped):
   curve    accuracy at --length on --samples documents (seed --curve_seed) for every kept
            checkpoint of --workdir not yet in the file (the learning curve)
   plot     the learning curve PNG next to the JSON
+  report   the results as a markdown table (README)
 
   python scripts/learn_passkey_real.py curve --workdir runs/smollm2_beacon
   python scripts/learn_passkey_real.py passkey --asset assets/smollm2_beacon --conditions trained
@@ -238,6 +239,26 @@ def cmd_curve(args, models: Models, res: dict, out: Path):
           f"({time.time() - t0:.0f} s; e.g. {outs[0][0]!r} for {docs[0]['key']})", flush=True)
 
 
+def cmd_report(args, res: dict, out: Path):
+  """Markdown: passkey accuracy per condition and length, perplexity per condition."""
+  pk, pp = res.get("passkey", {}), res.get("perplexity", {})
+  lengths = sorted({int(n) for c in pk.values() for n in c})
+  lines = ["| condition | " + " | ".join(f"passkey {n}" for n in lengths) + " | perplexity |",
+           "|---|" + "---|" * (len(lengths) + 1)]
+  for cond in CONDITIONS:
+    if cond not in pk and cond not in pp:
+      continue
+    cells = []
+    for n in lengths:
+      c = pk.get(cond, {}).get(str(n))
+      cells.append(f"{c['accuracy']:.0%} ({sum(s['correct'] for s in c['samples'])}/{c['n']})"
+                   if c and c.get("n") else "–")
+    ppl = pp.get(cond, {}).get("ppl")
+    lines.append(f"| {cond} | " + " | ".join(cells) + f" | {ppl:.2f} |" if ppl else
+                 f"| {cond} | " + " | ".join(cells) + " | – |")
+  print("\n".join(lines))
+
+
 def cmd_plot(args, res: dict, out: Path):
   import matplotlib
   matplotlib.use("Agg")
@@ -264,7 +285,7 @@ def cmd_plot(args, res: dict, out: Path):
 
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  ap.add_argument("command", choices=("passkey", "ppl", "curve", "plot"))
+  ap.add_argument("command", choices=("passkey", "ppl", "curve", "plot", "report"))
   ap.add_argument("--out", default=str(ROOT / "results" / "learn_smollm2.json"))
   src = ap.add_mutually_exclusive_group()
   src.add_argument("--asset", default=str(ROOT / "assets" / "smollm2_beacon"),
@@ -293,8 +314,8 @@ def main(argv=None):
     ap.error("curve needs --workdir (a train.py run with checkpoints)")
   out = Path(args.out)
   res = load(out)
-  if args.command == "plot":
-    return cmd_plot(args, res, out)
+  if args.command in ("plot", "report"):
+    return (cmd_plot if args.command == "plot" else cmd_report)(args, res, out)
   models = Models(args)
   {"passkey": cmd_passkey, "ppl": cmd_ppl, "curve": cmd_curve}[args.command](args, models, res, out)
   return 0

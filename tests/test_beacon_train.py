@@ -71,6 +71,27 @@ def test_loss_equals_prefill_path_and_freezes_the_base(model):
   assert float(jnp.max(jnp.abs(g["embedding"]))) == 0.0
 
 
+def test_remat_dots_same_gradient_more_kept(model):
+  """``remat="dots"`` keeps the matmul outputs (no matmul recomputed in the backward pass): the
+  same loss and beacon gradients as ``remat=True``, with more compiled temporaries; an unknown
+  mode is refused by the model config."""
+  cfg, params = model
+  ids = _ids(W * 3 + 5, 6)
+  out = {}
+  for mode in (True, "dots"):
+    lm = BeaconLM(cfg, BCFG, max_length=W * 4, training=True, remat=mode)
+    out[mode] = jax.value_and_grad(lambda p: lm.loss(p, ids))(params)
+    out[mode, "temp"] = _grad_temp_bytes(lm, params, 3)[0]
+  np.testing.assert_allclose(float(out["dots"][0]), float(out[True][0]), rtol=1e-6)
+  for name in ("alt_q_proj", "alt_k_proj", "alt_v_proj"):
+    np.testing.assert_allclose(out["dots"][1]["layers"]["attn"][name]["kernel"],
+                               out[True][1]["layers"]["attn"][name]["kernel"], rtol=1e-4, atol=1e-7)
+  assert out["dots", "temp"] > out[True, "temp"], (out["dots", "temp"], out[True, "temp"])
+  from longjax.models.config import ModelConfigError
+  with pytest.raises(ModelConfigError, match="remat must be one of"):
+    cfg.replace(remat="dot")
+
+
 def test_plan_padding_and_seeded_rows(model):
   """No-op padding steps (``steps_multiple``) and a seeded ratio RNG change nothing but shapes;
   only labelled slots get logits."""

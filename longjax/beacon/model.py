@@ -323,7 +323,7 @@ class BeaconLM:
                scan_chunk: int = 8, decode_slots: int = 8, impl: str = "auto",
                ratio: Optional[int] = None, training: bool = False,
                progress: Optional[bool] = None, memory_buckets: bool = True,
-               memory_bucket_min: int = 64, remat: bool = True):
+               memory_bucket_min: int = 64, remat=True):
     missing = [p for p in bcfg.param if p not in cfg.alt_projections]
     if missing or cfg.num_alt_embeddings < 1:
       raise BeaconSetupError(
@@ -350,7 +350,8 @@ class BeaconLM:
     self.training = training
     self.progress = progress
     rule = MaskRule(causal=True, kind_sees=(0b01, 0b11) if bcfg.attn == "step-expansion" else None)
-    self.model = Decoder(cfg.replace(remat=True) if remat else cfg, rule=rule, impl=impl)
+    # remat True / "dots": the decoder's per-layer policy (ModelConfig.remat).
+    self.model = Decoder(cfg.replace(remat=remat) if remat else cfg, rule=rule, impl=impl)
     self.q_slots = bcfg.query_slots
     self.r_slots = self.q_slots
     self.decode_slots = min(int(decode_slots), self.q_slots)
@@ -360,7 +361,7 @@ class BeaconLM:
     self.memory_buckets = bool(memory_buckets)
     self.memory_bucket_min = max(1, int(memory_bucket_min))
     self.planner = Planner(bcfg, cfg.vocab_size, cfg.max_positions, self.beacon_capacity)
-    self.remat = bool(remat)
+    self.remat = remat
     self._static = dict(model=self.model, sink_cap=self.sink_cap)
 
   # ------------------------------------------------------------------------------------------

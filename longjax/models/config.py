@@ -14,6 +14,7 @@ import jax.numpy as jnp
 from longjax.errors import LongjaxError
 
 FAMILIES = ("llama", "qwen2", "mistral")
+REMAT_MODES = (False, True, "dots")  # see ModelConfig.remat
 ROPE_TYPES = ("default", "linear", "dynamic", "llama3")
 ALT_PROJECTIONS = ("q", "k", "v", "o")
 
@@ -63,13 +64,18 @@ class ModelConfig:
   num_alt_embeddings: int = 0
   dtype: str = "float32"  # compute dtype
   param_dtype: str = "float32"
-  remat: bool = False
+  # Rematerialise each decoder layer when differentiated: False; True (keep only the layer
+  # inputs: least memory); "dots" (also keep the matmul outputs: no matmul is recomputed,
+  # ~12 % faster beacon training steps on SmolLM2 for ~1.5x the activation memory).
+  remat: Any = False
   # The HF config.json this config was read from, verbatim, as canonical JSON (sorted keys), so
   # that export gives back every key with its JSON type (an empty dict stays a dict) while the
   # config stays hashable (a static jit argument).
   hf_extra: Optional[str] = None
 
   def __post_init__(self):
+    if self.remat not in REMAT_MODES:
+      raise ModelConfigError(f"remat must be one of {REMAT_MODES}, got {self.remat!r}")
     if self.family not in FAMILIES:
       raise ModelConfigError(f"unsupported family {self.family!r}; supported: {FAMILIES}")
     if self.num_heads % self.num_kv_heads:

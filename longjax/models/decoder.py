@@ -172,7 +172,9 @@ class Decoder(nn.Module):
       k_meta = memory.meta.concat(q_meta)
     block = Block
     if cfg.remat:
-      block = nn.remat(block, prevent_cse=False, policy=jax.checkpoint_policies.nothing_saveable)
+      policy = (jax.checkpoint_policies.dots_with_no_batch_dims_saveable if cfg.remat == "dots"
+                else jax.checkpoint_policies.nothing_saveable)
+      block = nn.remat(block, prevent_cse=False, policy=policy)
     stack = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True},
                     in_axes=(0, nn.broadcast), length=cfg.num_layers)
     x, new_kv = stack(cfg, self.rule, self.impl, name="layers")(

@@ -163,7 +163,7 @@ def load_base(c, tokenizer, workdir: Path):
       cfg, params = T.add_alt_params(cfg, params, bcfg.param, 1, bcfg.embed_init)
     else:
       cfg, params = T.add_alt_params(cfg, params, tuple(c.focus.param), 0)
-  cfg = cfg.replace(dtype=mc.get("dtype", "float32"), remat=bool(mc.get("remat", False)))
+  cfg = cfg.replace(dtype=mc.get("dtype", "float32"), remat=remat_mode(mc.get("remat", False)))
   if mc.get("param_dtype"):
     cfg = cfg.replace(param_dtype=mc.param_dtype)
   return cfg, jax.tree.map(np.asarray, params)
@@ -234,12 +234,20 @@ def pretrain_tiny_base(c, cfg, tokenizer, workdir: Path):
   return out["params"]
 
 
+def remat_mode(value):
+  """``train.remat`` / ``model.remat`` as ``ModelConfig.remat``: a bool, or ``"dots"``."""
+  if isinstance(value, str) and value != "dots":
+    raise TrainingError(f"remat={value!r}: use True (least memory), 'dots' (keep matmul outputs: "
+                        "faster, more memory) or False")
+  return value if value == "dots" else bool(value)
+
+
 def make_task(c, cfg, ds_max_len: int, lm_length: Optional[int] = None):
   tc = c.train
   impl = tc.get("impl", "auto")
   if c.method == "beacon":
     task = T.BeaconTask(cfg, beacon_config(c), max_length=ds_max_len, seed=int(c.seed),
-                        remat=bool(tc.get("remat", True)),
+                        remat=remat_mode(tc.get("remat", True)),
                         step_bucket=int(tc.get("step_bucket", 1)), impl=impl)
     task._answer_only = c.data.get("loss_on", "all") == "answer"
     return task
@@ -249,7 +257,7 @@ def make_task(c, cfg, ds_max_len: int, lm_length: Optional[int] = None):
     return T.FocusTask(cfg, fcfg, dict(window=f.local_window, strides=tuple(f.strides),
                                        min_local=f.get("min_local", 30),
                                        objective=f.get("objective", "random")),
-                       seed=int(c.seed), impl=impl, remat=bool(tc.get("remat", False)))
+                       seed=int(c.seed), impl=impl, remat=remat_mode(tc.get("remat", False)))
   if c.method == "lm":
     return T.LMTask(cfg, length=lm_length, seed=int(c.seed),
                     answer_only=c.data.get("loss_on", "all") == "answer")
