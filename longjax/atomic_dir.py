@@ -87,6 +87,15 @@ def clean_stale_partials(path) -> list:
   return gone
 
 
+def _readable_files(root: Path):
+  """Give files the umask's permissions: some writers (safetensors' save_file) create theirs 0600,
+  which would leave an export or asset unreadable to the other users of a shared machine."""
+  mode = 0o666 & ~current_umask()
+  for f in root.rglob("*"):
+    if f.is_file() and not f.is_symlink():
+      os.chmod(f, (f.stat().st_mode & 0o111) | mode)
+
+
 @contextlib.contextmanager
 def atomic_dir(path, overwrite: bool = False):
   """Yield a temporary directory that becomes ``path`` when the block finishes without error."""
@@ -100,6 +109,7 @@ def atomic_dir(path, overwrite: bool = False):
   try:
     os.chmod(tmp, 0o777 & ~current_umask())
     yield tmp
+    _readable_files(tmp)
     if path.exists():
       old = path.with_name(f".{path.name}.old-{os.getpid()}")
       os.rename(path, old)

@@ -16,6 +16,8 @@ atomically after every sample, so an interrupted run resumes where it stopped):
            preceding tokens (W-token windows every W/2), full and beacon from the whole document
   curve    accuracy at --length on --samples documents (seed --curve_seed) for every kept
            checkpoint of --workdir not yet in the file (the learning curve)
+  layout   NLL per key digit with the training layout (last window without beacons) vs the
+           inference layout (the question's window with beacons), same documents
   plot     the learning curve PNG next to the JSON
   report   the results as a markdown table (README)
 
@@ -227,16 +229,47 @@ def cmd_curve(args, models: Models, res: dict, out: Path):
                                workdir=Path(args.workdir).name)
   steps = sorted(ocp.CheckpointManager(Path(args.workdir).absolute() / "checkpoints").all_steps())
   docs = passkey_docs(models.tok, args.length, args.samples, args.curve_seed)
-  for step in steps:
+  # step 0: the official init (what training starts from)
+  for step in [0] + steps:
     if str(step) in curve or step % args.every:
       continue
     t0 = time.time()
-    outs = [models.answer("trained", d["ids"], step) for d in docs]
+    outs = [models.answer("trained" if step else "untrained", d["ids"], step or None)
+            for d in docs]
     curve[str(step)] = dict(accuracy=float(np.mean([p == d["key"] for (_, p), d in zip(outs, docs)])),
                             example=outs[0][0])
     save(out, res)
     print(f"step {step:5d}: {curve[str(step)]['accuracy']:6.1%} at {args.length} "
           f"({time.time() - t0:.0f} s; e.g. {outs[0][0]!r} for {docs[0]['key']})", flush=True)
+
+
+def cmd_layout(args, models: Models, res: dict, out: Path):
+  """Spec 6.5: training gives the last window no beacons, inference gives the question's partial
+  window beacons. Teacher-forced NLL per key digit of the answer "The pass key is K." under
+  both layouts, same documents and weights: if they differ, training's layout is not what
+  inference sees."""
+  table = res.setdefault("layout", {})
+  for cond in [c for c in args.conditions if c in ("trained", "untrained")]:
+    lm, params, desc, _ = models.beacon(cond, args.step)
+    cell = table.setdefault(cond, {})
+    for length in args.lengths:
+      nll = {"training": [], "inference": []}
+      for d in passkey_docs(models.tok, length, args.samples, args.seed):
+        ans = models.tok.encode(f"The pass key is {d['key']}.")
+        ids = np.asarray(d["ids"] + ans, np.int64)
+        labels = np.full_like(ids, -100)
+        for i, t in enumerate(ans):
+          if models.tok.decode([t]).strip().isdigit():
+            labels[len(d["ids"]) + i] = t
+        for name, training in (("training", True), ("inference", False)):
+          o = lm.forward(params, ids, labels=labels, training=training)
+          nll[name].append(float(np.asarray(o.loss_sum)[0] / np.asarray(o.loss_count)[0]))
+      cell[str(length)] = {k: float(np.mean(v)) for k, v in nll.items()}
+      cell["model"] = desc
+      save(out, res)
+      print(f"{cond:10s} {length:5d}: NLL per key digit, training layout "
+            f"{cell[str(length)]['training']:.3f} vs inference layout "
+            f"{cell[str(length)]['inference']:.3f} (chance ln 10 = 2.303)", flush=True)
 
 
 def cmd_report(args, res: dict, out: Path):
@@ -285,7 +318,8 @@ def cmd_plot(args, res: dict, out: Path):
 
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  ap.add_argument("command", choices=("passkey", "ppl", "curve", "plot", "report"))
+  ap.add_argument("command", choices=("passkey", "ppl", "curve", "layout", "plot",
+                                          "report"))
   ap.add_argument("--out", default=str(ROOT / "results" / "learn_smollm2.json"))
   src = ap.add_mutually_exclusive_group()
   src.add_argument("--asset", default=str(ROOT / "assets" / "smollm2_beacon"),
@@ -317,7 +351,8 @@ def main(argv=None):
   if args.command in ("plot", "report"):
     return (cmd_plot if args.command == "plot" else cmd_report)(args, res, out)
   models = Models(args)
-  {"passkey": cmd_passkey, "ppl": cmd_ppl, "curve": cmd_curve}[args.command](args, models, res, out)
+  cmds = {"passkey": cmd_passkey, "ppl": cmd_ppl, "curve": cmd_curve, "layout": cmd_layout}
+  cmds[args.command](args, models, res, out)
   return 0
 
 

@@ -257,9 +257,13 @@ def test_atomic_dir_output_follows_the_umask(tmp_path, umask):
   try:
     with atomic_dir(tmp_path / "out") as tmp:
       (tmp / "f").write_text("x")
+      (tmp / "private").write_text("x")
+      os.chmod(tmp / "private", 0o600)  # as safetensors' save_file creates its files
   finally:
     os.umask(old)
   assert (tmp_path / "out").stat().st_mode & 0o777 == 0o777 & ~umask
+  for name in ("f", "private"):
+    assert (tmp_path / "out" / name).stat().st_mode & 0o777 == 0o666 & ~umask, name
 
 
 def test_convert_weights_broken_checkpoint_files_one_line(tmp_path, capsys):
