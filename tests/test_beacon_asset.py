@@ -56,3 +56,26 @@ def test_asset_of_another_base_is_refused(tmp_path):
     load_beacon_asset(out, other)
   with pytest.raises(AssetError, match="not a beacon asset"):
     load_beacon_asset(tmp_path)
+
+
+def test_shipped_smollm2_asset_loads_in_one_call(smollm2_dir):
+  """assets/smollm2_beacon (what the main job uses) loads on the converted SmolLM2 in one call:
+  the settings of its beacon.json, every beacon tensor moved off the official init, and a
+  beacon forward of one window plus a partial one gives finite logits."""
+  import jax.numpy as jnp
+  from conftest import REPO
+  from longjax.beacon import BeaconLM
+  asset = REPO / "assets" / "smollm2_beacon"
+  meta = json.loads((asset / "beacon.json").read_text())
+  cfg, bcfg, params = load_beacon_asset(asset, smollm2_dir)
+  assert (bcfg.window, tuple(bcfg.ratios), tuple(bcfg.param)) == (
+      meta["beacon_window"], tuple(meta["beacon_ratio"]), tuple(meta["beacon_param"]))
+  _, _, init = load_beacon(smollm2_dir, init="official", beacon=bcfg, param_dtype="float32")
+  for p in bcfg.param:
+    moved = np.abs(params["layers"]["attn"][f"alt_{p}_proj"]["kernel"]
+                   - init["layers"]["attn"][f"alt_{p}_proj"]["kernel"]).max()
+    assert moved > 1e-3, p
+  ids = np.random.default_rng(0).integers(10, cfg.vocab_size, bcfg.window + 40)
+  out = BeaconLM(cfg, bcfg, max_length=2 * bcfg.window).forward(
+      params, ids)
+  assert np.isfinite(np.asarray(jnp.asarray(out.next_logits))).all()
