@@ -19,7 +19,8 @@ atomically after every sample, so an interrupted run resumes where it stopped):
   layout   NLL per key digit with the training layout (last window without beacons) vs the
            inference layout (the question's window with beacons), same documents
   plot     the learning curve PNG next to the JSON
-  report   the results as a markdown table (README)
+  report   the results as a markdown table (README): exact-match accuracy, and in brackets the
+           key digits right in place (chance 10 %)
 
   python scripts/learn_passkey_real.py curve --workdir runs/smollm2_beacon
   python scripts/learn_passkey_real.py passkey --asset assets/smollm2_beacon --conditions trained
@@ -53,14 +54,21 @@ def _merge(into: dict, new: dict) -> dict:
   return into
 
 
-def save(path: Path, res: dict):
-  """Merge ``res`` into the file under a lock: evaluations of different conditions may run at
-  once (each process owns its cells), so the file is re-read and only this process's cells win."""
+def save(path: Path, res: dict, *owned: tuple):
+  """Write the cells of ``res`` at the key paths ``owned`` into the file, under a lock.
+  Evaluations of different conditions may run at once, each process owning its cells: the file
+  is re-read and only the owned cells are replaced (the rest of ``res`` may be stale)."""
   import fcntl
+  updates: dict = {}
+  for keys in owned:
+    src, dst = res, updates
+    for k in keys[:-1]:
+      src, dst = src[k], dst.setdefault(k, {})
+    dst[keys[-1]] = src[keys[-1]]
   path.parent.mkdir(parents=True, exist_ok=True)
   with open(path.with_name(path.name + ".lock"), "w") as lock:
     fcntl.flock(lock, fcntl.LOCK_EX)
-    merged = _merge(load(path), res)
+    merged = _merge(load(path), updates)
     tmp = path.with_name(path.name + ".partial")
     tmp.write_text(json.dumps(merged, indent=1, sort_keys=True))
     os.replace(tmp, path)
@@ -181,7 +189,7 @@ def cmd_passkey(args, models: Models, res: dict, out: Path):
         cell["n"] = len(cell["samples"])
         if cond in ("trained", "untrained"):
           cell["model"] = models.beacon(cond)[2]
-        save(out, res)
+        save(out, res, ("passkey", cond, str(length)), ("passkey_protocol",))
       print(f"{cond:10s} {length:5d}: {cell.get('accuracy', float('nan')):6.1%} of "
             f"{cell.get('n', 0)} ({time.time() - t0:.0f} s)", flush=True)
 
@@ -217,7 +225,7 @@ def cmd_ppl(args, models: Models, res: dict, out: Path):
         nll, cnt = built.suffix_nll(ids, args.scored)
       cell["doc_nll"].append(nll / cnt)
       cell["ppl"] = math.exp(float(np.mean(cell["doc_nll"])))
-      save(out, res)
+      save(out, res, ("perplexity", cond), ("perplexity_protocol",))
     print(f"{cond:10s} ppl {cell['ppl']:.3f} over {len(cell['doc_nll'])} documents "
           f"({time.time() - t0:.0f} s)", flush=True)
 
@@ -238,7 +246,7 @@ def cmd_curve(args, models: Models, res: dict, out: Path):
             for d in docs]
     curve[str(step)] = dict(accuracy=float(np.mean([p == d["key"] for (_, p), d in zip(outs, docs)])),
                             example=outs[0][0])
-    save(out, res)
+    save(out, res, ("curve", str(step)), ("curve_protocol",))
     print(f"step {step:5d}: {curve[str(step)]['accuracy']:6.1%} at {args.length} "
           f"({time.time() - t0:.0f} s; e.g. {outs[0][0]!r} for {docs[0]['key']})", flush=True)
 
@@ -266,10 +274,22 @@ def cmd_layout(args, models: Models, res: dict, out: Path):
           nll[name].append(float(np.asarray(o.loss_sum)[0] / np.asarray(o.loss_count)[0]))
       cell[str(length)] = {k: float(np.mean(v)) for k, v in nll.items()}
       cell["model"] = desc
-      save(out, res)
+      save(out, res, ("layout", cond))
       print(f"{cond:10s} {length:5d}: NLL per key digit, training layout "
             f"{cell[str(length)]['training']:.3f} vs inference layout "
             f"{cell[str(length)]['inference']:.3f} (chance ln 10 = 2.303)", flush=True)
+
+
+def digit_accuracy(samples) -> float:
+  """Fraction of key digits right in place in the first number of each output (chance 10 %):
+  partial credit that tells "reads some of the key" from "answers with some number"."""
+  import re
+  hits = []
+  for s in samples:
+    m = re.search(r"\d+", s["output"])
+    got = m.group(0) if m else ""
+    hits += [i < len(got) and got[i] == ch for i, ch in enumerate(s["key"])]
+  return float(np.mean(hits)) if hits else float("nan")
 
 
 def cmd_report(args, res: dict, out: Path):
@@ -284,8 +304,8 @@ def cmd_report(args, res: dict, out: Path):
     cells = []
     for n in lengths:
       c = pk.get(cond, {}).get(str(n))
-      cells.append(f"{c['accuracy']:.0%} ({sum(s['correct'] for s in c['samples'])}/{c['n']})"
-                   if c and c.get("n") else "–")
+      cells.append(f"{c['accuracy']:.0%} ({sum(s['correct'] for s in c['samples'])}/{c['n']}; "
+                   f"digits {digit_accuracy(c['samples']):.0%})" if c and c.get("n") else "–")
     ppl = pp.get(cond, {}).get("ppl")
     lines.append(f"| {cond} | " + " | ".join(cells) + f" | {ppl:.2f} |" if ppl else
                  f"| {cond} | " + " | ".join(cells) + " | – |")
