@@ -13,6 +13,7 @@ from typing import Optional
 from longjax.beacon.config import BeaconConfig
 from longjax.convert.hf import (METHOD_KEY, CheckpointError, check_method, load_hf, read_hf_config,
                                 save_hf, shard_map)
+from longjax.convert.table import ALT_EMBEDDING_NAME, alt_proj_name
 
 INITS = ("official",)
 
@@ -38,8 +39,7 @@ def load_beacon(hf_dir, *, init: Optional[str] = None, param_dtype: Optional[str
   check_method(hf, "beacon", hf_dir)
   bcfg = beacon if beacon is not None else BeaconConfig.from_hf(hf, **beacon_overrides)
   names = set(shard_map(hf_dir))
-  want = [f"model.layers.0.self_attn.beacon_{p}_proj.weight" for p in bcfg.param]
-  want.append("model.beacon_embed_tokens.weight")
+  want = [alt_proj_name(p) for p in bcfg.param] + [ALT_EMBEDDING_NAME]
   missing = [n for n in want if n not in names]
   if missing and init is None:
     raise CheckpointError(

@@ -18,7 +18,8 @@ from safetensors import safe_open as _safe_open
 from safetensors.numpy import save_file
 
 from longjax.atomic_dir import atomic_dir
-from longjax.convert.table import (IGNORED_SUFFIXES, expected_names, get_path, hf_shape, rows_for,
+from longjax.convert.table import (ALT_EMBEDDING_NAME, IGNORED_SUFFIXES, alt_proj_name,
+                                   alt_projections_in, expected_names, get_path, hf_shape, rows_for,
                                    set_path)
 from longjax.models.config import ModelConfig
 from longjax.models.decoder import param_shapes
@@ -115,8 +116,8 @@ def check_method(hf: dict, want: str, where) -> None:
 def config_from_hf_dir(hf_dir, names=None, **overrides) -> ModelConfig:
   """The model config of a HF directory; beacon/candidate extras are detected from tensor names."""
   names = set(shard_map(hf_dir)) if names is None else names
-  present = tuple(p for p in "qkvo" if f"model.layers.0.self_attn.beacon_{p}_proj.weight" in names)
-  has_embed = "model.beacon_embed_tokens.weight" in names
+  present = alt_projections_in(names)
+  has_embed = ALT_EMBEDDING_NAME in names
   overrides.setdefault("alt_projections", present)
   overrides.setdefault("num_alt_embeddings", 1 if has_embed else 0)
   return ModelConfig.from_hf(read_hf_config(hf_dir), **overrides)
@@ -148,7 +149,7 @@ def load_hf(hf_dir, *, param_dtype: Optional[str] = None, alt_init: Optional[str
   elif alt_init is not None:
     raise ValueError(f"alt_init must be 'copy' or None, got {alt_init!r}")
   if alt_embed_init in ("eos", "bos"):
-    initialisable.add("model.beacon_embed_tokens.weight")
+    initialisable.add(ALT_EMBEDDING_NAME)
   elif alt_embed_init is not None:
     raise ValueError(f"alt_embed_init must be 'eos', 'bos' or None, got {alt_embed_init!r}")
   missing = set(expected) - names - initialisable
@@ -214,10 +215,10 @@ def load_hf(hf_dir, *, param_dtype: Optional[str] = None, alt_init: Optional[str
 def _init_missing_alt(cfg, params, names, alt_embed_init):
   attn = params.get("layers", {}).get("attn", {})
   for p in cfg.alt_projections:
-    if f"model.layers.0.self_attn.beacon_{p}_proj.weight" not in names:
+    if alt_proj_name(p) not in names:
       for leaf, value in attn[f"{p}_proj"].items():
         attn[f"alt_{p}_proj"][leaf][...] = value
-  if cfg.num_alt_embeddings and "model.beacon_embed_tokens.weight" not in names:
+  if cfg.num_alt_embeddings and ALT_EMBEDDING_NAME not in names:
     token = cfg.eos_token_id if alt_embed_init == "eos" else cfg.bos_token_id
     if isinstance(token, (tuple, list)):
       token = token[0]

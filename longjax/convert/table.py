@@ -69,12 +69,13 @@ def _alt_bias(p):
 
 _bias = lambda cfg: cfg.attention_bias  # noqa: E731
 _L = "model.layers.{i}."
+ALT_EMBEDDING_NAME = "model.beacon_embed_tokens.weight"  # official name of the beacon embedding
 
 ROWS = (
     Row("model.embed_tokens.weight", ("embedding",), IDENTITY),
     Row("model.norm.weight", ("final_norm", "scale"), IDENTITY),
     Row("lm_head.weight", ("lm_head", "kernel"), LINEAR, lambda cfg: not cfg.tie_word_embeddings),
-    Row("model.beacon_embed_tokens.weight", ("alt_embedding",), IDENTITY,
+    Row(ALT_EMBEDDING_NAME, ("alt_embedding",), IDENTITY,
         lambda cfg: cfg.num_alt_embeddings > 0),
     Row(_L + "input_layernorm.weight", ("layers", "input_norm", "scale"), IDENTITY),
     Row(_L + "post_attention_layernorm.weight", ("layers", "post_attention_norm", "scale"), IDENTITY),
@@ -94,6 +95,20 @@ ROWS = (
         Row(_L + f"self_attn.beacon_{p}_proj.bias", ("layers", "attn", f"alt_{p}_proj", "bias"), bias,
             _alt_bias(p)),
     ))
+
+
+
+def alt_proj_name(p: str, layer="0") -> str:
+  """The HF name of a layer's alternative (beacon / candidate) projection ``p`` in q/k/v/o: the
+  only place outside ROWS that spells it (``layer="*"`` for messages)."""
+  return _L.format(i=layer) + f"self_attn.beacon_{p}_proj.weight"
+
+
+
+def alt_projections_in(names) -> tuple:
+  """Which of q/k/v/o a checkpoint's tensor ``names`` carry alternative projections for."""
+  return tuple(p for p in "qkvo" if alt_proj_name(p) in names)
+
 
 # Tensors some checkpoints carry that hold nothing the model needs (non-persistent buffers saved by
 # old transformers versions).

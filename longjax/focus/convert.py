@@ -1,7 +1,7 @@
 """FocusLLM checkpoints: official HF state dicts in and out, and initialisation from a plain LLM.
 
 An official FocusLLM checkpoint (spec §7) is a full LLaMA state dict plus per layer
-``self_attn.beacon_{q,k,v,o}_proj.weight`` (the candidate projections, the decoder's ``alt_*``)
+``self_attn.beacon_{q,k,v,o}_proj`` weights (the candidate projections, the decoder's ``alt_*``)
 and ``model.beacon_embed_tokens.weight`` (created but never used by any forward: accepted, dropped
 by default). Its config.json carries ``local_window`` / ``memory_stride`` / ``beacon_param``.
 """
@@ -16,9 +16,10 @@ import numpy as np
 
 from longjax.convert.hf import (METHOD_KEY, CheckpointError, check_method, load_hf, read_hf_config,
                                 save_hf, shard_map)
+from longjax.convert.table import ALT_EMBEDDING_NAME, alt_proj_name
 from longjax.focus.config import FocusConfig, FocusError
 
-_EMBED = "model.beacon_embed_tokens.weight"
+_EMBED = ALT_EMBEDDING_NAME
 
 
 def _as_hf_dir(path, stack):
@@ -67,13 +68,12 @@ def load_focus(path, fcfg: Optional[FocusConfig] = None, *, init_candidates: Opt
     elif focus_overrides:
       fcfg = fcfg.replace(**focus_overrides)
     names = set(shard_map(hf_dir))
-    present = [p for p in fcfg.candidate_projections
-               if f"model.layers.0.self_attn.beacon_{p}_proj.weight" in names]
+    present = [p for p in fcfg.candidate_projections if alt_proj_name(p) in names]
     if len(present) < len(fcfg.candidate_projections) and init_candidates is None:
       missing = [p for p in fcfg.candidate_projections if p not in present]
       raise FocusError(
           f"checkpoint {path} has no candidate projections for {missing} "
-          f"(model.layers.*.self_attn.beacon_{{{','.join(missing)}}}_proj.weight); for a plain "
+          f"({alt_proj_name('{' + ','.join(missing) + '}', '*')}); for a plain "
           "LLM pass init_candidates='copy' to initialise them from q/k/v/o as the official "
           "from_pretrained does")
     if init_candidates not in (None, "copy"):
