@@ -176,8 +176,11 @@ def cmd_passkey(args, models: Models, res: dict, out: Path):
   for cond in args.conditions:
     for length in args.lengths:
       cell = table.setdefault(cond, {}).setdefault(str(length), dict(samples=[]))
-      done = {(s["key"], s["depth"]) for s in cell["samples"]}
       docs = passkey_docs(models.tok, length, args.samples, args.seed)
+      # only this document set counts (another --samples spreads the depths differently)
+      wanted = {(d["key"], d["depth"]) for d in docs}
+      cell["samples"] = [s for s in cell["samples"] if (s["key"], s["depth"]) in wanted]
+      done = {(s["key"], s["depth"]) for s in cell["samples"]}
       t0 = time.time()
       for d in docs:
         if (d["key"], d["depth"]) in done:
