@@ -315,6 +315,20 @@ def cmd_report(args, res: dict, out: Path):
   print("\n".join(lines))
 
 
+def train_curve(metrics: Path, block: int = 10) -> dict:
+  """Median answer loss per key digit over blocks of ``block`` steps, charging the whole answer
+  loss to the digits (an upper bound: "The pass key is", "." and EOS are 6 tokens the model gets
+  right), from a run's metrics.jsonl."""
+  recs = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+  steps, vals = [], []
+  for i in range(0, len(recs) - block + 1, block):
+    chunk = recs[i:i + block]
+    per = [r["loss"] * r["label_tokens"] / max(r["label_tokens"] - 6, 1) for r in chunk]
+    steps.append(chunk[-1]["step"])
+    vals.append(float(np.median(per)))
+  return dict(step=steps, nats_per_digit=vals, block=block)
+
+
 def cmd_plot(args, res: dict, out: Path):
   import matplotlib
   matplotlib.use("Agg")
@@ -323,16 +337,38 @@ def cmd_plot(args, res: dict, out: Path):
   if not curve:
     raise SystemExit(f"{out} has no learning curve yet (run the curve subcommand)")
   steps = sorted(int(s) for s in curve)
-  fig, ax = plt.subplots(figsize=(6, 3.5))
-  ax.plot(steps, [100 * curve[str(s)]["accuracy"] for s in steps], "o-", label="trained beacon")
   p = res.get("curve_protocol", {})
+  fig, ax = plt.subplots(figsize=(6, 3.5))
+  ax.plot(steps, [100 * curve[str(s)]["accuracy"] for s in steps], "o-",
+          label=f"beacon, {p.get('samples')} documents (seed {p.get('seed')})")
+  # The fresh evaluation set at the same length: official init (step 0) and the shipped asset.
+  fresh = res.get("passkey", {})
+  meta = Path(args.asset) / "beacon.json"
+  final = json.loads(meta.read_text()).get("train_step") if meta.exists() else None
+  pts = [(0, fresh.get("untrained", {}).get(str(p.get("length")))),
+         (final, fresh.get("trained", {}).get(str(p.get("length"))))]
+  pts = [(s, c) for s, c in pts if s is not None and c and c.get("n")]
+  if pts:
+    ax.plot([s for s, _ in pts], [100 * c["accuracy"] for _, c in pts], "s", color="C3",
+            label=f"beacon, fresh set ({'/'.join(str(c['n']) for _, c in pts)} documents)")
   for cond, style in (("full", "--"), ("truncation", ":")):
     cell = res.get("passkey", {}).get(cond, {}).get(str(p.get("length")))
     if cell and "accuracy" in cell:
       ax.axhline(100 * cell["accuracy"], ls=style, color="gray", label=f"{cond} (fresh set)")
   ax.set(xlabel="training step", ylabel=f"passkey exact match at {p.get('length')} (%)",
          ylim=(-3, 103), title="SmolLM2-135M + Activation Beacon (W=256)")
-  ax.legend(loc="best", fontsize=8)
+  ax.legend(loc="center left", bbox_to_anchor=(0.15, 0.3), fontsize=7)
+  if args.workdir:  # the answer loss of the run, kept in the JSON so the PNG needs only the JSON
+    res["train_curve"] = train_curve(Path(args.workdir) / "metrics.jsonl")
+    save(out, res, ("train_curve",))
+  tc = res.get("train_curve")
+  if tc:
+    ax2 = ax.twinx()
+    ax2.plot(tc["step"], tc["nats_per_digit"], color="C2", lw=1,
+             label="train answer loss, nats/digit (median of 10 steps)")
+    ax2.axhline(math.log(10), color="C2", ls=":", lw=1)
+    ax2.set(ylabel="nats per key digit (chance ln 10)", ylim=(0, 4.5))
+    ax2.legend(loc="upper right", fontsize=7)
   fig.tight_layout()
   png = out.with_suffix(".png")
   fig.savefig(png, dpi=120)
