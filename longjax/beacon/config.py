@@ -180,6 +180,14 @@ class BeaconConfig:
       kw["ratios"] = (kw["ratios"],)
     return cls(**kw)
 
+  @classmethod
+  def from_config(cls, b) -> "BeaconConfig":
+    """From the ``beacon`` section of an ml_collections run config (configs/*.py): the one
+    builder train.py, eval.py and the scripts share."""
+    return cls(window=b.window, stride=b.stride, ratios=tuple(b.ratios), ratio_mix=b.ratio_mix,
+               pos=b.pos, attn=b.attn, param=tuple(b.param), sink_size=b.sink_size,
+               embed_init=b.get("embed_init", "eos"), attend_prev=b.get("attend_prev", True))
+
   def to_hf(self) -> dict:
     """The official ``beacon_*`` config fields."""
     out = {}

@@ -382,24 +382,13 @@ def load_tokenizer(spec: str) -> Tok:
 
 def beacon_config(config):
   from longjax.beacon import BeaconConfig
-  b = config.beacon
-  kw = dict(window=b.window, stride=b.stride, ratios=tuple(b.ratios), ratio_mix=b.ratio_mix,
-            pos=b.pos, attn=b.attn, param=tuple(b.param), sink_size=b.sink_size)
-  for opt in ("embed_init", "attend_prev", "seed"):
-    if _get(b, opt) is not None:
-      kw[opt] = _get(b, opt)
-  return BeaconConfig(**kw)
+  return BeaconConfig.from_config(config.beacon)
 
 
-def focus_config(config):
+def focus_config(config, bos_id):
+  """The run config's FocusConfig with the model's BOS (``bos_id``): the builder train.py uses."""
   from longjax.focus import FocusConfig
-  f = config.focus
-  kw = dict(local_window=f.local_window, chunk_stride=f.stride,
-            candidate_projections=tuple(f.param), min_len_threshold=f.min_len_threshold)
-  for src, dst in (("prompt_cap", "prompt_cap"), ("max_chunks", "max_chunks"), ("bos_id", "bos_id")):
-    if _get(f, src) is not None:
-      kw[dst] = _get(f, src)
-  return FocusConfig(**kw)
+  return FocusConfig.from_config(config.focus, bos_id)
 
 
 def method_name(config) -> str:
@@ -459,7 +448,7 @@ def build_method(config, name: Optional[str] = None) -> Built:
     lm = BeaconLM(cfg, bcfg, max_length=4 * bcfg.window, progress=False)
     return Built("beacon", lm, params, tok, None, cfg, bcfg, user_cap, f"beacon {desc}", eos)
   from longjax.focus import FocusLLM
-  fcfg = focus_config(config)
+  fcfg = focus_config(config, cfg.bos_token_id)
   return Built("focus", FocusLLM(cfg, fcfg), params, tok, None, cfg, fcfg, user_cap,
                f"focus {desc}", eos)
 
@@ -491,7 +480,9 @@ def _load_checkpoint(config, ckpt: str, name: str):
     cfg, _, params = load_beacon(ckpt, init="official", beacon=beacon_config(config))
   elif name == "focus":
     from longjax.focus import load_focus
-    cfg, _, params = load_focus(ckpt, focus_config(config), init_candidates="copy")
+    from longjax.convert.hf import read_hf_config
+    bos = read_hf_config(ckpt).get("bos_token_id")
+    cfg, _, params = load_focus(ckpt, focus_config(config, bos), init_candidates="copy")
   else:
     cfg, params = load_any(ckpt)
   return cfg, params

@@ -89,8 +89,20 @@ class FocusConfig:
         kw["chunk_stride"] = int(strides[0])
     if hf.get("beacon_param"):
       kw["candidate_projections"] = tuple(p for p in hf["beacon_param"] if p in ALT_PROJECTIONS)
+    if isinstance(hf.get("bos_token_id"), int):  # the checkpoint's own BOS (official: always 1)
+      kw["bos_id"] = hf["bos_token_id"]
     kw.update(overrides)
     return cls(**kw)
+
+  @classmethod
+  def from_config(cls, f, bos_id) -> "FocusConfig":
+    """From the ``focus`` section of an ml_collections run config (configs/*.py) and the model's
+    BOS id (``ModelConfig.bos_token_id``; None: the official 1): the one builder train.py,
+    eval.py and the scripts share."""
+    return cls(local_window=f.local_window, chunk_stride=f.stride,
+               prompt_cap=f.get("prompt_cap") or None, candidate_projections=tuple(f.param),
+               min_len_threshold=f.get("min_len_threshold", OFFICIAL_MIN_LEN),
+               bos_id=int(bos_id) if bos_id is not None else 1)
 
 
 def check_model(cfg, fcfg: FocusConfig, params: Optional[dict] = None):

@@ -92,20 +92,12 @@ def model_config_tiny(mc, tokenizer):
 
 def beacon_config(c):
   from longjax.beacon.config import BeaconConfig
-  b = c.beacon
-  return BeaconConfig(window=b.window, stride=b.stride, ratios=tuple(b.ratios),
-                      ratio_mix=b.ratio_mix, pos=b.pos, attn=b.attn, param=tuple(b.param),
-                      sink_size=b.sink_size, embed_init=b.get("embed_init", "eos"),
-                      attend_prev=b.get("attend_prev", True))
+  return BeaconConfig.from_config(c.beacon)
 
 
 def focus_config(c, cfg):
   from longjax.focus.config import FocusConfig
-  f = c.focus
-  bos = cfg.bos_token_id if cfg.bos_token_id is not None else 1
-  return FocusConfig(local_window=f.local_window, chunk_stride=f.stride,
-                     prompt_cap=f.get("prompt_cap") or None, candidate_projections=tuple(f.param),
-                     min_len_threshold=f.get("min_len_threshold", 4096), bos_id=int(bos))
+  return FocusConfig.from_config(c.focus, cfg.bos_token_id)
 
 
 def checkpoint_dir(c) -> str:
