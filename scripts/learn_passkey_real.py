@@ -394,7 +394,7 @@ def main(argv=None):
   ap.add_argument("--every", type=int, default=50, help="curve: checkpoints whose step divides by it")
   ap.add_argument("--max_new_tokens", type=int, default=16)
   ap.add_argument("--window", type=int, default=256, help="W: what truncation keeps")
-  ap.add_argument("--docs", type=int, default=8, help="ppl: documents")
+  ap.add_argument("--docs", type=int, default=4, help="ppl: documents")
   ap.add_argument("--doc_tokens", type=int, default=3072, help="ppl: tokens per document")
   ap.add_argument("--scored", type=int, default=1024, help="ppl: last tokens scored")
   args = ap.parse_args(argv)
