@@ -100,6 +100,12 @@ def real_text_docs(tok, n_docs: int, doc_tokens: int) -> list:
   return [ids[i * doc_tokens:(i + 1) * doc_tokens] for i in range(n_docs)]
 
 
+def _display(path) -> str:
+  """A path as results may record it: relative to the repository, else its last component."""
+  p = Path(path).absolute()
+  return str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else p.name
+
+
 # ------------------------------------------------------------------------------------------------
 # Models.
 class Models:
@@ -137,10 +143,10 @@ class Models:
       a = self.args
       if a.workdir:
         cfg, bcfg, params, step, _ = params_from_workdir(a.workdir, step)
-        src = f"{a.workdir} step {step}"
+        src = f"run {Path(a.workdir).name} step {step}"  # no machine paths in the results
       else:
         cfg, bcfg, params = load_beacon_asset(a.asset, self.hf_dir)
-        src = str(a.asset)
+        src = _display(a.asset)
       if which == "untrained":
         cfg, bcfg, params = load_beacon(self.hf_dir, init="official", beacon=bcfg,
                                         param_dtype="float32")
