@@ -64,6 +64,7 @@ def worker(spec: dict) -> dict:
   import numpy as np
   from longjax.focus import FocusConfig, FocusLLM, chunk_mesh, load_focus
   from longjax.focus import condense as C
+  from longjax.models.head import lm_head
   from longjax.focus.planner import pack_chunks, pack_local
 
   n_chunks, n_dec, mode = spec["chunks"], spec["decode"], spec["mode"]
@@ -89,7 +90,7 @@ def worker(spec: dict) -> dict:
     @jax.jit
     def local(p, cand_k, cand_v, gather, cand_valid, toks, lens, nch):
       h = C.local_hidden(lm.model, p, cand_k, cand_v, gather, cand_valid, toks, lens, nch)
-      return C.apply_head(cfg, p, C.last_hidden(h, lens))
+      return lm_head(cfg, p, C.last_hidden(h, lens))
 
     def run():
       t0 = time.perf_counter()

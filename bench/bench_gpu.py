@@ -172,6 +172,7 @@ def section_beacon(args, cfg, params):
 def section_focus(args, cfg, params):
   from longjax.focus import FocusConfig, FocusLLM
   from longjax.focus import condense as C
+  from longjax.models.head import lm_head
   from longjax.focus.planner import pack_chunks, pack_local
   w = 64 if args.smoke else 1024
   t_len = 16 * w if args.smoke else 32768
@@ -225,7 +226,7 @@ def section_focus(args, cfg, params):
   def local(p, ck, cv):
     h = C.local_hidden(lm.model, p, ck, cv, cb.gather, cb.cand_valid, lb.tokens, lb.lengths,
                        lb.n_chunks)
-    return C.apply_head(cfg, p, C.last_hidden(h, lb.lengths))
+    return lm_head(cfg, p, C.last_hidden(h, lb.lengths))
 
   def seq():
     ks, vs = [], []

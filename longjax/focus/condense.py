@@ -25,10 +25,6 @@ from jax.sharding import PartitionSpec as P
 
 from longjax.kernels import TokenMeta
 from longjax.models.decoder import Decoder, KVPrefix
-from longjax.models.head import lm_head
-
-# The head applied to chosen rows is the shared one; the old name stays for the bench/ scripts.
-apply_head = lm_head
 
 
 def condense(model: Decoder, params, tokens, positions, valid, lengths):
