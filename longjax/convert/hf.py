@@ -18,6 +18,8 @@ from safetensors import safe_open as _safe_open
 from safetensors.numpy import save_file
 
 from longjax.atomic_dir import atomic_dir
+from longjax.convert.layout import (alt_embedding_row, copy_projection, embed_init_token, is_alt,
+                                    is_alt_projection)
 from longjax.convert.table import (ALT_EMBEDDING_NAME, IGNORED_SUFFIXES, alt_proj_name,
                                    alt_projections_in, expected_names, get_path, hf_shape, rows_for,
                                    set_path)
@@ -145,7 +147,7 @@ def load_hf(hf_dir, *, param_dtype: Optional[str] = None, alt_init: Optional[str
 
   initialisable = set()
   if alt_init == "copy":
-    initialisable |= {n for n in expected if ".beacon_" in n and "_proj." in n}
+    initialisable |= {n for n, (row, _) in expected.items() if is_alt_projection(row.path)}
   elif alt_init is not None:
     raise ValueError(f"alt_init must be 'copy' or None, got {alt_init!r}")
   if alt_embed_init in ("eos", "bos"):
@@ -159,7 +161,7 @@ def load_hf(hf_dir, *, param_dtype: Optional[str] = None, alt_init: Optional[str
              f" (alt projections {cfg.alt_projections or 'none'}):"]
     if missing:
       lines.append(f"  missing tensors ({len(missing)}): {_listing(missing)}")
-      if any(".beacon_" in n for n in missing):
+      if any(is_alt(expected[n][0].path) for n in missing):
         lines.append("  (beacon/candidate tensors missing: pass alt_init='copy' / "
                      "alt_embed_init='eos' to initialise them as the official from_pretrained does)")
     if extra:
@@ -213,19 +215,18 @@ def load_hf(hf_dir, *, param_dtype: Optional[str] = None, alt_init: Optional[str
 
 
 def _init_missing_alt(cfg, params, names, alt_embed_init):
+  """Fill the preallocated alternative tensors the checkpoint lacks (load_hf has checked that an
+  init rule was given for each), in place."""
   attn = params.get("layers", {}).get("attn", {})
   for p in cfg.alt_projections:
     if alt_proj_name(p) not in names:
-      for leaf, value in attn[f"{p}_proj"].items():
-        attn[f"alt_{p}_proj"][leaf][...] = value
+      copy_projection(attn, p)
   if cfg.num_alt_embeddings and ALT_EMBEDDING_NAME not in names:
-    token = cfg.eos_token_id if alt_embed_init == "eos" else cfg.bos_token_id
-    if isinstance(token, (tuple, list)):
-      token = token[0]
+    token = embed_init_token(cfg, alt_embed_init)
     if token is None:
       raise CheckpointError(f"alt_embed_init={alt_embed_init!r} but the config has no "
                             f"{alt_embed_init}_token_id")
-    params["alt_embedding"][...] = params["embedding"][token]
+    params["alt_embedding"][...] = alt_embedding_row(params["embedding"], token)
 
 
 def hf_tensors(cfg: ModelConfig, params):

@@ -52,11 +52,21 @@ class Row:
   hf: str  # HF name; "{i}" marks a per-layer tensor
   path: tuple  # longjax parameter path (per-layer rows live under ("layers", ...))
   transform: Transform
+  # Logical axes of the longjax tensor (of one layer's slice for per-layer rows), which
+  # train/sharding.LOGICAL_RULES maps onto the mesh; None: replicated on every device.
+  axes: Optional[tuple]
   when: Optional[Callable[[ModelConfig], bool]] = None
 
   @property
   def per_layer(self) -> bool:
     return "{i}" in self.hf
+
+  @property
+  def logical_axes(self) -> Optional[tuple]:
+    """Axes of the whole stored tensor: per-layer rows are stacked on a leading layer axis."""
+    if self.axes is None:
+      return None
+    return ("layers",) + self.axes if self.per_layer else self.axes
 
 
 def _alt(p):
@@ -69,31 +79,43 @@ def _alt_bias(p):
 
 _bias = lambda cfg: cfg.attention_bias  # noqa: E731
 _L = "model.layers.{i}."
+# The alternative projections are replicated, not split like their base: they are the trained
+# parameters (with their optimizer state), and this is the layout training has always used.
+_REPLICATED = None
 ALT_EMBEDDING_NAME = "model.beacon_embed_tokens.weight"  # official name of the beacon embedding
 
 ROWS = (
-    Row("model.embed_tokens.weight", ("embedding",), IDENTITY),
-    Row("model.norm.weight", ("final_norm", "scale"), IDENTITY),
-    Row("lm_head.weight", ("lm_head", "kernel"), LINEAR, lambda cfg: not cfg.tie_word_embeddings),
-    Row(ALT_EMBEDDING_NAME, ("alt_embedding",), IDENTITY,
+    Row("model.embed_tokens.weight", ("embedding",), IDENTITY, ("vocab", "embed")),
+    Row("model.norm.weight", ("final_norm", "scale"), IDENTITY, ("norm",)),
+    Row("lm_head.weight", ("lm_head", "kernel"), LINEAR, ("embed", "vocab"),
+        lambda cfg: not cfg.tie_word_embeddings),
+    Row(ALT_EMBEDDING_NAME, ("alt_embedding",), IDENTITY, ("alt_rows", "embed"),
         lambda cfg: cfg.num_alt_embeddings > 0),
-    Row(_L + "input_layernorm.weight", ("layers", "input_norm", "scale"), IDENTITY),
-    Row(_L + "post_attention_layernorm.weight", ("layers", "post_attention_norm", "scale"), IDENTITY),
-    Row(_L + "mlp.gate_proj.weight", ("layers", "mlp", "gate_proj", "kernel"), LINEAR),
-    Row(_L + "mlp.up_proj.weight", ("layers", "mlp", "up_proj", "kernel"), LINEAR),
-    Row(_L + "mlp.down_proj.weight", ("layers", "mlp", "down_proj", "kernel"), LINEAR),
-    Row(_L + "self_attn.o_proj.weight", ("layers", "attn", "o_proj", "kernel"), O_HEADS),
+    Row(_L + "input_layernorm.weight", ("layers", "input_norm", "scale"), IDENTITY, ("norm",)),
+    Row(_L + "post_attention_layernorm.weight", ("layers", "post_attention_norm", "scale"), IDENTITY,
+        ("norm",)),
+    Row(_L + "mlp.gate_proj.weight", ("layers", "mlp", "gate_proj", "kernel"), LINEAR,
+        ("embed", "mlp")),
+    Row(_L + "mlp.up_proj.weight", ("layers", "mlp", "up_proj", "kernel"), LINEAR, ("embed", "mlp")),
+    Row(_L + "mlp.down_proj.weight", ("layers", "mlp", "down_proj", "kernel"), LINEAR,
+        ("mlp", "embed")),
+    Row(_L + "self_attn.o_proj.weight", ("layers", "attn", "o_proj", "kernel"), O_HEADS,
+        ("heads", "head_dim", "embed")),
     Row(_L + "self_attn.beacon_o_proj.weight", ("layers", "attn", "alt_o_proj", "kernel"), O_HEADS,
-        _alt("o")),
+        _REPLICATED, _alt("o")),
 ) + tuple(
-    row for p, heads, bias in (("q", Q_HEADS, Q_BIAS), ("k", KV_HEADS, KV_BIAS), ("v", KV_HEADS, KV_BIAS))
+    row for p, heads, bias, h in (("q", Q_HEADS, Q_BIAS, "heads"),
+                                  ("k", KV_HEADS, KV_BIAS, "kv_heads"),
+                                  ("v", KV_HEADS, KV_BIAS, "kv_heads"))
     for row in (
-        Row(_L + f"self_attn.{p}_proj.weight", ("layers", "attn", f"{p}_proj", "kernel"), heads),
-        Row(_L + f"self_attn.{p}_proj.bias", ("layers", "attn", f"{p}_proj", "bias"), bias, _bias),
+        Row(_L + f"self_attn.{p}_proj.weight", ("layers", "attn", f"{p}_proj", "kernel"), heads,
+            ("embed", h, "head_dim")),
+        Row(_L + f"self_attn.{p}_proj.bias", ("layers", "attn", f"{p}_proj", "bias"), bias,
+            (h, "head_dim"), _bias),
         Row(_L + f"self_attn.beacon_{p}_proj.weight", ("layers", "attn", f"alt_{p}_proj", "kernel"),
-            heads, _alt(p)),
+            heads, _REPLICATED, _alt(p)),
         Row(_L + f"self_attn.beacon_{p}_proj.bias", ("layers", "attn", f"alt_{p}_proj", "bias"), bias,
-            _alt_bias(p)),
+            _REPLICATED, _alt_bias(p)),
     ))
 
 

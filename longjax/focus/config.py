@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
+from longjax.convert.layout import alt_projections_of
 from longjax.models.config import ALT_PROJECTIONS
 from longjax.errors import LongjaxError
 
@@ -112,7 +113,7 @@ def check_model(cfg, fcfg: FocusConfig, params: Optional[dict] = None):
                      f"FocusConfig.candidate_projections is {fcfg.candidate_projections}; load the "
                      "checkpoint with longjax.focus.load_focus (init_candidates='copy' for a plain LLM)")
   if params is not None:
-    attn = params.get("layers", {}).get("attn", {})
-    missing = [p for p in fcfg.candidate_projections if f"alt_{p}_proj" not in attn]
+    present = alt_projections_of(params)
+    missing = [p for p in fcfg.candidate_projections if p not in present]
     if missing:
       raise FocusError(f"parameters lack candidate projections {missing} (alt_*_proj)")

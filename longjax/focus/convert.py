@@ -12,10 +12,9 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
-import numpy as np
-
 from longjax.convert.hf import (METHOD_KEY, CheckpointError, check_method, load_hf, read_hf_config,
                                 save_hf, shard_map)
+from longjax.convert.layout import alt_embedding_row, embed_init_token
 from longjax.convert.table import ALT_EMBEDDING_NAME, alt_proj_name
 from longjax.focus.config import FocusConfig, FocusError
 
@@ -103,8 +102,9 @@ def save_focus(out_dir, cfg, fcfg: FocusConfig, params, *, include_unused_embedd
   official init) unless ``include_unused_embedding=False``."""
   params = dict(params)
   if include_unused_embedding and not cfg.num_alt_embeddings:
-    eos = cfg.eos_token_id[0] if isinstance(cfg.eos_token_id, (tuple, list)) else cfg.eos_token_id
-    params["alt_embedding"] = np.asarray(params["embedding"])[int(eos if eos is not None else 0)][None]
+    eos = embed_init_token(cfg, "eos")
+    # No EOS in the config: row 0, a placeholder (no FocusLLM forward reads this tensor).
+    params["alt_embedding"] = alt_embedding_row(params["embedding"], eos if eos is not None else 0)
     cfg = cfg.replace(num_alt_embeddings=1)
   elif not include_unused_embedding and cfg.num_alt_embeddings:
     params.pop("alt_embedding", None)

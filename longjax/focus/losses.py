@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from longjax.convert import layout
 from longjax.focus import condense as C
 from longjax.focus.config import FocusConfig, check_model
 from longjax.focus.planner import ChunkBatch, LocalBatch, pack_chunks, pack_local, split_training
@@ -31,13 +32,9 @@ INDEX_KEYS = ("memory_len", "local_start", "local_size", "stride")
 
 
 def trainable_mask(params):
-  """True for the candidate projections (``layers/attn/alt_*_proj``), False elsewhere."""
-  def walk(tree, inside_alt):
-    if isinstance(tree, Mapping):
-      return {k: walk(v, inside_alt or (k.startswith("alt_") and k.endswith("_proj")))
-              for k, v in tree.items()}
-    return inside_alt
-  return walk(params, False)
+  """True for the candidate projections (``layers/attn/alt_*_proj``), False elsewhere: the
+  parameters FocusLLM trains (:func:`longjax.convert.layout.is_trainable`)."""
+  return layout.trainable_mask(params, "focus")
 
 
 def freeze_base(params):

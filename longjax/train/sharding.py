@@ -1,10 +1,11 @@
 """The device mesh and the one table that says how arrays are laid out on it.
 
 Mesh axes: ``data`` (pure data parallelism), ``fsdp`` (data parallelism with parameters split
-over it) and ``tensor`` (heads / MLP split). Parameters get *logical* axes from their path in
-the parameter tree (:data:`PARAM_AXES`); :data:`LOGICAL_RULES` maps logical axes to mesh axes,
-once, for every array. A dimension that a mesh axis does not divide is replicated instead (tiny
-models on many devices), so one config runs on 1 CPU device, 8 fake CPU devices or a pod.
+over it) and ``tensor`` (heads / MLP split). Parameters get *logical* axes from their row of the
+conversion table (:func:`longjax.convert.layout.logical_axes`); :data:`LOGICAL_RULES` maps logical
+axes to mesh axes, once, for every array. A dimension that a mesh axis does not divide is
+replicated instead (tiny models on many devices), so one config runs on 1 CPU device, 8 fake CPU
+devices or a pod.
 """
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ import jax
 import numpy as np
 from flax import traverse_util
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+
+from longjax.convert.layout import logical_axes
 
 MESH_AXES = ("data", "fsdp", "tensor")
 
@@ -30,25 +33,6 @@ LOGICAL_RULES = (
     ("head_dim", None),
     ("norm", None),
     ("alt_rows", None),
-)
-
-# (path suffix, logical axes of the leaf). The decoder stacks layers on a leading axis.
-PARAM_AXES = (
-    ("alt_embedding", ("alt_rows", "embed")),
-    ("embedding", ("vocab", "embed")),
-    ("lm_head/kernel", ("embed", "vocab")),
-    ("q_proj/kernel", ("layers", "embed", "heads", "head_dim")),
-    ("q_proj/bias", ("layers", "heads", "head_dim")),
-    ("k_proj/kernel", ("layers", "embed", "kv_heads", "head_dim")),
-    ("k_proj/bias", ("layers", "kv_heads", "head_dim")),
-    ("v_proj/kernel", ("layers", "embed", "kv_heads", "head_dim")),
-    ("v_proj/bias", ("layers", "kv_heads", "head_dim")),
-    ("o_proj/kernel", ("layers", "heads", "head_dim", "embed")),
-    ("gate_proj/kernel", ("layers", "embed", "mlp")),
-    ("up_proj/kernel", ("layers", "embed", "mlp")),
-    ("down_proj/kernel", ("layers", "mlp", "embed")),
-    ("final_norm/scale", ("norm",)),
-    ("scale", ("layers", "norm")),
 )
 
 
@@ -104,11 +88,8 @@ def logical_to_spec(logical, shape, mesh) -> P:
 
 
 def param_logical_axes(path: str, ndim: int):
-  for suffix, axes in PARAM_AXES:
-    if path == suffix or path.endswith("/" + suffix):
-      if len(axes) == ndim:
-        return axes
-  return (None,) * ndim
+  """The logical axes of a parameter leaf ("/"-joined path), from the conversion table."""
+  return logical_axes(path, ndim)
 
 
 def param_shardings(params, mesh):
