@@ -1,6 +1,8 @@
 """HF tensor names <-> longjax parameter paths: one table, one transform per row.
 
-Each row says where an HF tensor lives in the longjax parameter tree and how its layout changes.
+Each row says where an HF tensor lives in the longjax parameter tree, how its layout changes and
+which logical axes it is sharded on (:mod:`longjax.convert.layout` answers the other questions
+about parameters from these rows).
 Per-layer rows (``{i}`` in the name) map onto one stacked array with a leading layer axis (the
 decoder's ``nn.scan``). The official Activation Beacon / FocusLLM extras (``beacon_*``) are rows in
 the same table; in longjax they are the decoder's generic "alternative" projections/embeddings.
