@@ -42,7 +42,7 @@ import numpy as np  # noqa: E402
 from longjax.kernels import attention, explain, flash  # noqa: E402
 from longjax.kernels import decode as decode_lib  # noqa: E402
 from longjax.kernels import testing as kernel_cases  # noqa: E402
-from longjax.kernels.mask import NO_WINDOW, MaskRule, TokenMeta, allowed, kernel_meta  # noqa: E402
+from longjax.kernels.mask import MaskRule, TokenMeta, allowed, kernel_meta  # noqa: E402
 from longjax.kernels.reference import dense_attention  # noqa: E402
 
 START = time.time()

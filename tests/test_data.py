@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from longjax.data import pipeline, sources
+from longjax.data import pipeline
 from longjax.data.sources import DataError
 from longjax.data.tokenizers import get_tokenizer
 

@@ -32,7 +32,7 @@ try:  # Pallas TPU may be missing from some jaxlib builds.
 except Exception:  # pragma: no cover
   pltpu = None
 
-from longjax.kernels.mask import kernel_allowed, kind_bits  # noqa: F401  (kind_bits used via allowed)
+from longjax.kernels.mask import kernel_allowed
 
 NUM_META = 4
 

@@ -4,7 +4,6 @@ Materialises the full ``[B, H, Tq, Tk]`` score matrix, so use it for short seque
 """
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 
 from longjax.kernels.mask import MaskRule, TokenMeta, allowed, NO_WINDOW
