@@ -7,6 +7,7 @@ settings come from its own files. Decoding is teacher-forced (fixtures README).
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -18,9 +19,14 @@ from longjax.beacon import BeaconLM, load_beacon
 from longjax.convert.hf import hf_tensors
 
 
+def beacon_cases(beacon: Path) -> list:
+  """The case folders (those with a ``case.json``) under a fixtures root's ``beacon/``."""
+  return sorted(p.name for p in beacon.glob("*/") if (p / "case.json").exists()) \
+      if beacon.is_dir() else []
+
+
 BEACON = fixtures_root() / "beacon"
-CASES = sorted(p.name for p in BEACON.glob("*/") if (p / "case.json").exists()) \
-    if BEACON.is_dir() else []
+CASES = beacon_cases(BEACON)
 NO_CASES = f"no beacon fixture cases under {BEACON} (set LONGJAX_FIXTURES to a fixtures root)"
 
 
@@ -28,24 +34,32 @@ NO_CASES = f"no beacon fixture cases under {BEACON} (set LONGJAX_FIXTURES to a f
 def hf_dir(tmp_path_factory):
   if not CASES:
     pytest.skip(NO_CASES)
-  d = tmp_path_factory.mktemp("beacon_ckpt")
-  (d / "config.json").symlink_to(BEACON / "config.json")
-  (d / "model.safetensors").symlink_to(BEACON / "weights.safetensors")
+  return checkpoint_dir(BEACON, tmp_path_factory.mktemp("beacon_ckpt"))
+
+
+def checkpoint_dir(beacon: Path, d: Path) -> Path:
+  """``d`` as a HF checkpoint directory over the shared model files of ``beacon``."""
+  (d / "config.json").symlink_to(beacon / "config.json")
+  (d / "model.safetensors").symlink_to(beacon / "weights.safetensors")
   return d
 
 
-def case_setup(hf_dir, case):
-  info = json.loads((BEACON / case / "case.json").read_text())
+def case_setup(hf_dir, ref: Path):
+  """``ref``: a case folder, ``<root>/beacon/<case>``."""
+  info = json.loads((ref / "case.json").read_text())
   cfg, bcfg, params = load_beacon(hf_dir, **info["beacon_config"])
-  own = BEACON / case / "input_ids.npy"  # a case may bring its own input; else the shared one
-  ids = np.load(own if own.exists() else BEACON / "input_ids.npy")
-  return info, cfg, bcfg, jax.tree.map(jnp.asarray, params), ids
+  return info, cfg, bcfg, jax.tree.map(jnp.asarray, params), case_input(ref)
 
 
-def max_length(case, ids) -> int:
+def case_input(ref: Path) -> np.ndarray:
+  own = ref / "input_ids.npy"  # a case may bring its own input; else the shared one
+  return np.load(own if own.exists() else ref.parent / "input_ids.npy")
+
+
+def max_length(ref: Path, ids) -> int:
   """The case's own capacity: its input plus the tokens it generates (so a longer case runs
   without changing this file)."""
-  return len(ids) + len(np.load(BEACON / case / "gen_ids.npy"))
+  return len(ids) + len(np.load(ref / "gen_ids.npy"))
 
 
 def _max_abs(a, b):
@@ -66,7 +80,7 @@ def _official_mask(step, bcfg):
 
 @pytest.mark.parametrize("case", CASES or [pytest.param("none", marks=pytest.mark.skip(NO_CASES))])
 def test_fixture_case(hf_dir, case):
-  check_case(hf_dir, case, impl="auto")
+  check_case(hf_dir, BEACON / case, impl="auto")
 
 
 def _pallas_cases():
@@ -80,13 +94,13 @@ def _pallas_cases():
 @pytest.mark.parametrize("case", _pallas_cases())
 def test_fixture_case_pallas_interpret(hf_dir, case, monkeypatch):
   monkeypatch.setenv("LONGJAX_PALLAS_INTERPRET", "1")
-  check_case(hf_dir, case, impl="pallas")
+  check_case(hf_dir, BEACON / case, impl="pallas")
 
 
-def check_case(hf_dir, case, impl):
-  info, cfg, bcfg, params, ids = case_setup(hf_dir, case)
-  ref = BEACON / case
-  lm = BeaconLM(cfg, bcfg, max_length=max_length(case, ids), impl=impl)
+def check_case(hf_dir, ref: Path, impl):
+  """Every record of the case folder ``ref`` against a ``BeaconLM`` sized from the case."""
+  info, cfg, bcfg, params, ids = case_setup(hf_dir, ref)
+  lm = BeaconLM(cfg, bcfg, max_length=max_length(ref, ids), impl=impl)
 
   # 1. Forward (empty memory): every raw token's logits, the returned (last call) logits, memory.
   out = lm.forward(params, ids, collect_logits=True)
@@ -144,9 +158,9 @@ def check_case(hf_dir, case, impl):
 def test_fixture_training(hf_dir, case):
   """Training-mode loss (no beacons in the last window) and beacon gradients (full BPTT)."""
   from safetensors.numpy import load_file
-  info, cfg, bcfg, params, ids = case_setup(hf_dir, case)
   ref = BEACON / case
-  lm = BeaconLM(cfg, bcfg, max_length=max_length(case, ids), training=True)
+  info, cfg, bcfg, params, ids = case_setup(hf_dir, ref)
+  lm = BeaconLM(cfg, bcfg, max_length=max_length(ref, ids), training=True)
   loss, grads = jax.value_and_grad(lambda p: lm.loss(p, ids))(params)
   assert abs(float(loss) - float(np.load(ref / "loss_train.npy"))) < 1e-5
   if (ref / "grads.safetensors").exists():
@@ -161,8 +175,8 @@ def test_fixture_training(hf_dir, case):
                          or [pytest.param("none", marks=pytest.mark.skip(NO_CASES))])
 def test_fixture_bf16(hf_dir, case):
   """bf16 compute runs and stays within bf16 tolerance of the fp32 reference."""
-  info, cfg, bcfg, params, ids = case_setup(hf_dir, case)
-  lm = BeaconLM(cfg.replace(dtype="bfloat16"), bcfg, max_length=max_length(case, ids))
+  info, cfg, bcfg, params, ids = case_setup(hf_dir, BEACON / case)
+  lm = BeaconLM(cfg.replace(dtype="bfloat16"), bcfg, max_length=max_length(BEACON / case, ids))
   out = lm.forward(params, ids, collect_logits=True)
   raw_all = np.load(BEACON / case / "logits_raw_all.npy")
   err = _max_abs(out.raw_logits[0], raw_all)
@@ -174,7 +188,140 @@ def test_fixture_bf16(hf_dir, case):
   assert agree > 0.9, agree
   # bf16 parameters and compute: eval loss within 1e-2 of the fp32 reference.
   lm16 = BeaconLM(cfg.replace(dtype="bfloat16", param_dtype="bfloat16"), bcfg,
-                  max_length=max_length(case, ids))
+                  max_length=max_length(BEACON / case, ids))
   p16 = jax.tree.map(lambda x: x.astype(jnp.bfloat16), params)
   loss = lm16.loss(p16, ids, training=False)
   assert abs(float(loss) - float(np.load(BEACON / case / "loss_eval.npy"))) < 1e-2
+
+
+# ------------------------------------------------------------------------------------------------
+# A fixture root with a longer case. The official code cannot run here, so the case's records come
+# from paths the check above does not take: the per-call layout from the fixtures README's rules
+# (``interleave_layout``, itself checked against the official ``steps.json``), the logits from the
+# blockwise attention kernel fed in calls that cut windows anywhere, step by step (no scan); the
+# check runs the default kernel over whole windows with the scan, as for an official case.
+LONG_CASE = dict(name="long500", length=500, n_gen=40, window=64, ratio=4)
+
+
+def interleave_layout(ids, gen_ids, window: int, ratio: int):
+  """The official calls for interleaved beacons, full coverage and no sink, from the README's rules
+  (§1.3-1.4), not from the planner: the forward pass is one call per window, then one call per
+  generated token; a beacon (``-1``) follows every ``ratio``-th raw token of a window; the call that
+  fills a window compresses it (its raw cache goes, its beacons stay); positions are
+  ``arange(memory + input)``. Returns ``(steps.json records, beacons per forward call, memory
+  sizes after the forward pass, after generation)``."""
+  mem = dict(sink=0, beacon=0, raw=0)
+  fill, steps = 0, []
+
+  def call(phase, step, tokens):
+    nonlocal fill
+    rec = []
+    for t in tokens:
+      fill += 1
+      rec += [int(t), -1] if fill % ratio == 0 else [int(t)]
+    size = sum(mem.values())
+    steps.append(dict(phase=phase, step=step, ids=rec, position_ids=list(range(size + len(rec))),
+                      mem_size=size, beacon_size=rec.count(-1), ratio=ratio))
+    mem["raw"] += len(rec)
+    if fill == window:
+      mem["beacon"] += window // ratio
+      mem["raw"] = fill = 0
+    return rec.count(-1)
+
+  per_call = [call("forward", k, ids[s:s + window])
+              for k, s in enumerate(range(0, len(ids), window))]
+  after_prefill = dict(mem)
+  for t, tok in enumerate(gen_ids):
+    call("generate", t, [tok])
+  return steps, per_call, after_prefill, dict(mem)
+
+
+def _plain_interleave_cases():
+  """Official cases the README's plain interleave rules cover (no sink, full coverage)."""
+  def plain(c):
+    b = json.loads((BEACON / c / "case.json").read_text())["beacon_config"]
+    return (b["beacon_pos"], b["beacon_attn"], b["beacon_sink_size"]) == (
+        "interleave", "full-coverage", 0)
+  return [c for c in CASES if plain(c)] or [pytest.param("none", marks=pytest.mark.skip(NO_CASES))]
+
+
+@pytest.mark.parametrize("case", _plain_interleave_cases())
+def test_interleave_layout_reproduces_official_steps(case):
+  """The rules that write the long case's layout give the official records of the real cases."""
+  ref = BEACON / case
+  info = json.loads((ref / "case.json").read_text())
+  b = info["beacon_config"]
+  (ratio,) = b["beacon_ratio"]
+  steps, per_call, after_prefill, after_gen = interleave_layout(
+      case_input(ref), np.load(ref / "gen_ids.npy"), b["beacon_window"], ratio)
+  keys = ("phase", "step", "ids", "position_ids", "mem_size", "beacon_size", "ratio")
+  assert [{k: s[k] for k in keys} for s in json.loads((ref / "steps.json").read_text())] == steps
+  assert per_call == info["beacon_sizes_forward"]
+  assert after_prefill == info["memory_after_prefill"]
+  assert after_gen == info["memory_after_generation"]
+
+
+def write_long_case(beacon: Path, hf_dir: Path, *, name, length, n_gen, window, ratio) -> Path:
+  """A case folder ``beacon/name`` in the official format: ``length`` random input tokens and
+  ``n_gen`` greedy tokens over the shared model, with the settings of ``main`` but this size."""
+  ref = beacon / name
+  ref.mkdir()
+  ids = np.random.default_rng(length).integers(3, 1000, length).astype(np.int64)
+  bconf = dict(beacon_window=window, beacon_stride=window, beacon_ratio=[ratio],
+               beacon_ratio_mix="step-random", beacon_attn="full-coverage",
+               beacon_pos="interleave", beacon_param=["q", "k", "v"], beacon_sink_size=0,
+               beacon_attend_prev=True, beacon_embed_init="eos")
+  cfg, bcfg, params = load_beacon(hf_dir, **bconf)
+  lm = BeaconLM(cfg, bcfg, max_length=length + n_gen, impl="blockwise")
+  state, raw = None, []
+  for s in range(0, length, 37):  # 37 < window: calls end mid-window, a window spans 2-3 calls
+    out = lm.forward(params, ids[s:s + 37], state=state, collect_logits=True, use_scan=False)
+    raw.append(np.asarray(out.raw_logits[0]))
+    state = out.state
+  raw = np.concatenate(raw)
+  logits, gen_ids, gen_logits = np.asarray(out.next_logits[0]), [], []
+  for t in range(n_gen):
+    gen_logits.append(logits)
+    gen_ids.append(int(np.argmax(logits)))
+    if t + 1 < n_gen:
+      out = lm.forward(params, [[gen_ids[-1]]], state=state, use_scan=False)
+      logits, state = np.asarray(out.next_logits[0]), out.state
+  # Eval loss from the logits in float64 (the README: it equals the mean next-token CE).
+  z = raw[:-1].astype(np.float64)
+  z -= z.max(-1, keepdims=True)
+  loss = np.mean(np.log(np.sum(np.exp(z), -1)) - z[np.arange(length - 1), ids[1:]])
+  steps, per_call, after_prefill, after_gen = interleave_layout(ids, gen_ids, window, ratio)
+  masks = {f"{s['phase']}_{s['step']}": np.tril(np.ones((len(s["ids"]), len(s["position_ids"])),
+                                                        bool), k=s["mem_size"]) for s in steps}
+  last = (length - 1) // window * window  # the last forward call's raw tokens
+  np.save(ref / "input_ids.npy", ids)
+  np.save(ref / "logits_raw_all.npy", raw)
+  np.save(ref / "logits_final.npy", raw[last:])
+  np.save(ref / "gen_ids.npy", np.asarray(gen_ids, np.int64))
+  np.save(ref / "gen_logits.npy", np.stack(gen_logits))
+  np.save(ref / "loss_eval.npy", np.float64(loss))
+  np.savez(ref / "masks.npz", **masks)
+  (ref / "steps.json").write_text(json.dumps(steps))
+  (ref / "case.json").write_text(json.dumps(dict(
+      case=name, beacon_config=bconf, input_length=length, n_generated=n_gen,
+      loss_eval=float(loss), beacon_sizes_forward=per_call, memory_after_prefill=after_prefill,
+      memory_after_generation=after_gen, gen_ids=gen_ids)))
+  return ref
+
+
+def test_fixture_root_with_a_500_token_case(tmp_path, monkeypatch):
+  """A fixture root laid out like the official one, whose case has a 500-token input and 40
+  generated tokens (540 in all, past the 512 the tests once hard-coded), is found and checked by
+  the same code as the official cases, unchanged: capacities come from the case's own files."""
+  if not (BEACON / "weights.safetensors").exists():
+    pytest.skip(f"no beacon model files under {BEACON} (set LONGJAX_FIXTURES to a fixtures root)")
+  monkeypatch.setenv("LONGJAX_FIXTURES", str(tmp_path / "fixtures"))
+  beacon = fixtures_root() / "beacon"
+  beacon.mkdir(parents=True)
+  for f in ("config.json", "weights.safetensors", "input_ids.npy", "manifest.json"):
+    (beacon / f).symlink_to(BEACON / f)
+  (tmp_path / "ckpt").mkdir()
+  hf = checkpoint_dir(beacon, tmp_path / "ckpt")
+  write_long_case(beacon, hf, **LONG_CASE)
+  assert beacon_cases(beacon) == [LONG_CASE["name"]]
+  check_case(hf, beacon / LONG_CASE["name"], impl="auto")
