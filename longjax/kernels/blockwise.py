@@ -34,10 +34,18 @@ def _pad_seq(x, t, axis=1):
   return jnp.pad(x, widths)
 
 
-def _blocks(tq, tk, block_q, block_k):
+def _tiling(q, k, km: KernelMeta, block_q, block_k):
+  """One call's tiling: ``(b, tq, tk, hq, hkv, g, d)`` sizes, ``(bq, bk, tqp, tkp, nq, nk)``
+  block sizes, padded lengths and block counts, ``km`` padded to those lengths and its
+  ``[B, nQ, nK]`` block-visit table (forward and backward must tile alike)."""
+  b, tq, hq, d = q.shape
+  tk, hkv = k.shape[1], k.shape[2]
   bq = min(block_q, round_up(tq, 8))
   bk = min(block_k, round_up(tk, 8))
-  return bq, bk, round_up(tq, bq), round_up(tk, bk)
+  tqp, tkp = round_up(tq, bq), round_up(tk, bk)
+  km = pad_kernel_meta(km, tqp, tkp)
+  return ((b, tq, tk, hq, hkv, hq // hkv, d), (bq, bk, tqp, tkp, tqp // bq, tkp // bk), km,
+          block_visits(km, bq, bk))
 
 
 def _mask(km: KernelMeta, i, j, bq, bk, kind_sees):
@@ -51,13 +59,8 @@ def _mask(km: KernelMeta, i, j, bq, bk, kind_sees):
 def blockwise_fwd(q, k, v, km: KernelMeta, *, scale: float, kind_sees=None, block_q: int = 512,
                   block_k: int = 512):
   """Returns ``(out [B, Tq, Hq, D] q.dtype, lse [B, Hq, Tq] fp32)``; empty rows give 0 / -inf."""
-  b, tq, hq, d = q.shape
-  tk, hkv = k.shape[1], k.shape[2]
-  g = hq // hkv
-  bq, bk, tqp, tkp = _blocks(tq, tk, block_q, block_k)
-  nq, nk = tqp // bq, tkp // bk
-  km = pad_kernel_meta(km, tqp, tkp)
-  visits = block_visits(km, bq, bk)  # [B, nQ, nK]
+  (b, tq, tk, hq, hkv, g, d), (bq, bk, tqp, tkp, nq, nk), km, visits = _tiling(
+      q, k, km, block_q, block_k)
   qp = _pad_seq(q, tqp).reshape(b, tqp, hkv, g, d)
   kp, vp = _pad_seq(k, tkp), _pad_seq(v, tkp)
 
@@ -100,13 +103,8 @@ def blockwise_fwd(q, k, v, km: KernelMeta, *, scale: float, kind_sees=None, bloc
 def blockwise_bwd(q, k, v, km: KernelMeta, out, lse, dout, dlse=None, *, scale: float,
                   kind_sees=None, block_q: int = 512, block_k: int = 512):
   """Gradients ``(dq, dk, dv)`` of ``(out, lse) = attention(q, k, v)`` given their cotangents."""
-  b, tq, hq, d = q.shape
-  tk, hkv = k.shape[1], k.shape[2]
-  g = hq // hkv
-  bq, bk, tqp, tkp = _blocks(tq, tk, block_q, block_k)
-  nq, nk = tqp // bq, tkp // bk
-  km = pad_kernel_meta(km, tqp, tkp)
-  visits = block_visits(km, bq, bk)
+  (b, tq, tk, hq, hkv, g, d), (bq, bk, tqp, tkp, nq, nk), km, visits = _tiling(
+      q, k, km, block_q, block_k)
   # delta_i = sum_d dO_i O_i - dlse_i   (the softmax-Jacobian correction, per query row)
   delta = jnp.einsum("bqhd,bqhd->bhq", dout.astype(jnp.float32), out.astype(jnp.float32))
   if dlse is not None:

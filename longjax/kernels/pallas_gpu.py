@@ -44,6 +44,7 @@ except Exception:  # pragma: no cover - backend removed in a future jax
   plt = None
 
 from longjax.kernels.mask import kernel_allowed
+from longjax.kernels.pallas_common import flash_cost
 from longjax.sizes import is_pow2
 
 
@@ -142,11 +143,6 @@ def flash_fwd(q, k, v, q_fields, k_fields, blocks, counts, *, scale: float, kind
     + [pl.BlockSpec((None, tk), lambda i, p: (bh(p)[0], 0))] * 3
   out_specs = [pl.BlockSpec((None, None, block_q, d), lambda i, p: (bh(p)[0], bh(p)[1], i, 0)),
                pl.BlockSpec((None, None, block_q), lambda i, p: (bh(p)[0], bh(p)[1], i))]
-  flops = 4 * bsz * hq * tq * tk * d
-  cost = None
-  if hasattr(pl, "CostEstimate"):
-    cost = pl.CostEstimate(flops=flops, transcendentals=bsz * hq * tq * tk,
-                           bytes_accessed=(q.size + 2 * k.size) * q.dtype.itemsize)
   out, lse = pl.pallas_call(
       kernel,
       grid=(n_q, bsz * hq),
@@ -156,7 +152,7 @@ def flash_fwd(q, k, v, q_fields, k_fields, blocks, counts, *, scale: float, kind
                  jax.ShapeDtypeStruct((bsz, hq, tq), jnp.float32)],
       compiler_params=plt.CompilerParams(num_warps=num_warps, num_stages=num_stages),
       interpret=interpret,
-      cost_estimate=cost,
+      cost_estimate=flash_cost(q, k),
       name="longjax_flash_gpu",
   )(lists, q, k, v, *q_fields, *k_fields)
   return out, lse

@@ -33,6 +33,7 @@ except Exception:  # pragma: no cover
   pltpu = None
 
 from longjax.kernels.mask import kernel_allowed
+from longjax.kernels.pallas_common import flash_cost
 
 NUM_META = 4
 
@@ -99,7 +100,7 @@ def flash_fwd(q, k, v, q_fields, k_fields, blocks, counts, *, n_steps: int, scal
   if not available():
     raise RuntimeError("Pallas TPU (jax.experimental.pallas.tpu) is not available in this jax")
   bsz, hq, tq, d = q.shape
-  hkv, tk = k.shape[1], k.shape[2]
+  hkv = k.shape[1]
   g = hq // hkv
   n_q = tq // block_q
   width = blocks.shape[-1]
@@ -136,11 +137,6 @@ def flash_fwd(q, k, v, q_fields, k_fields, blocks, counts, *, n_steps: int, scal
   cp_cls = getattr(pltpu, "CompilerParams", None)
   if cp_cls is not None:
     compiler_params = cp_cls(dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"))
-  flops = 4 * bsz * hq * tq * tk * d
-  cost = None
-  if hasattr(pl, "CostEstimate"):
-    cost = pl.CostEstimate(flops=flops, transcendentals=bsz * hq * tq * tk,
-                           bytes_accessed=(q.size + 2 * k.size) * q.dtype.itemsize)
   out, lse = pl.pallas_call(
       kernel,
       grid_spec=grid_spec,
@@ -148,7 +144,7 @@ def flash_fwd(q, k, v, q_fields, k_fields, blocks, counts, *, n_steps: int, scal
                  jax.ShapeDtypeStruct((bsz, hq, tq, 1), jnp.float32)],
       compiler_params=compiler_params,
       interpret=interpret,
-      cost_estimate=cost,
+      cost_estimate=flash_cost(q, k),
       name="longjax_flash_tpu",
   )(blocks_flat, counts_flat, q, k, v, q_fields, k_fields)
   return out, lse
