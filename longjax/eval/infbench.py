@@ -13,14 +13,12 @@ first integer == answer (passkey, number_string), the value among the output's w
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 
-from longjax.eval import scorers
+from longjax.eval import scorers, task_files
 from longjax.eval.errors import EvalError
 from longjax.eval.models import middle_truncate
-from longjax.eval.task_files import read_records, validate_dir
+from longjax.eval.task_files import read_task, validate_dir
 
 TASKS = ("longbook_choice_eng", "passkey", "number_string", "kv_retrieval")
 
@@ -35,13 +33,7 @@ MAX_NEW_TOKENS = {"longbook_choice_eng": 6, "passkey": 6, "number_string": 12, "
 
 
 def task_list(spec) -> list:
-  names = [s.strip() for s in str(spec).split(",") if s.strip()]
-  if names in (["all"], []):
-    return list(TASKS)
-  bad = [n for n in names if n not in TASKS]
-  if bad:
-    raise EvalError(f"unknown InfiniteBench task(s) {bad}; valid: {', '.join(TASKS)} (or 'all')")
-  return names
+  return task_files.task_list(spec, TASKS, "InfiniteBench")
 
 
 def _answers(rec) -> list:
@@ -69,10 +61,7 @@ def load_task(data_dir, task: str, limit: int = 0) -> list:
         raise EvalError(f"{where}: 'options' must be a list of 4 strings")
       rec["_letter"] = choice_letter(rec)
 
-  recs = read_records(Path(data_dir) / f"{task}.jsonl", need, f"InfiniteBench {task}", limit, check)
-  for i, rec in enumerate(recs):
-    rec["_key"] = f"{task}/{rec.get('id', i)}"
-  return recs
+  return read_task(data_dir, task, need, f"InfiniteBench {task}", "id", limit, check)
 
 
 def validate(ecfg):

@@ -14,34 +14,22 @@ only), task score = 100 x mean; category averages and the average over tasks.
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 
-from longjax.eval import scorers
+from longjax.eval import scorers, task_files
 from longjax.eval.errors import EvalError
 from longjax.eval.models import truncate_text_middle
-from longjax.eval.task_files import read_records, validate_dir
+from longjax.eval.task_files import read_task, validate_dir
 
 TASKS = ("narrativeqa", "qasper", "multifieldqa_en", "hotpotqa", "2wikimqa", "musique",
          "gov_report", "qmsum", "multi_news", "trec", "triviaqa", "samsum", "lcc", "repobench-p")
 
-PROMPTS = {
-    "narrativeqa": "You are given a story, which can be either a novel or a movie script, and a question. Answer the question as concisely as you can, using a single phrase if possible. Do not provide any explanation.\n\nStory: {context}\n\nNow, answer the question based on the story as concisely as you can, using a single phrase if possible. Do not provide any explanation.\n\nQuestion: {input}\n\nAnswer:",  # noqa: E501
-    "qasper": "You are given a scientific article and a question. Answer the question as concisely as you can, using a single phrase or sentence if possible. If the question cannot be answered based on the information in the article, write \"unanswerable\". If the question is a yes/no question, answer \"yes\", \"no\", or \"unanswerable\". Do not provide any explanation.\n\nArticle: {context}\n\n Answer the question based on the above article as concisely as you can, using a single phrase or sentence if possible. If the question cannot be answered based on the information in the article, write \"unanswerable\". If the question is a yes/no question, answer \"yes\", \"no\", or \"unanswerable\". Do not provide any explanation.\n\nQuestion: {input}\n\nAnswer:",  # noqa: E501
-    "multifieldqa_en": "Read the following text and answer briefly.\n\n{context}\n\nNow, answer the following question based on the above text, only give me the answer and do not output any other words.\n\nQuestion: {input}\nAnswer:",  # noqa: E501
-    "hotpotqa": "Answer the question based on the given passages. Only give me the answer and do not output any other words.\n\nThe following are given passages.\n{context}\n\nAnswer the question based on the given passages. Only give me the answer and do not output any other words.\n\nQuestion: {input}\nAnswer:",  # noqa: E501
-    "2wikimqa": "Answer the question based on the given passages. Only give me the answer and do not output any other words.\n\nThe following are given passages.\n{context}\n\nAnswer the question based on the given passages. Only give me the answer and do not output any other words.\n\nQuestion: {input}\nAnswer:",  # noqa: E501
-    "musique": "Answer the question based on the given passages. Only give me the answer and do not output any other words.\n\nThe following are given passages.\n{context}\n\nAnswer the question based on the given passages. Only give me the answer and do not output any other words.\n\nQuestion: {input}\nAnswer:",  # noqa: E501
-    "gov_report": "You are given a report by a government agency. Write a one-page summary of the report.\n\nReport:\n{context}\n\nNow, write a one-page summary of the report.\n\nSummary:",  # noqa: E501
-    "qmsum": "You are given a meeting transcript and a query containing a question or instruction. Answer the query in one or more sentences.\n\nTranscript:\n{context}\n\nNow, answer the query based on the above meeting transcript in one or more sentences.\n\nQuery: {input}\nAnswer:",  # noqa: E501
-    "multi_news": "You are given several news passages. Write a one-page summary of all news. \n\nNews:\n{context}\n\nNow, write a one-page summary of all the news.\n\nSummary:",  # noqa: E501
-    "trec": "Please determine the type of the question below. Here are some examples of questions.\n\n{context}\n{input}",  # noqa: E501
-    "triviaqa": "Answer the question based on the given passage. Only give me the answer and do not output any other words. The following are some examples.\n\n{context}\n\n{input}",  # noqa: E501
-    "samsum": "Summarize the dialogue into a few short sentences. The following are some examples.\n\n{context}\n\n{input}",  # noqa: E501
-    "lcc": "Please complete the code given below. \n{context}Next line of code:\n",
-    "repobench-p": "Please complete the code given below. \n{context}{input}Next line of code:\n",
-}
+# The standard prompts, as LongBench keeps them (its config/dataset2prompt.json): data beside the
+# code, read once.
+PROMPTS = json.loads(Path(__file__).with_name("longbench_prompts.json").read_text(encoding="utf-8"))
 
 MAX_NEW_TOKENS = dict(zip(TASKS, (128, 128, 64, 32, 32, 32, 512, 512, 512, 64, 32, 128, 64, 64)))
 NEWLINE_STOP = ("2wikimqa", "hotpotqa", "musique", "multifieldqa_en", "qasper", "narrativeqa",
@@ -67,13 +55,7 @@ CATEGORIES = {
 
 
 def task_list(spec) -> list:
-  names = [s.strip() for s in str(spec).split(",") if s.strip()]
-  if names in (["all"], []):
-    return list(TASKS)
-  bad = [n for n in names if n not in TASKS]
-  if bad:
-    raise EvalError(f"unknown LongBench task(s) {bad}; valid: {', '.join(TASKS)} (or 'all')")
-  return names
+  return task_files.task_list(spec, TASKS, "LongBench")
 
 
 def load_task(data_dir, task: str, limit: int = 0) -> list:
@@ -83,10 +65,7 @@ def load_task(data_dir, task: str, limit: int = 0) -> list:
     if not isinstance(rec["answers"], list):
       raise EvalError(f"{where}: 'answers' must be a list of strings")
 
-  recs = read_records(Path(data_dir) / f"{task}.jsonl", need, "LongBench", limit, check)
-  for i, rec in enumerate(recs):
-    rec["_key"] = f"{task}/{rec.get('_id', i)}"
-  return recs
+  return read_task(data_dir, task, need, "LongBench", "_id", limit, check)
 
 
 def validate(ecfg):

@@ -12,6 +12,18 @@ from typing import Callable, Optional
 from longjax.eval.errors import EvalError
 
 
+def task_list(spec, tasks, benchmark: str) -> list:
+  """The task names a comma-separated ``spec`` selects from ``tasks`` (``all`` or empty: every
+  task); an unknown name is an error listing the valid ones."""
+  names = [s.strip() for s in str(spec).split(",") if s.strip()]
+  if names in (["all"], []):
+    return list(tasks)
+  bad = [n for n in names if n not in tasks]
+  if bad:
+    raise EvalError(f"unknown {benchmark} task(s) {bad}; valid: {', '.join(tasks)} (or 'all')")
+  return names
+
+
 def read_records(path: Path, need, benchmark: str, limit: int = 0,
                  check: Optional[Callable[[dict, str], None]] = None) -> list:
   """Records of one ``.jsonl`` file; ``check(rec, where)`` validates/extends each record."""
@@ -35,6 +47,16 @@ def read_records(path: Path, need, benchmark: str, limit: int = 0,
       if limit and len(out) >= limit:
         break
   return out
+
+
+def read_task(data_dir, task: str, need, benchmark: str, id_field: str, limit: int = 0,
+              check: Optional[Callable[[dict, str], None]] = None) -> list:
+  """The records of ``{data_dir}/{task}.jsonl`` (``read_records``), each keyed for results and
+  resumption: ``_key = "{task}/{rec[id_field]}"`` (the line's index when the record has no id)."""
+  recs = read_records(Path(data_dir) / f"{task}.jsonl", need, benchmark, limit, check)
+  for i, rec in enumerate(recs):
+    rec["_key"] = f"{task}/{rec.get(id_field, i)}"
+  return recs
 
 
 def validate_dir(section: str, data_dir: str, tasks, load_task, max_samples: int):
