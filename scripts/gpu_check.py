@@ -298,27 +298,31 @@ def _fmt(x):
   return str(x)
 
 
+def _md_section(title, header, rows):
+  """Markdown lines of a ``## title`` section holding one table (cells through ``_fmt``)."""
+  return (["", f"## {title}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+          + ["| " + " | ".join(_fmt(c) for c in cells) + " |" for cells in rows])
+
+
 def write_outputs(out_dir):
   os.makedirs(out_dir, exist_ok=True)
   with open(os.path.join(out_dir, "gpu_check.json"), "w") as f:
     json.dump(RESULTS, f, indent=1, default=str)
   lines = [f"# longjax gpu_check ({elapsed():.0f}s)", ""]
   lines += [f"- {k}: {v}" for k, v in RESULTS["env"].items()]
-  lines += ["", "## Correctness (compiled kernels vs dense reference)", "",
-            "| case | dtype | kernel | Hq/Hkv | rel err | tol | lse err | grad rel err | ok |",
-            "|---|---|---|---|---|---|---|---|---|"]
-  for r in RESULTS["correctness"]:
-    lines.append(f"| {r['case']} | {r['dtype']} | {r['kernel']} | {r['hq']}/{r['hkv']} | "
-                 f"{_fmt(r['rel_err'])} | {_fmt(r['tol'])} | {_fmt(r['lse_err'])} | "
-                 f"{_fmt(r['grad_rel_err'])} | {r['ok']} |")
-  lines += ["", "## Timings (bf16, D=128, Hq=28, Hkv=4)", "",
-            "| shape | B | Tq | Tk | XLA ms | XLA TFLOP/s | Pallas ms | Pallas TFLOP/s | Pallas/XLA speedup |",
-            "|---|---|---|---|---|---|---|---|---|"]
-  for r in RESULTS["timings"]:
-    lines.append(f"| {r['shape']} | {r['b']} | {r['tq']} | {r['tk']} | "
-                 f"{_fmt(r.get('xla_ms', r.get('xla', '-')))} | {_fmt(r.get('xla_tflops', '-'))} | "
-                 f"{_fmt(r.get('pallas_ms', r.get('pallas', '-')))} | "
-                 f"{_fmt(r.get('pallas_tflops', '-'))} | {_fmt(r.get('speedup_pallas_vs_xla', '-'))} |")
+  lines += _md_section(
+      "Correctness (compiled kernels vs dense reference)",
+      ["case", "dtype", "kernel", "Hq/Hkv", "rel err", "tol", "lse err", "grad rel err", "ok"],
+      [[r["case"], r["dtype"], r["kernel"], f"{r['hq']}/{r['hkv']}", r["rel_err"], r["tol"],
+        r["lse_err"], r["grad_rel_err"], r["ok"]] for r in RESULTS["correctness"]])
+  lines += _md_section(
+      "Timings (bf16, D=128, Hq=28, Hkv=4)",
+      ["shape", "B", "Tq", "Tk", "XLA ms", "XLA TFLOP/s", "Pallas ms", "Pallas TFLOP/s",
+       "Pallas/XLA speedup"],
+      [[r["shape"], r["b"], r["tq"], r["tk"], r.get("xla_ms", r.get("xla", "-")),
+        r.get("xla_tflops", "-"), r.get("pallas_ms", r.get("pallas", "-")),
+        r.get("pallas_tflops", "-"), r.get("speedup_pallas_vs_xla", "-")]
+       for r in RESULTS["timings"]])
   if "interpret_tests" in RESULTS:
     lines += ["", f"## Interpret-mode test file: rc={RESULTS['interpret_tests'].get('rc')}"]
   lines += ["", f"## Errors: {len(RESULTS['errors'])}"]
