@@ -73,7 +73,6 @@ def _round_up(n, m):
 # Workers (one configuration each, in a fresh process)
 def worker_jax(spec: dict) -> dict:
   import jax
-  import jax.numpy as jnp
   import numpy as np
   from longjax.generate import PlainLM
   from longjax.beacon import BeaconLM, load_beacon
@@ -103,17 +102,8 @@ def worker_jax(spec: dict) -> dict:
   box = {}
 
   def run(tokens=tokens, lengths=lengths):
-    t0 = time.perf_counter()
-    logits, state = lm.prefill(params, tokens, lengths, n_dec)
-    logits = jax.block_until_ready(logits)
-    t1 = time.perf_counter()
-    box["logits"], box["state"] = logits, state
-    for _ in range(n_dec):
-      nxt = np.asarray(jnp.argmax(logits, axis=-1))
-      logits, state = lm.step(params, state, nxt)
-    jax.block_until_ready(logits)
-    t2 = time.perf_counter()
-    return {"prefill": t1 - t0, "decode": t2 - t1}
+    return H.prefill_and_decode(lm, params, tokens, lengths, n_dec,
+                                lambda logits, state: box.update(logits=logits, state=state))
 
   # Warm up on the full length: BeaconLM compiles one step per memory-size bucket (power of two)
   # that the prompt reaches, so a shorter warm-up would leave compiles inside the timed runs.
@@ -372,7 +362,6 @@ def summarise(results):
 
 def render(payload) -> str:
   rows = sorted(payload["results"], key=lambda r: (r["length"], r["method"]))
-  pct = lambda k: (lambda r: None if r.get(k) is None else round(100 * r[k], 1))  # noqa: E731
   cols = [
       ("method", "method"), ("context", "length"),
       ("prefill s (median)", "prefill_s"), ("prefill tok/s", "prefill_tok_s"),
@@ -380,9 +369,7 @@ def render(payload) -> str:
       ("decode ms/tok", "decode_ms_per_token"), ("decode tok/s", "decode_tok_s"),
       ("warm-up s (compile+run)", "warmup_prefill_s"), ("warm-up on", "warmup_input"), ("runs", "n_runs"),
       ("peak RSS MiB", "peak_rss_mib"), ("KV / memory MiB", "state_mib"),
-      ("model GFLOP", "prefill_model_gflop"), ("GFLOP/s", "prefill_gflop_s"),
-      ("matmul peak GFLOP/s", "matmul_peak_gflop_s"), ("MFU %", pct("prefill_mfu")),
-      ("attention", "attention_choice"), ("status", "status")]
+      *H.PREFILL_COMPUTE_COLUMNS, ("attention", "attention_choice"), ("status", "status")]
   m = payload["model"]
   head = (f"### Activation Beacon vs full attention (CPU)\n\n"
           f"Model: random Qwen2-shaped, hidden {m['hidden_size']}, {m['num_layers']} layers, "

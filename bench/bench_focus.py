@@ -108,18 +108,9 @@ def worker(spec: dict) -> dict:
       return {"prefill": time.perf_counter() - t0}
   else:
     def run():
-      t0 = time.perf_counter()
-      logits, state = lm.prefill(params, tokens, lengths, n_dec)
-      logits = jax.block_until_ready(logits)
-      t1 = time.perf_counter()
-      box["logits"] = logits
-      box["state_bytes"] = H.tree_nbytes(state)
-      for _ in range(n_dec):
-        nxt = np.asarray(jnp.argmax(logits, axis=-1))
-        logits, state = lm.step(params, state, nxt)
-      jax.block_until_ready(logits)
-      t2 = time.perf_counter()
-      return {"prefill": t1 - t0, "decode": t2 - t1}
+      return H.prefill_and_decode(
+          lm, params, tokens, lengths, n_dec,
+          lambda logits, state: box.update(logits=logits, state_bytes=H.tree_nbytes(state)))
 
   res = H.timed_runs(run, runs=spec["runs"], budget_s=spec["budget"])
   peak = H.merge_peaks(peak0, H.matmul_peak_jax("float32"))
@@ -231,14 +222,12 @@ def _compare(results):
 
 def render(payload) -> str:
   rows = sorted(payload["results"], key=lambda r: (r["chunks"], r["mode"]))
-  pct = lambda k: (lambda r: None if r.get(k) is None else round(100 * r[k], 1))  # noqa: E731
   cols = [("mode", "mode"), ("chunks", "chunks"), ("context", "context"),
           ("devices", "devices"), ("prefill s (median)", "prefill_s"),
           ("prefill tok/s", "prefill_tok_s"), ("time / parallel", "time_vs_parallel"),
           ("decode ms/step", "decode_step_ms"), ("warm-up s", "warmup_prefill_s"),
           ("runs", "n_runs"), ("peak RSS MiB", "peak_rss_mib"), ("chunk caches MiB", "state_mib"),
-          ("model GFLOP", "prefill_model_gflop"), ("GFLOP/s", "prefill_gflop_s"),
-          ("matmul peak GFLOP/s", "matmul_peak_gflop_s"), ("MFU %", pct("prefill_mfu")),
+          *H.PREFILL_COMPUTE_COLUMNS,
           ("max|Δlogit| vs parallel", "max_abs_dlogit_vs_parallel"), ("status", "status")]
   m = payload["model"]
   head = (f"### FocusLLM condensing and decoding (CPU)\n\nModel: as the beacon table (hidden "

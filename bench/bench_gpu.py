@@ -271,7 +271,7 @@ def render(args) -> str:
       ("beacon prefill", lambda r: f"{r['length'] / 1024:g}K"), ("s (median)", "prefill_s"),
       ("tok/s", "prefill_tok_s"), ("runs", "n_runs"), ("compile s", "warmup_compile_s"),
       ("model TFLOP", "model_tflop"), ("TFLOP/s", "tflop_s"),
-      ("MFU %", lambda r: None if r.get("mfu") is None else round(100 * r["mfu"], 1)),
+      ("MFU %", H.percent("mfu")),
       ("memory MiB", "memory_mib"), ("decode tok/s", "decode_tok_s"),
       ("decode ms/tok", "decode_ms_per_token"), ("status", "status")]))
   lines.append("")
@@ -279,7 +279,7 @@ def render(args) -> str:
       ("FocusLLM condensing", "mode"), ("context", "context"), ("chunks", "chunks"),
       ("s (median)", "prefill_s"), ("tok/s", "prefill_tok_s"), ("runs", "n_runs"),
       ("compile s", "warmup_compile_s"), ("TFLOP/s", "tflop_s"),
-      ("MFU %", lambda r: None if r.get("mfu") is None else round(100 * r["mfu"], 1)),
+      ("MFU %", H.percent("mfu")),
       ("time / parallel", "time_vs_parallel"), ("decode ms/step", "decode_step_ms"),
       ("status", "status")]))
   if R["errors"]:

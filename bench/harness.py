@@ -182,6 +182,27 @@ def timed_runs(run: Callable[[], dict], *, runs: int, budget_s: float, min_runs:
               n_runs=len(next(iter(times.values()))) if times else 0, note=note)
 
 
+def prefill_and_decode(lm, params, tokens, lengths, n_dec: int,
+                       on_prefill: Callable[[object, object], None]) -> dict:
+  """One timed run through a ``longjax.generate`` method (``prefill``, then ``n_dec`` greedy
+  cached ``step`` calls): ``{"prefill": s, "decode": s}``. ``on_prefill(logits, state)`` sees the
+  prefill's result before the steps (keep it cheap: it is inside the decode span)."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  t0 = time.perf_counter()
+  logits, state = lm.prefill(params, tokens, lengths, n_dec)
+  logits = jax.block_until_ready(logits)
+  t1 = time.perf_counter()
+  on_prefill(logits, state)
+  for _ in range(n_dec):
+    nxt = np.asarray(jnp.argmax(logits, axis=-1))
+    logits, state = lm.step(params, state, nxt)
+  jax.block_until_ready(logits)
+  t2 = time.perf_counter()
+  return {"prefill": t1 - t0, "decode": t2 - t1}
+
+
 def matmul_peak_jax(dtype: str = "float32", n: int = 2048, reps: int = 5) -> dict:
   """FLOP/s of a square ``jnp.dot`` in ``dtype`` (best and median of ``reps`` after a warm-up)."""
   import jax
@@ -343,6 +364,18 @@ def fmt(x, digits=3):
       return f"{x:,.0f}"
     return f"{x:.{digits}g}"
   return str(x)
+
+
+def percent(key: str) -> Callable[[dict], Optional[float]]:
+  """A ``markdown_table`` column value: ``row[key]`` (a fraction) in percent, one decimal."""
+  return lambda r: None if r.get(key) is None else round(100 * r[key], 1)
+
+
+# The compute-efficiency columns of the CPU prefill tables: analytic model FLOPs, achieved rate,
+# the measured matmul peak and MFU (keys as ``bench_beacon`` / ``bench_focus`` record them).
+PREFILL_COMPUTE_COLUMNS = (
+    ("model GFLOP", "prefill_model_gflop"), ("GFLOP/s", "prefill_gflop_s"),
+    ("matmul peak GFLOP/s", "matmul_peak_gflop_s"), ("MFU %", percent("prefill_mfu")))
 
 
 def markdown_table(rows: Sequence[dict], columns: Sequence[tuple]) -> str:
