@@ -19,7 +19,7 @@ import numpy as np  # noqa: E402
 
 import longjax  # noqa: E402
 from longjax.convert import load_hf, save_hf  # noqa: E402
-from longjax.data.tokenizer import ByteTokenizer  # noqa: E402
+from longjax.data.tokenizers import ByteTokenizer  # noqa: E402
 
 
 def main():

@@ -113,11 +113,11 @@ class Models:
 
   def __init__(self, args):
     from transformers import AutoTokenizer
-    from longjax.eval.models import Tok
+    from longjax.data.tokenizers import Tokenizer
     from longjax.models import smollm2
     self.args = args
     self.hf_dir = smollm2.get()
-    self.tok = Tok(AutoTokenizer.from_pretrained(self.hf_dir), hf=True)
+    self.tok = Tokenizer(AutoTokenizer.from_pretrained(self.hf_dir))
     self._base = None
     self._beacon = {}
 

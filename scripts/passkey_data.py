@@ -78,9 +78,9 @@ def main(argv=None):
   ap.add_argument("--tokenizer", default="smollm2")
   args = ap.parse_args(argv)
   from transformers import AutoTokenizer
-  from longjax.eval.models import Tok
+  from longjax.data.tokenizers import Tokenizer
   from longjax.models import smollm2
-  tok = Tok(AutoTokenizer.from_pretrained(smollm2.resolve(args.tokenizer)), hf=True)
+  tok = Tokenizer(AutoTokenizer.from_pretrained(smollm2.resolve(args.tokenizer)))
   rng = np.random.default_rng(args.seed)
   out = Path(args.out)
   out.parent.mkdir(parents=True, exist_ok=True)

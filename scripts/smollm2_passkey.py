@@ -33,7 +33,7 @@ import numpy as np  # noqa: E402
 
 import longjax  # noqa: E402
 from longjax.eval import passkey, scorers  # noqa: E402
-from longjax.eval.models import Tok  # noqa: E402
+from longjax.data.tokenizers import Tokenizer  # noqa: E402
 from longjax.eval.plots import heatmap  # noqa: E402
 
 ASSET = Path(__file__).resolve().parents[1] / "assets" / "smollm2_beacon"
@@ -98,7 +98,7 @@ def main(argv=None):
   from transformers import AutoTokenizer
   t0 = time.time()
   hf_dir = smollm2.get()
-  tok = Tok(AutoTokenizer.from_pretrained(hf_dir), hf=True)
+  tok = Tokenizer(AutoTokenizer.from_pretrained(hf_dir))
   which = [m.strip() for m in args.methods.split(",") if m.strip()]
   cfg, methods = build_methods(hf_dir, args.window, args.beacon_asset, which, args.beacon_workdir)
   lengths = [int(x) for x in args.lengths.split(",")]

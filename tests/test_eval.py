@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from conftest import REPO, run_python
-from longjax.data.tokenizer import ByteTokenizer
+from longjax.data.tokenizers import ByteTokenizer, Tokenizer
 from longjax.eval import EvalError
 from longjax.eval import passkey as P
-from longjax.eval.models import Tok, build_method
+from longjax.eval.models import build_method
 from longjax.eval.perplexity import last_windows, load_documents, sliding_chunks
 from longjax.eval.runner import parse_tasks, run
 from longjax.eval.synthetic import write_all
@@ -71,7 +71,7 @@ def test_beacon_passkey_strings_and_key_placement():
   assert P.INFO.format(key=12345) == ("\n\nThe pass key is 12345. Remember it. 12345 is the "
                                       "pass key.\n\n")
   assert P.QUESTION == "\n\nWhat is the pass key?"
-  tok = Tok(ByteTokenizer(), hf=False)
+  tok = Tokenizer(ByteTokenizer())
   info = P.INFO.format(key=54321)
   desc_len = len(P.DESCRIPTION) + 1  # bytes + BOS
   for length, depth in [(400, 0), (400, 50), (400, 100), (1000, 33)]:
@@ -109,7 +109,7 @@ def test_focus_passkey_generator():
     assert lines == [garbage[:prefix], f"The pass key is {key}. Remember it. {key} is the pass key.",
                      garbage[:n - prefix], P.FOCUS_DESCRIPTION, "What is the pass key? The pass key is"]
     assert s["key"] == key and s["prefix_len"] == prefix
-  tok = Tok(ByteTokenizer(), hf=False)
+  tok = Tokenizer(ByteTokenizer())
   assert tok.decode(tok.answer_ids("123")) == " 123"
 
 
@@ -315,7 +315,7 @@ def _hf_tokenizer():
 
 
 def test_hf_tokenizer_interface():
-  tok = Tok(_hf_tokenizer(), hf=True)
+  tok = Tokenizer(_hf_tokenizer())
   assert tok.encode("hi", special=True)[0] == 0 and tok.encode("hi")[0] != 0
   assert tok.decode(tok.encode("hi there", special=True)) == "hi there"
   ids = tok.prompt_ids("hi", chat=True)

@@ -34,6 +34,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from longjax.data.tokenizers import (Tokenizer, TokenizerChoiceError, choose_tokenizer,
+                                     get_tokenizer)
 from longjax.eval.errors import EvalError
 from longjax.generate import PlainLM, generate
 from longjax.models.config import ModelConfig
@@ -43,68 +45,6 @@ from longjax.sizes import round_up
 
 METHODS = ("beacon", "focus", "plain")
 IGNORE = -100
-
-
-# ------------------------------------------------------------------------------------------------
-# Tokenizers.
-class Tok:
-  """One interface over the built-in byte tokenizer and HF tokenizers."""
-
-  def __init__(self, tok, hf: bool):
-    self.tok, self.hf = tok, hf
-
-  @property
-  def bos_id(self) -> Optional[int]:
-    return getattr(self.tok, "bos_token_id", None)
-
-  @property
-  def eos_id(self) -> Optional[int]:
-    return getattr(self.tok, "eos_token_id", None)
-
-  @property
-  def vocab_size(self) -> int:
-    return len(self.tok) if self.hf else int(self.tok.vocab_size)
-
-  def encode(self, text: str, special: bool = False) -> list:
-    """``special=True``: what the tokenizer adds by default (BOS for LLaMA / the byte tokenizer)."""
-    if self.hf:
-      return list(self.tok.encode(text, add_special_tokens=special))
-    return list(self.tok.encode(text, add_bos=special))
-
-  def decode(self, ids) -> str:
-    ids = [int(i) for i in ids]
-    if self.hf:
-      return self.tok.decode(ids, skip_special_tokens=True)
-    return self.tok.decode(ids)
-
-  def answer_ids(self, answer: str) -> list:
-    """Ids of ``answer`` as a continuation (FocusLLM passkey budget): the official
-    ``tokenize(str(k))[1:]`` for HF tokenizers (with LLaMA-2's SentencePiece this keeps the
-    word-start token); the byte tokenizer has no word-start token, so the space is spelled out."""
-    if self.hf:
-      ids = self.encode(answer, special=True)
-      return ids[1:] if ids and self.bos_id is not None and ids[0] == self.bos_id else ids
-    return self.encode(" " + answer)
-
-  @property
-  def has_chat_template(self) -> bool:
-    return bool(self.hf and getattr(self.tok, "chat_template", None))
-
-  def prompt_ids(self, text: str, chat: bool) -> list:
-    """Token ids of a prompt: wrapped as one user turn with the generation prompt when ``chat``
-    and the tokenizer has a chat template, else encoded with the default special tokens."""
-    if chat and self.has_chat_template:
-      ids = self.tok.apply_chat_template([{"role": "user", "content": text}], tokenize=True,
-                                         add_generation_prompt=True)
-      if isinstance(ids, dict) or hasattr(ids, "keys"):
-        ids = ids["input_ids"]
-      return [int(i) for i in ids]
-    return self.encode(text, special=True)
-
-  @property
-  def newline_id(self) -> int:
-    """The id LongBench adds as an extra EOS: ``encode("\\n")[-1]``."""
-    return self.encode("\n")[-1]
 
 
 def middle_truncate(ids: Sequence[int], limit: int) -> list:
@@ -117,7 +57,7 @@ def middle_truncate(ids: Sequence[int], limit: int) -> list:
   return ids[:head] + ids[len(ids) - (limit - head):]
 
 
-def truncate_text_middle(tok: Tok, text: str, limit: int) -> str:
+def truncate_text_middle(tok: Tokenizer, text: str, limit: int) -> str:
   """LongBench's rule on the prompt text: tokenize, keep the two halves, decode and re-join."""
   ids = tok.encode(text)
   if limit <= 0 or len(ids) <= limit:
@@ -173,7 +113,7 @@ class Built:
   name: str  # beacon | focus | plain
   method: object
   params: object
-  tokenizer: Tok
+  tokenizer: Tokenizer
   truncation_limit: Optional[int]  # plain: most input + output tokens (inputs are truncated)
   cfg: ModelConfig
   extra: object = None  # BeaconConfig / FocusConfig
@@ -328,7 +268,7 @@ def _get(c, name, default=None):
     return default
 
 
-def _tiny_model(config, name: str, tok: Tok):
+def _tiny_model(config, name: str, tok: Tokenizer):
   """A random model shaped by ``config.model`` around ``tok`` (as train.py's tiny base)."""
   m = config.model
   family = _get(m, "family", "llama")
@@ -350,45 +290,21 @@ def _tiny_model(config, name: str, tok: Tok):
   return cfg, params
 
 
-def run_tokenizer(config, ckpt: str) -> Tok:
+def run_tokenizer(config, ckpt: str) -> Tokenizer:
   """The run's tokenizer by the rule train.py uses too (module docstring)."""
-  from longjax.data.tokenizers import TokenizerChoiceError, choose_tokenizer
   try:
     return load_tokenizer(choose_tokenizer(config, ckpt))
   except TokenizerChoiceError as e:
     raise EvalError(str(e)) from None
 
 
-def load_tokenizer(spec: str) -> Tok:
-  """``"byte"`` (the built-in byte tokenizer) or a directory with HF tokenizer files."""
-  if spec == "byte":
-    from longjax.data.tokenizer import ByteTokenizer
-    return Tok(ByteTokenizer(), hf=False)
-  from longjax.data.tokenizers import TokenizerFilesError, check_tokenizer_dir, check_vocab
+def load_tokenizer(spec: str) -> Tokenizer:
+  """``get_tokenizer(spec)``, its refusals (no such directory, no tokenizer files, unloadable)
+  reported as :class:`EvalError`, the error eval.py explains."""
   try:
-    if Path(spec).is_dir():
-      check_tokenizer_dir(spec)
-    from transformers import AutoTokenizer
-    t = AutoTokenizer.from_pretrained(spec, local_files_only=True)
-    check_vocab(t, spec)
-    return Tok(t, hf=True)
-  except TokenizerFilesError as e:
+    return get_tokenizer(spec)
+  except FileNotFoundError as e:
     raise EvalError(str(e)) from None
-  except Exception as e:  # noqa: BLE001 -- any loading failure gets the same explanation
-    raise EvalError(f"cannot load a tokenizer from {spec!r} ({type(e).__name__}: {e}); put the "
-                    "tokenizer files in the checkpoint directory or set config.model.tokenizer "
-                    "(a directory, or 'byte')") from None
-
-
-def beacon_config(config):
-  from longjax.beacon import BeaconConfig
-  return BeaconConfig.from_config(config.beacon)
-
-
-def focus_config(config, bos_id):
-  """The run config's FocusConfig with the model's BOS (``bos_id``): the builder train.py uses."""
-  from longjax.focus import FocusConfig
-  return FocusConfig.from_config(config.focus, bos_id)
 
 
 def method_name(config) -> str:

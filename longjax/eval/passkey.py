@@ -23,8 +23,8 @@ numpy seeds:
   FOCUS_DESCRIPTION, "What is the pass key? The pass key is"]`` joined by ``"\\n"``, encoded with the
   default special tokens, no chat template;
 * greedy with ``max_new_tokens = len(answer_ids)``, ``answer_ids = tokenize(str(k))[1:]`` (the
-  official rule, BOS dropped; :meth:`Tok.answer_ids`: the byte tokenizer spells out the leading
-  space); correct (``acc_official``) when ``decode(generated) == decode(answer_ids)`` (both
+  official rule, BOS dropped; :meth:`Tokenizer.answer_ids`: the byte tokenizer spells out the
+  leading space); correct (``acc_official``) when ``decode(generated) == decode(answer_ids)`` (both
   stripped); accuracy and fuzz as above are reported too. Depth = prefix / n_garbage.
 """
 from __future__ import annotations
