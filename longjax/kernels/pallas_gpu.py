@@ -45,7 +45,7 @@ except Exception:  # pragma: no cover - backend removed in a future jax
 
 from longjax.kernels.mask import kernel_allowed
 from longjax.kernels.pallas_common import flash_cost
-from longjax.sizes import is_pow2
+from longjax.sizes import is_pow2, next_pow2
 
 
 def available() -> bool:
@@ -123,9 +123,7 @@ def flash_fwd(q, k, v, q_fields, k_fields, blocks, counts, *, scale: float, kind
   g = hq // hkv
   n_q = tq // block_q
   lists = jnp.concatenate([counts[..., None], blocks], axis=-1).astype(jnp.int32)  # [B, nQ, 1+W]
-  width = 1
-  while width < lists.shape[-1]:  # keep every block shape a power of two (Triton)
-    width *= 2
+  width = next_pow2(lists.shape[-1])  # keep every block shape a power of two (Triton)
   lists = jnp.pad(lists, ((0, 0), (0, 0), (0, width - lists.shape[-1])))
   precision = jax.lax.Precision.HIGHEST if q.dtype == jnp.float32 else None
   kernel = functools.partial(_kernel, scale=scale, kind_sees=kind_sees, block_k=block_k,
