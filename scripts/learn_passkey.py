@@ -104,8 +104,6 @@ def greedy(method_obj, params, prompts, n_new=DIGITS, batch=10):
 
 def evaluate(method, trainer, samples, seed):
   import longjax
-  from longjax.train import loop
-  c = trainer.c
   params = jax.tree.map(jax.numpy.asarray, trainer.trained_params())
   cfg = trainer.cfg.replace(dtype="float32", remat=False)
   tok, docs = eval_docs(samples, seed)
@@ -116,12 +114,7 @@ def evaluate(method, trainer, samples, seed):
   t0 = time.time()
   trunc = greedy(longjax.PlainLM(cfg), params, [ids[-W:] for ids, _ in docs])
   # in-window sanity check of the base: the same documents cut to W tokens around the needle
-  if method == "beacon":
-    from longjax.beacon import BeaconLM
-    m = BeaconLM(cfg, loop.beacon_config(c), max_length=16 * W)
-  else:
-    from longjax.focus import FocusLLM
-    m = FocusLLM(cfg, loop.focus_config(c, cfg))
+  m = trainer.method.inference_model(cfg, trainer.settings, max_length=16 * W)
   full = greedy(m, params, [ids for ids, _ in docs])
   return dict(truncation=score(trunc), method=score(full), samples=samples,
               truncation_symbols=sym(trunc), method_symbols=sym(full),

@@ -9,6 +9,7 @@ import pytest
 
 from conftest import REPO, run_python
 from longjax.data.tokenizers import ByteTokenizer, Tokenizer
+from longjax import methods
 from longjax.eval import EvalError
 from longjax.eval import passkey as P
 from longjax.eval.models import build_method
@@ -137,7 +138,7 @@ def test_suffix_nll_paths_agree(beacon, tmp_path):
   plain = build_method(c, "plain")
   ids = list(np.random.default_rng(0).integers(3, 250, 40))
   s_plain, n_plain = plain.suffix_nll(ids, 10)
-  s_tf, n_tf = plain._teacher_forced(np.asarray(ids), 10)
+  s_tf, n_tf = methods.Focus().suffix_nll(plain.method, plain.params, plain.cfg, np.asarray(ids), 10)
   b = build_method(c, "beacon")
   s_b, n_b = b.suffix_nll(ids, 10)
   assert n_plain == n_tf == n_b == 10
@@ -261,7 +262,8 @@ def test_bad_data(beacon, data, tmp_path):
 def test_grid_beyond_capacity(beacon, tmp_path):
   c, built = beacon
   c.eval.output_dir = str(tmp_path)
-  c.eval.passkey.lengths = (640, 100000)
+  # the tiny model holds (32768 positions - window 64) x ratio 4 + 64 = 130880 tokens
+  c.eval.passkey.lengths = (640, 1000000)
   with pytest.raises(EvalError, match="more than this beacon model can hold"):
     run(c, "passkey", built=built, log=lambda s: None)
 

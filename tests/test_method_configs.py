@@ -1,14 +1,18 @@
-"""train.py and eval.py build a method's config from a run config with one builder each
-(``BeaconConfig.from_config`` / ``FocusConfig.from_config``), so they cannot disagree; FocusLLM's
-conditional-BOS token is the model's own BOS (SmolLM2's id 1 is ``<|im_start|>``)."""
+"""One object per method (``longjax.methods``): train.py and eval.py build a method's settings
+from a run config through it, so they cannot disagree; FocusLLM's conditional-BOS token is the
+model's own BOS (SmolLM2's id 1 is ``<|im_start|>``)."""
 import importlib
 
 import pytest
 
-from longjax.eval import models as eval_models
+from longjax import methods
+from longjax.beacon import BeaconConfig
+from longjax.eval.models import build_method
 from longjax.focus import FocusConfig
-from longjax.models.config import ModelConfig
 from longjax.train import loop
+
+from hf_models import byte_level_tokenizer, save_tiny
+from train_helpers import micro_config
 
 BEACON_CONFIGS = ("tiny_beacon", "beacon_qwen2", "beacon_llama3", "smollm2_beacon")
 FOCUS_CONFIGS = ("tiny_focus", "focus_llama2")
@@ -19,24 +23,50 @@ def _config(name):
 
 
 @pytest.mark.parametrize("name", BEACON_CONFIGS)
-def test_train_and_eval_build_the_same_beacon_config(name):
+def test_beacon_settings_come_from_the_config_section(name):
   c = _config(name)
-  assert loop.beacon_config(c) == eval_models.beacon_config(c)
-  assert loop.beacon_config(c).ratios == tuple(c.beacon.ratios)
+  got = methods.get("beacon").settings(c)
+  assert got == BeaconConfig.from_config(c.beacon)
+  assert got.ratios == tuple(c.beacon.ratios) and got.window == c.beacon.window
 
 
 @pytest.mark.parametrize("name", FOCUS_CONFIGS)
 @pytest.mark.parametrize("bos", [1, 0, 11])
-def test_train_and_eval_build_the_same_focus_config_with_the_models_bos(name, bos):
+def test_focus_settings_carry_the_models_bos(name, bos):
   c = _config(name)
-  cfg = ModelConfig(family="llama", vocab_size=64, hidden_size=16, intermediate_size=32,
-                    num_layers=1, num_heads=2, num_kv_heads=2, head_dim=8, bos_token_id=bos)
-  train_side = loop.focus_config(c, cfg)
-  assert train_side == eval_models.focus_config(c, cfg.bos_token_id)
-  assert train_side.bos_id == bos
-  assert train_side.chunk_stride == c.focus.stride
+  got = methods.get("focus").settings(c, bos)
+  assert got.bos_id == bos and got.chunk_stride == c.focus.stride
 
 
 def test_focus_config_from_hf_reads_the_checkpoints_bos():
   assert FocusConfig.from_hf({"bos_token_id": 0}).bos_id == 0
   assert FocusConfig.from_hf({}).bos_id == 1  # the official hard-coded id when the config has none
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory):
+  """A tiny LLaMA HF checkpoint whose BOS is 0 (not the official 1), with its tokenizer."""
+  _, out = save_tiny(tmp_path_factory.mktemp("ckpt"), "llama2", bos_token_id=0, eos_token_id=1)
+  byte_level_tokenizer().save_pretrained(out)
+  return out
+
+
+@pytest.mark.parametrize("method", ["beacon", "focus"])
+def test_train_and_eval_build_identical_settings_from_one_config(tmp_path, hf_dir, method):
+  """The divergence this guards against: eval left FocusConfig.bos_id at 1 while train used the
+  model's BOS. Both sides now load the same checkpoint and settings through the method object."""
+  c = micro_config(method, tmp_path / "w", steps=1)
+  c.model.checkpoint = str(hf_dir)
+  trainer = loop.Trainer(c)
+  trainer.setup()
+  built = build_method(c)
+  assert built.extra == trainer.settings
+  assert built.cfg.alt_projections == trainer.cfg.alt_projections
+  if method == "focus":
+    assert trainer.settings.bos_id == 0
+
+
+def test_unknown_method_names_the_valid_ones():
+  with pytest.raises(methods.UnknownMethodError, match="beacon, focus, plain"):
+    methods.get("beacons")
+  assert methods.get("lm") is methods.get("plain")  # train.py's name for the plain decoder

@@ -14,6 +14,7 @@ from flax import traverse_util
 from conftest import run_python
 from train_helpers import ROOT, micro_config
 
+from longjax import methods
 from longjax.train import loop
 from longjax.train.checkpointing import CheckpointMismatch
 from longjax.train.config_check import ConfigError
@@ -256,6 +257,7 @@ EIGHT = r"""
 import json, sys
 sys.path.insert(0, "tests")
 from train_helpers import micro_config
+from longjax import methods
 from longjax.train import loop
 import jax
 assert jax.device_count() == 8, jax.devices()
@@ -301,7 +303,7 @@ def test_beacon_task_loss_equals_beaconlm_loss(tmp_path):
   cfg, params = loop.load_base(c, tok, Path(c.workdir))
   params = jax.tree.map(jnp.asarray, params)
   ids = np.random.default_rng(0).integers(3, 200, size=100)
-  task = tasks.BeaconTask(cfg, loop.beacon_config(c), max_length=128, seed=0, step_bucket=4)
+  task = tasks.BeaconTask(cfg, methods.get("beacon").settings(c), max_length=128, seed=0, step_bucket=4)
 
   class DS:
     pass
@@ -309,7 +311,7 @@ def test_beacon_task_loss_equals_beaconlm_loss(tmp_path):
   ds.ids, ds.answer = [ids], [None]
   plans = jax.tree.map(jnp.asarray, task.prepare(ds, [0], step=0)["plans"])
   mine = lambda p: (lambda ls, lc: ls[0] / lc[0])(*task.loss(p, plans))
-  lm = BeaconLM(cfg, loop.beacon_config(c), max_length=128, training=True)
+  lm = BeaconLM(cfg, methods.get("beacon").settings(c), max_length=128, training=True)
   ref = lambda p: lm.loss(p, ids)
   np.testing.assert_allclose(float(jax.jit(mine)(params)), float(ref(params)), rtol=1e-5)
   ga = jax.grad(mine)(params)["layers"]["attn"]["alt_q_proj"]["kernel"]

@@ -26,7 +26,6 @@ truncation rule of the plain baseline).
 from __future__ import annotations
 
 import dataclasses
-import functools
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -34,17 +33,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from longjax import methods
 from longjax.data.tokenizers import (Tokenizer, TokenizerChoiceError, choose_tokenizer,
                                      get_tokenizer)
 from longjax.eval.errors import EvalError
 from longjax.generate import PlainLM, generate
 from longjax.models.config import ModelConfig
-from longjax.models.decoder import Decoder, init_params
-from longjax.models.head import lm_head
+from longjax.models.decoder import init_params
 from longjax.sizes import round_up
 
-METHODS = ("beacon", "focus", "plain")
-IGNORE = -100
+METHODS = methods.NAMES
 
 
 def middle_truncate(ids: Sequence[int], limit: int) -> list:
@@ -84,29 +82,6 @@ class BucketedPlainLM(PlainLM):
     return super().prefill(params, tokens, lengths, max_new_tokens)
 
 
-@functools.lru_cache(maxsize=8)
-def _plain_nll_fn(cfg: ModelConfig, block: int):
-  model = Decoder(cfg)
-
-  def f(params, tokens, targets, weights):
-    # tokens/targets/weights [1, T] with T a multiple of block; returns summed weighted NLL.
-    t = tokens.shape[1]
-    hidden, _ = model.apply({"params": params}, tokens, jnp.arange(t)[None], head=False)
-    hb = hidden[0].reshape(t // block, block, -1)
-    tb = targets[0].reshape(t // block, block)
-    wb = weights[0].reshape(t // block, block)
-
-    def one(xs):
-      h, y, w = xs
-      logits = lm_head(cfg, params, h)
-      nll = jax.nn.logsumexp(logits, axis=-1) - jnp.take_along_axis(logits, y[:, None], -1)[:, 0]
-      return jnp.sum(nll * w)
-
-    return jnp.sum(jax.lax.map(one, (hb, tb, wb)))
-
-  return jax.jit(f)
-
-
 # ------------------------------------------------------------------------------------------------
 @dataclasses.dataclass
 class Built:
@@ -124,6 +99,11 @@ class Built:
   def __iter__(self):
     return iter((self.method, self.params, self.tokenizer, self.truncation_limit))
 
+  @property
+  def kind(self) -> "methods.Method":
+    """The method object (``longjax.methods``) that owns every method-specific rule here."""
+    return methods.get(self.name)
+
   # ---------------------------------------------------------------------------------------------
   @property
   def max_positions(self) -> int:
@@ -133,17 +113,8 @@ class Built:
   def capacity(self) -> Optional[int]:
     """Most input + output tokens this method holds; ``None`` for the plain baseline, which
     truncates instead."""
-    if self.name == "plain":
-      return None
-    p = self.max_positions
-    if self.name == "beacon":
-      b = self.extra
-      pos = b.positive_ratios
-      cap = p if not pos else (p - b.window) * max(pos) + b.window
-    else:
-      f = self.extra
-      cap = min(f.max_chunks, max(p - f.local_window - 1, 0)) * f.chunk_stride + f.local_window
-    if self.user_cap:
+    cap, _ = self.kind.capacity(self.cfg, self.extra)
+    if cap is not None and self.user_cap:
       cap = min(cap, self.user_cap)
     return cap
 
@@ -156,31 +127,20 @@ class Built:
           f"{what} needs {total} tokens (input + output), more than this {self.name} model can hold "
           f"({cap} tokens: {self._cap_reason()}); shorten the grid / max_length, or raise the "
           "limit in the model config")
-    if self.name == "beacon":
-      self.reserve(total)
+    self.reserve(total)
 
   def _cap_reason(self) -> str:
     if self.user_cap and self.capacity == self.user_cap:
       return "config.eval.model_max_length"
-    if self.name == "beacon":
-      b = self.extra
-      return (f"(max positions {self.max_positions} - window {b.window}) x largest ratio "
-              f"{max(b.positive_ratios or (1,))} + window")
-    f = self.extra
-    return (f"min(max_chunks {f.max_chunks}, positions) x stride {f.chunk_stride} + local window "
-            f"{f.local_window}")
+    return self.kind.capacity(self.cfg, self.extra)[1]
 
   def reserve(self, total: int):
-    """Beacon: make sure the memory buffers hold ``total`` tokens (rebuilds -> recompiles)."""
-    if self.name != "beacon" or total <= self.method.max_length:
-      return
-    from longjax.beacon import BeaconLM
-    w = self.extra.window
-    self.method = BeaconLM(self.cfg, self.extra, max_length=round_up(total, w), progress=False)
+    """Make sure the model's buffers hold ``total`` tokens (beacon memory: rebuilds, recompiles)."""
+    self.method = self.kind.holding(self.method, self.cfg, self.extra, total)
 
   def input_limit(self, max_new_tokens: int) -> int:
     """Plain baseline: the most prompt tokens kept (0: no truncation)."""
-    if self.name != "plain":
+    if not self.kind.truncates:
       return 0
     return max(int(self.truncation_limit) - int(max_new_tokens), 1)
 
@@ -214,50 +174,14 @@ class Built:
 
   def suffix_nll(self, ids: Sequence[int], n_scored: int):
     """Summed NLL (nats) and count of the last ``n_scored`` tokens of ``ids``, each predicted
-    from everything before it within ``ids`` (the first token is never scored)."""
+    from everything before it within ``ids`` (the first token is never scored), by the
+    method's own protocol (``Method.suffix_nll``)."""
     ids = np.asarray(ids, np.int64)
-    t = len(ids)
-    n = min(int(n_scored), t - 1)
+    n = min(int(n_scored), len(ids) - 1)
     if n < 1:
       return 0.0, 0
-    if self.name == "plain":
-      return self._plain_nll(ids, n)
-    if self.name == "beacon":
-      labels = ids.copy()
-      labels[:t - n] = IGNORE
-      self.reserve(t)
-      out = self.method.forward(self.params, ids, labels=labels, training=False)
-      return float(np.asarray(out.loss_sum)[0]), int(np.asarray(out.loss_count)[0])
-    return self._teacher_forced(ids, n)
-
-  def _plain_nll(self, ids, n):
-    block = 256
-    t = len(ids)
-    tp = round_up(t, block)
-    tokens = np.zeros((1, tp), np.int32)
-    tokens[0, :t] = ids
-    targets = np.zeros((1, tp), np.int32)
-    targets[0, :t - 1] = ids[1:]
-    weights = np.zeros((1, tp), np.float32)
-    weights[0, t - 1 - n:t - 1] = 1.0
-    fn = _plain_nll_fn(self.cfg, block)
-    return float(fn(self.params, jnp.asarray(tokens), jnp.asarray(targets),
-                    jnp.asarray(weights))), n
-
-  def _teacher_forced(self, ids, n):
-    """FocusLLM protocol (``inference_ppl_forward``): prefill on the context, then teacher-forced
-    decode steps over the held-out tokens, each scored by the logits before it."""
-    t = len(ids)
-    ctx, tgt = ids[:t - n], ids[t - n:]
-    logits, state = self.method.prefill(self.params, ctx[None].astype(np.int32),
-                                        np.array([len(ctx)], np.int32), n)
-    total = 0.0
-    for j, y in enumerate(tgt):
-      lp = jax.nn.log_softmax(jnp.asarray(logits)[0].astype(jnp.float32))
-      total -= float(lp[int(y)])
-      if j < n - 1:
-        logits, state = self.method.step(self.params, state, np.array([int(y)], np.int32))
-    return total, n
+    self.reserve(len(ids))
+    return self.kind.suffix_nll(self.method, self.params, self.cfg, ids, n)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -268,23 +192,10 @@ def _get(c, name, default=None):
     return default
 
 
-def _tiny_model(config, name: str, tok: Tokenizer):
+def _tiny_model(config, method, tok):
   """A random model shaped by ``config.model`` around ``tok`` (as train.py's tiny base)."""
-  m = config.model
-  family = _get(m, "family", "llama")
-  kw = dict(family=family, vocab_size=tok.vocab_size, hidden_size=m.hidden_size,
-            intermediate_size=m.intermediate_size, num_layers=m.num_layers,
-            num_heads=m.num_heads, num_kv_heads=m.num_kv_heads, head_dim=m.head_dim,
-            attention_bias=family == "qwen2", bos_token_id=tok.bos_id,
-            eos_token_id=tok.eos_id, dtype=_get(m, "dtype", "float32"))
-  for opt in ("max_position_embeddings", "rope_theta"):
-    if _get(m, opt) is not None:
-      kw[opt] = _get(m, opt)
-  if name == "beacon":
-    kw.update(alt_projections=tuple(config.beacon.param), num_alt_embeddings=1)
-  elif name == "focus":
-    kw.update(alt_projections=tuple(config.focus.param))
-  cfg = ModelConfig(**kw)
+  cfg = methods.tiny_model_config(config, tok, method)
+  cfg = cfg.replace(dtype=_get(config.model, "dtype", "float32"))
   seed = int(_get(config, "seed", 0))
   params = jax.jit(lambda: init_params(cfg, seed))()  # jitted: ~3x faster than eager init
   return cfg, params
@@ -335,15 +246,17 @@ def checkpoint_path(config) -> str:
 def build_method(config, name: Optional[str] = None) -> Built:
   """See the module docstring."""
   name = name or method_name(config)
+  method = methods.get(name)
   ckpt = checkpoint_path(config)
   if ckpt and not Path(ckpt).exists():
     raise EvalError(f"checkpoint {ckpt!r} (config.model.checkpoint) does not exist")
   tok = run_tokenizer(config, ckpt)
   if not ckpt:
-    cfg, params = _tiny_model(config, name, tok)
+    cfg, params = _tiny_model(config, method, tok)
+    settings = method.settings(config, cfg.bos_token_id)
     desc = f"tiny random {cfg.family} ({'byte tokenizer' if not tok.hf else tok.tok.name_or_path})"
   else:
-    cfg, params = _load_checkpoint(config, ckpt, name)
+    cfg, params, settings = methods.load(method, ckpt, config)
     desc = ckpt
   if tok.vocab_size > cfg.vocab_size:
     # ids past the embedding table would be silently clamped by the gather: refuse instead
@@ -352,21 +265,12 @@ def build_method(config, name: Optional[str] = None) -> Built:
                     "(or '' for the checkpoint's)")
   params = jax.tree.map(jnp.asarray, params)
   user_cap = int(_get(config.eval, "model_max_length", 0) or 0)
-  eos = _generation_eos(ckpt)
-  if name == "plain":
-    limit = int(_get(config.eval, "truncate_to", 0) or 0)
-    limit = limit or cfg.max_positions
-    return Built("plain", BucketedPlainLM(cfg), params, tok, limit, cfg, None, user_cap,
-                 f"plain {desc} (middle truncation to {limit} tokens incl. output)", eos)
-  if name == "beacon":
-    from longjax.beacon import BeaconLM
-    bcfg = beacon_config(config)
-    lm = BeaconLM(cfg, bcfg, max_length=4 * bcfg.window, progress=False)
-    return Built("beacon", lm, params, tok, None, cfg, bcfg, user_cap, f"beacon {desc}", eos)
-  from longjax.focus import FocusLLM
-  fcfg = focus_config(config, cfg.bos_token_id)
-  return Built("focus", FocusLLM(cfg, fcfg), params, tok, None, cfg, fcfg, user_cap,
-               f"focus {desc}", eos)
+  limit = None
+  if method.truncates:
+    limit = int(_get(config.eval, "truncate_to", 0) or 0) or cfg.max_positions
+    desc = f"{desc} (middle truncation to {limit} tokens incl. output)"
+  return Built(name, method.inference_model(cfg, settings), params, tok, limit, cfg, settings,
+               user_cap, f"{name} {desc}", _generation_eos(ckpt))
 
 
 def _generation_eos(ckpt: str) -> tuple:
@@ -380,25 +284,3 @@ def _generation_eos(ckpt: str) -> tuple:
   if eos is None:
     return ()
   return tuple(int(e) for e in (eos if isinstance(eos, list) else [eos]))
-
-
-def _load_checkpoint(config, ckpt: str, name: str):
-  from longjax.checkpoint import is_longjax_checkpoint, load_any
-  if is_longjax_checkpoint(ckpt):
-    cfg, params = load_any(ckpt)
-    want = {"beacon": tuple(config.beacon.param), "focus": tuple(config.focus.param)}.get(name)
-    if want and set(want) - set(cfg.alt_projections):
-      raise EvalError(f"{ckpt} has no {name} projections {sorted(set(want) - set(cfg.alt_projections))}: "
-                      f"convert it with --init_beacon (convert_weights.py) or use the HF directory")
-    return cfg, params
-  if name == "beacon":
-    from longjax.beacon import load_beacon
-    cfg, _, params = load_beacon(ckpt, init="official", beacon=beacon_config(config))
-  elif name == "focus":
-    from longjax.focus import load_focus
-    from longjax.convert.hf import read_hf_config
-    bos = read_hf_config(ckpt).get("bos_token_id")
-    cfg, _, params = load_focus(ckpt, focus_config(config, bos), init_candidates="copy")
-  else:
-    cfg, params = load_any(ckpt)
-  return cfg, params

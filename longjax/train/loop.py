@@ -34,7 +34,7 @@ from longjax.train import sharding as shd
 from longjax.train.checkpointing import Checkpointer, fingerprint
 from longjax.train.config_check import validate
 from longjax.train.metrics import MetricsWriter
-from longjax.train import tasks as T
+from longjax import methods
 from longjax.errors import LongjaxError
 
 log = logging.getLogger("longjax.train")
@@ -46,12 +46,13 @@ class TrainingError(LongjaxError, RuntimeError):
 
 # --------------------------------------------------------------------------------------------
 # parameters
-def split_params(params, method: str):
+def split_params(params, method: "methods.Method"):
+  """``(trainable, frozen)`` subtrees of ``params`` by ``method``'s trainable set."""
   flat = traverse_util.flatten_dict(params, sep="/")
-  tr = {k: v for k, v in flat.items() if T.is_trainable(k, method)}
-  fr = {k: v for k, v in flat.items() if not T.is_trainable(k, method)}
+  tr = {k: v for k, v in flat.items() if method.is_trainable(k)}
+  fr = {k: v for k, v in flat.items() if not method.is_trainable(k)}
   if not tr:
-    raise TrainingError(f"no trainable parameters for method {method!r} in this model")
+    raise TrainingError(f"no trainable parameters for method {method.name!r} in this model")
   return traverse_util.unflatten_dict(tr, sep="/"), traverse_util.unflatten_dict(fr, sep="/")
 
 
@@ -78,28 +79,6 @@ def make_optimizer(tc, total_steps: int):
 
 # --------------------------------------------------------------------------------------------
 # model + task
-def model_config_tiny(mc, tokenizer):
-  from longjax.models.config import ModelConfig
-  return ModelConfig(family=mc.family, vocab_size=tokenizer.vocab_size,
-                     hidden_size=mc.hidden_size, intermediate_size=mc.intermediate_size,
-                     num_layers=mc.num_layers, num_heads=mc.num_heads,
-                     num_kv_heads=mc.num_kv_heads, head_dim=mc.head_dim,
-                     attention_bias=mc.family == "qwen2", bos_token_id=tokenizer.bos_id,
-                     eos_token_id=tokenizer.eos_id, pad_token_id=0,
-                     max_position_embeddings=int(mc.get("max_position_embeddings", 32768)),
-                     rope_theta=float(mc.get("rope_theta", 10000.0)))
-
-
-def beacon_config(c):
-  from longjax.beacon.config import BeaconConfig
-  return BeaconConfig.from_config(c.beacon)
-
-
-def focus_config(c, cfg):
-  from longjax.focus.config import FocusConfig
-  return FocusConfig.from_config(c.focus, cfg.bos_token_id)
-
-
 def checkpoint_dir(c) -> str:
   """``config.model.checkpoint``, the name ``smollm2`` resolved to its cached HF directory."""
   from longjax.models import smollm2
@@ -110,34 +89,19 @@ def checkpoint_dir(c) -> str:
 
 
 def load_base(c, tokenizer, workdir: Path):
-  """``(cfg, params numpy)``: the checkpoint's model with the method's extra parameters."""
+  """``(cfg, params numpy)``: the checkpoint's model (or the tiny base, pretrained and cached in
+  ``workdir/base`` on first use) with the method's extra parameters."""
   from longjax import checkpoint as ckpt
   mc = c.model
+  method = methods.get(c.method)
   path = checkpoint_dir(c)
   if path:
     p = Path(path)
     if not p.is_dir():
       raise TrainingError(f"--config.model.checkpoint={path}: no such directory")
-    if c.method == "beacon":
-      bcfg = beacon_config(c)
-      if ckpt.is_longjax_checkpoint(p):
-        cfg, params, _ = ckpt.load(p)
-      else:
-        from longjax.beacon import load_beacon
-        cfg, _, params = load_beacon(p, init="official", beacon=bcfg,
-                                     param_dtype=mc.get("param_dtype") or None)
-      cfg, params = T.add_alt_params(cfg, params, bcfg.param, 1, bcfg.embed_init)
-    else:
-      if ckpt.is_longjax_checkpoint(p):
-        cfg, params, _ = ckpt.load(p)
-      else:
-        from longjax.focus import load_focus
-        fc0 = focus_config(c, _hf_cfg_for_bos(p))
-        cfg, _, params = load_focus(p, fc0, init_candidates="copy",
-                                    param_dtype=mc.get("param_dtype") or None)
-      cfg, params = T.add_alt_params(cfg, params, tuple(c.focus.param), 0)
+    cfg, params, _ = methods.load(method, p, c, param_dtype=mc.get("param_dtype") or None)
   else:
-    cfg = model_config_tiny(mc, tokenizer)
+    cfg = methods.base_config(c, tokenizer)
     base_dir = workdir / "base"
     # what the base is built from besides its shape (recorded with it, compared on reuse)
     recipe = json.loads(json.dumps(dict(pretrain=mc.pretrain.to_dict(), seed=int(c.seed)),
@@ -150,11 +114,8 @@ def load_base(c, tokenizer, workdir: Path):
       params = pretrain_tiny_base(c, cfg, tokenizer, workdir)
       ckpt.save(base_dir, cfg, params, extra=dict(recipe=recipe), overwrite=True)
       log.info("tiny base model saved to %s", base_dir)
-    if c.method == "beacon":
-      bcfg = beacon_config(c)
-      cfg, params = T.add_alt_params(cfg, params, bcfg.param, 1, bcfg.embed_init)
-    else:
-      cfg, params = T.add_alt_params(cfg, params, tuple(c.focus.param), 0)
+    cfg, params = methods.with_extra_params(method, cfg, params,
+                                            method.settings(c, cfg.bos_token_id))
   cfg = cfg.replace(dtype=mc.get("dtype", "float32"), remat=remat_mode(mc.get("remat", False)))
   if mc.get("param_dtype"):
     cfg = cfg.replace(param_dtype=mc.param_dtype)
@@ -181,12 +142,6 @@ def _check_tiny_base(base_dir: Path, want, cached, cached_recipe, recipe):
         f"{base_dir} holds a tiny base model built for another config ({', '.join(diff)}; cached "
         f"-> this run): use another --config.workdir, or delete {base_dir} and "
         f"{base_dir.parent / 'base_run'} to pretrain it again")
-
-
-def _hf_cfg_for_bos(p):
-  from longjax.convert.hf import read_hf_config
-  from types import SimpleNamespace
-  return SimpleNamespace(bos_token_id=read_hf_config(p).get("bos_token_id", 1))
 
 
 def pretrain_tiny_base(c, cfg, tokenizer, workdir: Path):
@@ -234,28 +189,6 @@ def remat_mode(value):
   return value if value == "dots" else bool(value)
 
 
-def make_task(c, cfg, ds_max_len: int, lm_length: Optional[int] = None):
-  tc = c.train
-  impl = tc.get("impl", "auto")
-  if c.method == "beacon":
-    task = T.BeaconTask(cfg, beacon_config(c), max_length=ds_max_len, seed=int(c.seed),
-                        remat=remat_mode(tc.get("remat", True)),
-                        step_bucket=int(tc.get("step_bucket", 1)), impl=impl)
-    task._answer_only = c.data.get("loss_on", "all") == "answer"
-    return task
-  if c.method == "focus":
-    fcfg = focus_config(c, cfg)
-    f = c.focus
-    return T.FocusTask(cfg, fcfg, dict(window=f.local_window, strides=tuple(f.strides),
-                                       min_local=f.get("min_local", 30),
-                                       objective=f.get("objective", "random")),
-                       seed=int(c.seed), impl=impl, remat=remat_mode(tc.get("remat", False)))
-  if c.method == "lm":
-    return T.LMTask(cfg, length=lm_length, seed=int(c.seed),
-                    answer_only=c.data.get("loss_on", "all") == "answer")
-  raise TrainingError(f"unknown method {c.method!r}")
-
-
 # --------------------------------------------------------------------------------------------
 class Trainer:
   def __init__(self, c, *, resume: bool = True, base=None, lm_length: Optional[int] = None):
@@ -292,25 +225,29 @@ class Trainer:
     t0 = time.time()
     self.ds = pipeline.build_dataset(c.data, self.tokenizer, int(c.seed))
     log.info("data: %s (%.1fs)", self.ds.stats, time.time() - t0)
-    self.task = make_task(c, self.cfg, int(self.ds.lengths.max()), self.lm_length)
+    self.method = methods.get(c.method)
+    self.settings = self.method.settings(c, self.cfg.bos_token_id)
+    self.task = self.method.make_task(c, self.cfg, self.settings,
+                                      max_length=int(self.ds.lengths.max()),
+                                      lm_length=self.lm_length)
     gb = int(tc.global_batch)
     accum = int(tc.get("grad_accum", 1))
     if gb % accum:
       raise TrainingError(f"train.global_batch ({gb}) must be divisible by train.grad_accum ({accum})")
     self.accum = accum
     self.batches = pipeline.GlobalBatches(self.ds.lengths, gb, int(c.seed),
-                                          group_key=getattr(self.task, "group_key")
-                                          if c.method == "beacon" else None)
+                                          group_key=self.task.group_key
+                                          if self.method.groups_by_windows else None)
     self.num_steps = int(tc.num_steps) or self.batches.batches_per_epoch * int(tc.get("num_epochs", 1))
 
     self.mesh = shd.make_mesh(dict(tc.mesh))
     micro = gb // accum
     nb = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
-    if micro % nb and c.method != "focus":
+    if micro % nb and self.method.batch_divides_mesh:
       raise TrainingError(f"the micro-batch ({micro} = global_batch/grad_accum) must be divisible "
                           f"by the data*fsdp mesh size ({nb})")
     method = c.method
-    tr, fr = split_params(params, method)
+    tr, fr = split_params(params, self.method)
     tr = jax.tree.map(lambda x: np.asarray(x, np.float32), tr)  # fp32 master weights
     fr_dtype = self.cfg.params_dtype
     fr = jax.tree.map(lambda x: np.asarray(x).astype(fr_dtype), fr)
@@ -345,7 +282,6 @@ class Trainer:
 
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
     opt = self.optimizer
-    sched = self.schedule
 
     def apply(trainable, opt_state, grads, loss):
       # The guard runs here, before anything is applied or saved: a non-finite loss or gradient
@@ -373,17 +309,17 @@ class Trainer:
                           out_shardings=(self.tr_sh, self.opt_sh, None))
 
   def _device_plans(self, plans):
-    axis = 1 if self.c.method == "beacon" else 0
+    """Shard each plan leaf's batch axis over (data, fsdp). Leaves without one (scalars, the
+    beacon scan's per-step ``active`` flags, ``[steps]``) are replicated."""
+    ax = self.method.plan_batch_axis
 
-    def put(path, x):
+    def put(x):
       x = np.asarray(x)
-      name = str(getattr(path[-1], "key", getattr(path[-1], "name", "")))  # dict / dataclass
-      if x.ndim == 0 or name == "active":
+      if x.ndim <= ax:
         return shd.put_global(x, shd.replicated(self.mesh))
-      ax = axis if x.ndim > axis else 0
       return shd.put_global(x, shd.batch_sharding(self.mesh, x.ndim, ax, x.shape[ax]))
 
-    return jax.tree_util.tree_map_with_path(put, plans)
+    return jax.tree.map(put, plans)
 
   # ------------------------------------------------------------------------------------------
   def run(self) -> dict:
@@ -500,7 +436,7 @@ class Trainer:
         ck.close()
     self.state = {"params": trainable, "opt_state": opt_state, "step": self.state["step"]}
     result.update(final_step=step, last_saved=last_saved, seconds=time.time() - t_start)
-    if c.method == "lm":
+    if not self.method.exports:  # the tiny base's pretraining: its parameters are the result
       full = merge_params(jax.device_get(trainable), jax.device_get(self.frozen))
       result["params"] = jax.tree.map(np.asarray, full)
       return result
@@ -527,13 +463,7 @@ class Trainer:
     params = self.trained_params()
     if not self.primary:
       return out
-    cfg = self.cfg.replace(dtype="float32", remat=False)
-    if self.c.method == "beacon":
-      from longjax.beacon import save_beacon
-      save_beacon(out, cfg, beacon_config(self.c), params, overwrite=True)
-    else:
-      from longjax.focus import save_focus
-      save_focus(out, cfg, focus_config(self.c, cfg), params, overwrite=True)
+    self.method.export(out, self.cfg.replace(dtype="float32", remat=False), self.settings, params)
     save_with_model(self.tokenizer, out)  # eval.py then finds the export's own tokenizer
     log.info("exported the trained model (HF format, official tensor names) to %s", out)
     return out

@@ -30,52 +30,14 @@ from longjax.sizes import round_up
 
 
 # --------------------------------------------------------------------------------------------
-# Trainable sets (official: every parameter whose name contains "beacon").
-def is_trainable(path: str, method: str) -> bool:
-  leaf_owner = path.split("/")
-  if method == "beacon":
-    return any(p.startswith("alt_") for p in leaf_owner)
-  if method == "focus":
-    return any(p.startswith("alt_") and p.endswith("_proj") for p in leaf_owner)
-  if method == "lm":
-    return True
-  raise ValueError(f"unknown method {method!r}")
-
-
-def add_alt_params(cfg: ModelConfig, params, projections, num_alt_embeddings: int = 0,
-                   embed_init: str = "eos"):
-  """Give a plain decoder checkpoint the alternative (beacon / candidate) parameters, initialised
-  as the official ``from_pretrained`` does: copies of the base projections, the extra embedding
-  row from ``embed[eos]`` (or bos). Parameters already present are kept."""
-  params = jax.tree.map(np.asarray, params)
-  params = {k: (dict(v) if isinstance(v, dict) else v) for k, v in params.items()}
-  layers = dict(params["layers"])
-  attn = dict(layers["attn"])
-  for p in projections:
-    if f"alt_{p}_proj" not in attn:
-      attn[f"alt_{p}_proj"] = {k: np.array(v) for k, v in attn[f"{p}_proj"].items()}
-  layers["attn"] = attn
-  params["layers"] = layers
-  if num_alt_embeddings and "alt_embedding" not in params:
-    tok = cfg.eos_token_id if embed_init == "eos" else cfg.bos_token_id
-    tok = tok[0] if isinstance(tok, (tuple, list)) else tok
-    if tok is None:
-      raise ValueError(f"cannot initialise the beacon embedding from {embed_init}: the model "
-                       f"config has no {embed_init}_token_id")
-    params["alt_embedding"] = np.array(params["embedding"][int(tok)][None])
-  new_alt = tuple(sorted(set(cfg.alt_projections) | set(projections), key="qkvo".index))
-  cfg = cfg.replace(alt_projections=new_alt,
-                    num_alt_embeddings=max(cfg.num_alt_embeddings, num_alt_embeddings))
-  return cfg, params
-
-
-# --------------------------------------------------------------------------------------------
 class BeaconTask:
   method = "beacon"
 
   def __init__(self, cfg: ModelConfig, bcfg: BeaconConfig, *, max_length: int, seed: int,
-               remat: bool = True, step_bucket: int = 1, impl: str = "auto"):
+               remat: bool = True, step_bucket: int = 1, impl: str = "auto",
+               answer_only: bool = False):
     self.cfg, self.bcfg, self.seed = cfg, bcfg, int(seed)
+    self.answer_only = answer_only  # loss on the answer spans only (data.loss_on="answer")
     self.lm = BeaconLM(cfg, bcfg, max_length=max_length, training=True, impl=impl, remat=remat)
     self.remat = remat
     self.step_bucket = max(1, int(step_bucket))
@@ -90,7 +52,7 @@ class BeaconTask:
       ids = ds.ids[int(i)]
       ans = ds.answer[int(i)]
       labels = ids.astype(np.int64)
-      if ans is not None and self._answer_only:
+      if ans is not None and self.answer_only:
         labels = np.where(ans, labels, IGNORE)
       rows_ids.append(ids)
       rows_labels.append(labels)
@@ -100,8 +62,6 @@ class BeaconTask:
     plan = self.lm.plan(rows_ids, rows_labels, rows=starts, training=True,
                         steps_multiple=self.step_bucket)
     return dict(plans=plan, tokens=int(sum(len(r) for r in rows_ids)))
-
-  _answer_only = False
 
   def loss(self, params, plans):
     return self.lm.loss_terms(params, plans)

@@ -1,0 +1,325 @@
+"""The methods longjax runs, one object each, looked up once by name.
+
+Everything that differs between Activation Beacon, FocusLLM and the plain decoder lives on its
+method object: its settings built from the run config, the parameters it adds to a base
+checkpoint and trains, how a checkpoint is loaded for it, its training task, its inference model
+and how many tokens that model holds, how it scores a suffix, and its export. ``train.py``,
+``eval.py`` and the scripts call :func:`get` once and never branch on the method name.
+
+The module imports the method packages lazily: looking a method up costs nothing.
+"""
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from longjax.errors import LongjaxError
+from longjax.sizes import round_up
+
+
+class UnknownMethodError(LongjaxError, ValueError):
+  pass
+
+
+def _tiny_shape(model_section, tokenizer, **fields):
+  """The ModelConfig of a tiny model shaped by ``config.model`` around ``tokenizer`` (train.py
+  pretrains one; eval.py builds a random one when no checkpoint is given)."""
+  from longjax.models.config import ModelConfig
+  m = model_section
+  return ModelConfig(family=m.family, vocab_size=tokenizer.vocab_size,
+                     hidden_size=m.hidden_size, intermediate_size=m.intermediate_size,
+                     num_layers=m.num_layers, num_heads=m.num_heads,
+                     num_kv_heads=m.num_kv_heads, head_dim=m.head_dim,
+                     attention_bias=m.family == "qwen2", bos_token_id=tokenizer.bos_id,
+                     eos_token_id=tokenizer.eos_id, pad_token_id=0,
+                     max_position_embeddings=int(m.get("max_position_embeddings", 32768)),
+                     rope_theta=float(m.get("rope_theta", 10000.0)), **fields)
+
+
+def tiny_model_config(config, tokenizer, method: "Method"):
+  """The tiny model of ``config.model`` with ``method``'s extra parameters declared."""
+  projections, n_embed, _ = method.extra_params(method.settings(config, tokenizer.bos_id))
+  return _tiny_shape(config.model, tokenizer, alt_projections=projections,
+                     num_alt_embeddings=n_embed)
+
+
+def base_config(config, tokenizer):
+  """The tiny base (no method parameters) that train.py pretrains as a plain LM."""
+  return _tiny_shape(config.model, tokenizer)
+
+
+def _hf_bos(path) -> Optional[int]:
+  from longjax.convert.hf import read_hf_config
+  return read_hf_config(path).get("bos_token_id")
+
+
+# ------------------------------------------------------------------------------------------------
+class Beacon:
+  """Activation Beacon: the ``beacon`` config section, the official ``beacon_*`` tensors."""
+  name = "beacon"
+  reads_bos = False  # settings do not depend on the model's BOS
+  plan_batch_axis = 1  # WindowPlan leaves are [windows, batch, ...]
+  groups_by_windows = True  # batches of equal window counts: one compile per count
+  batch_divides_mesh = True  # each data shard gets whole samples
+  truncates = False
+  exports = True
+
+  def settings(self, config, bos_id=None):
+    from longjax.beacon.config import BeaconConfig
+    return BeaconConfig.from_config(config.beacon)
+
+  def extra_params(self, settings):
+    """``(projections, extra embedding rows, embedding init)`` this method adds to a base."""
+    return tuple(settings.param), 1, settings.embed_init
+
+  def is_trainable(self, path: str) -> bool:
+    from longjax.convert.layout import is_trainable
+    return is_trainable(path, self.name)
+
+  def load_hf(self, path, settings, param_dtype=None):
+    """A HF directory: official tensors where present, the official init for the rest."""
+    from longjax.beacon import load_beacon
+    cfg, _, params = load_beacon(path, init="official", beacon=settings, param_dtype=param_dtype)
+    return cfg, params
+
+  def make_task(self, config, cfg, settings, *, max_length: int, lm_length=None):
+    from longjax.train.tasks import BeaconTask
+    from longjax.train.loop import remat_mode
+    tc = config.train
+    return BeaconTask(cfg, settings, max_length=max_length, seed=int(config.seed),
+                      remat=remat_mode(tc.get("remat", True)),
+                      step_bucket=int(tc.get("step_bucket", 1)), impl=tc.get("impl", "auto"),
+                      answer_only=config.data.get("loss_on", "all") == "answer")
+
+  def inference_model(self, cfg, settings, *, max_length: Optional[int] = None):
+    from longjax.beacon import BeaconLM
+    return BeaconLM(cfg, settings, max_length=max_length or 4 * settings.window, progress=False)
+
+  def holding(self, model, cfg, settings, total: int):
+    """``model``, or one whose memory buffers hold ``total`` tokens (rebuilt: recompiles)."""
+    if total <= model.max_length:
+      return model
+    return self.inference_model(cfg, settings, max_length=round_up(total, settings.window))
+
+  def capacity(self, cfg, settings):
+    """``(most input + output tokens, why)``: positions left after the window, times the
+    largest compression ratio, plus the window."""
+    pos = settings.positive_ratios
+    cap = cfg.max_positions if not pos else (cfg.max_positions - settings.window) * max(pos) + settings.window
+    return cap, (f"(max positions {cfg.max_positions} - window {settings.window}) x largest ratio "
+                 f"{max(pos or (1,))} + window")
+
+  def suffix_nll(self, model, params, cfg, ids, n: int):
+    labels = ids.copy()
+    labels[:len(ids) - n] = -100
+    out = model.forward(params, ids, labels=labels, training=False)
+    return float(np.asarray(out.loss_sum)[0]), int(np.asarray(out.loss_count)[0])
+
+  def export(self, out, cfg, settings, params):
+    from longjax.beacon import save_beacon
+    save_beacon(out, cfg, settings, params, overwrite=True)
+
+
+# ------------------------------------------------------------------------------------------------
+class Focus:
+  """FocusLLM: the ``focus`` config section, candidate projections stored as ``beacon_*``."""
+  name = "focus"
+  reads_bos = True  # every chunk starts with the model's BOS
+  plan_batch_axis = 0
+  groups_by_windows = False
+  # the packed chunk rows, not the samples, are what is sharded: any micro-batch size works
+  batch_divides_mesh = False
+  truncates = False
+  exports = True
+
+  def settings(self, config, bos_id=None):
+    """``bos_id``: the model's BOS, inserted at the start of every chunk (None: the official 1)."""
+    from longjax.focus.config import FocusConfig
+    return FocusConfig.from_config(config.focus, bos_id)
+
+  def extra_params(self, settings):
+    return tuple(settings.candidate_projections), 0, "eos"
+
+  def is_trainable(self, path: str) -> bool:
+    from longjax.convert.layout import is_trainable
+    return is_trainable(path, self.name)
+
+  def load_hf(self, path, settings, param_dtype=None):
+    from longjax.focus import load_focus
+    cfg, _, params = load_focus(path, settings, init_candidates="copy", param_dtype=param_dtype)
+    return cfg, params
+
+  def make_task(self, config, cfg, settings, *, max_length: int, lm_length=None):
+    from longjax.train.tasks import FocusTask
+    from longjax.train.loop import remat_mode
+    f, tc = config.focus, config.train
+    return FocusTask(cfg, settings, dict(window=f.local_window, strides=tuple(f.strides),
+                                         min_local=f.get("min_local", 30),
+                                         objective=f.get("objective", "random")),
+                     seed=int(config.seed), impl=tc.get("impl", "auto"),
+                     remat=remat_mode(tc.get("remat", False)))
+
+  def inference_model(self, cfg, settings, *, max_length: Optional[int] = None):
+    from longjax.focus import FocusLLM
+    return FocusLLM(cfg, settings)
+
+  def holding(self, model, cfg, settings, total: int):
+    return model  # chunks are planned per call: nothing to size
+
+  def capacity(self, cfg, settings):
+    p = cfg.max_positions
+    cap = min(settings.max_chunks, max(p - settings.local_window - 1, 0)) * settings.chunk_stride
+    return cap + settings.local_window, (
+        f"min(max_chunks {settings.max_chunks}, positions) x stride {settings.chunk_stride} + "
+        f"local window {settings.local_window}")
+
+  def suffix_nll(self, model, params, cfg, ids, n: int):
+    """FocusLLM protocol (``inference_ppl_forward``): prefill on the context, then teacher-forced
+    decode steps over the held-out tokens, each scored by the logits before it."""
+    ctx, tgt = ids[:len(ids) - n], ids[len(ids) - n:]
+    logits, state = model.prefill(params, ctx[None].astype(np.int32),
+                                  np.array([len(ctx)], np.int32), n)
+    total = 0.0
+    for j, y in enumerate(tgt):
+      lp = jax.nn.log_softmax(jnp.asarray(logits)[0].astype(jnp.float32))
+      total -= float(lp[int(y)])
+      if j < n - 1:
+        logits, state = model.step(params, state, np.array([int(y)], np.int32))
+    return total, n
+
+  def export(self, out, cfg, settings, params):
+    from longjax.focus import save_focus
+    save_focus(out, cfg, settings, params, overwrite=True)
+
+
+# ------------------------------------------------------------------------------------------------
+class Plain:
+  """The base decoder alone: the truncation baseline of eval.py (``plain``) and the LM
+  pretraining of the tiny bases in train.py (``lm``, every parameter trained)."""
+  name = "plain"
+  reads_bos = False
+  plan_batch_axis = 0
+  groups_by_windows = False
+  batch_divides_mesh = True
+  truncates = True  # eval inputs are middle-truncated to what the model holds
+  exports = False  # train.py's "lm" runs pretrain the tiny bases: the parameters are the result
+
+  def settings(self, config, bos_id=None):
+    return None
+
+  def extra_params(self, settings):
+    return (), 0, "eos"
+
+  def is_trainable(self, path: str) -> bool:
+    from longjax.convert.layout import is_trainable
+    return is_trainable(path, "lm")  # the layout's name for training every parameter
+
+  def load_hf(self, path, settings, param_dtype=None):
+    from longjax.checkpoint import load_any
+    return load_any(path)
+
+  def make_task(self, config, cfg, settings, *, max_length: int, lm_length=None):
+    from longjax.train.tasks import LMTask
+    return LMTask(cfg, length=lm_length, seed=int(config.seed),
+                  answer_only=config.data.get("loss_on", "all") == "answer")
+
+  def inference_model(self, cfg, settings, *, max_length: Optional[int] = None):
+    from longjax.eval.models import BucketedPlainLM
+    return BucketedPlainLM(cfg)
+
+  def holding(self, model, cfg, settings, total: int):
+    return model
+
+  def capacity(self, cfg, settings):
+    return None, "truncates its input instead"
+
+  def suffix_nll(self, model, params, cfg, ids, n: int):
+    """One forward over ``ids`` (padded to 256-token blocks), the LM head applied block by
+    block so that the [T, vocab] logits never exist at once."""
+    block = 256
+    t = len(ids)
+    tp = round_up(t, block)
+    tokens = np.zeros((1, tp), np.int32)
+    tokens[0, :t] = ids
+    targets = np.zeros((1, tp), np.int32)
+    targets[0, :t - 1] = ids[1:]
+    weights = np.zeros((1, tp), np.float32)
+    weights[0, t - 1 - n:t - 1] = 1.0
+    fn = _plain_nll_fn(cfg, block)
+    return float(fn(params, jnp.asarray(tokens), jnp.asarray(targets), jnp.asarray(weights))), n
+
+  def export(self, out, cfg, settings, params):
+    raise UnknownMethodError("the plain decoder has no method tensors to export: train.py's 'lm' "
+                             "runs return their parameters instead")
+
+
+@functools.lru_cache(maxsize=8)
+def _plain_nll_fn(cfg, block: int):
+  from longjax.models.decoder import Decoder
+  from longjax.models.head import lm_head
+  model = Decoder(cfg)
+
+  def f(params, tokens, targets, weights):
+    # tokens/targets/weights [1, T] with T a multiple of block; returns summed weighted NLL.
+    t = tokens.shape[1]
+    hidden, _ = model.apply({"params": params}, tokens, jnp.arange(t)[None], head=False)
+    hb = hidden[0].reshape(t // block, block, -1)
+    tb = targets[0].reshape(t // block, block)
+    wb = weights[0].reshape(t // block, block)
+
+    def one(xs):
+      h, y, w = xs
+      logits = lm_head(cfg, params, h)
+      nll = jax.nn.logsumexp(logits, axis=-1) - jnp.take_along_axis(logits, y[:, None], -1)[:, 0]
+      return jnp.sum(nll * w)
+
+    return jnp.sum(jax.lax.map(one, (hb, tb, wb)))
+
+  return jax.jit(f)
+
+
+# ------------------------------------------------------------------------------------------------
+Method = Beacon | Focus | Plain
+_REGISTRY = {m.name: m for m in (Beacon(), Focus(), Plain())}
+# train.py's config.method spells the plain decoder "lm" (it pretrains it)
+_ALIASES = {"lm": "plain"}
+NAMES = tuple(_REGISTRY)
+
+
+def get(name: str) -> Method:
+  """The method called ``name`` (``beacon``, ``focus``, ``plain``; ``lm`` = ``plain``)."""
+  key = _ALIASES.get(str(name).lower(), str(name).lower())
+  try:
+    return _REGISTRY[key]
+  except KeyError:
+    raise UnknownMethodError(f"unknown method {name!r}; valid: {', '.join(NAMES)} "
+                             "(train.py also takes 'lm' for the plain decoder)") from None
+
+
+def load(method: Method, path, config, *, param_dtype=None):
+  """``(cfg, params, settings)``: the checkpoint at ``path`` (a HF directory or a longjax
+  checkpoint) with ``method``'s extra parameters, initialised as the official
+  ``from_pretrained`` does where the checkpoint lacks them."""
+  from longjax import checkpoint as ckpt
+  p = Path(path)
+  if ckpt.is_longjax_checkpoint(p):
+    cfg, params, _ = ckpt.load(p)
+    settings = method.settings(config, cfg.bos_token_id)
+  else:
+    settings = method.settings(config, _hf_bos(p) if method.reads_bos else None)
+    cfg, params = method.load_hf(p, settings, param_dtype)
+  return (*with_extra_params(method, cfg, params, settings), settings)
+
+
+def with_extra_params(method: Method, cfg, params, settings):
+  """``(cfg, params)`` with ``method``'s extra parameters (kept where present)."""
+  from longjax.convert.layout import add_alt_params
+  projections, n_embed, embed_init = method.extra_params(settings)
+  if not projections and not n_embed:
+    return cfg, params
+  return add_alt_params(cfg, params, projections, n_embed, embed_init)
