@@ -65,10 +65,6 @@ def prompt_tokens(length: int, vocab: int, seed: int = 1):
   return x
 
 
-def _round_up(n, m):
-  return -(-n // m) * m
-
-
 # ----------------------------------------------------------------------------------------------
 # Workers (one configuration each, in a fresh process)
 def worker_jax(spec: dict) -> dict:
@@ -77,13 +73,14 @@ def worker_jax(spec: dict) -> dict:
   from longjax.generate import PlainLM
   from longjax.beacon import BeaconLM, load_beacon
   from longjax.convert.hf import load_hf
+  from longjax.sizes import round_up
 
   t_len, n_dec = spec["length"], spec["decode"]
   peak0 = H.matmul_peak_jax("float32")
   if spec["method"] == "beacon":
     cfg, bcfg, params = load_beacon(spec["ckpt"], init="official", window=WINDOW, stride=WINDOW,
                                     ratios=(RATIO,))
-    lm = BeaconLM(cfg, bcfg, max_length=_round_up(t_len + n_dec + 1, WINDOW), impl=spec["impl"],
+    lm = BeaconLM(cfg, bcfg, max_length=round_up(t_len + n_dec + 1, WINDOW), impl=spec["impl"],
                   progress=False)
     flops_p = H.beacon_prefill_flops(cfg, t_len, WINDOW, RATIO, bcfg.sink_size)
     flops_d = H.beacon_decode_flops(cfg, t_len, n_dec, WINDOW, RATIO)
@@ -121,12 +118,13 @@ def worker_jax(spec: dict) -> dict:
 
 def _attn_choice(spec, lm, t_len):
   from longjax.kernels import explain
+  from longjax.sizes import round_up
   c = lm.cfg
   if spec["method"] == "beacon":
     tq, tk = lm.q_slots, lm.capacity + lm.q_slots
   else:
     tq = t_len
-    tk = _round_up(t_len + spec["decode"], 64) + t_len
+    tk = round_up(t_len + spec["decode"], 64) + t_len
   return explain((1, tq, c.num_heads, c.head_dim), (1, tk, c.num_kv_heads, c.head_dim),
                  c.compute_dtype, impl=spec["impl"])[0]
 
