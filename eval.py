@@ -25,6 +25,7 @@ from longjax import cli  # noqa: E402
 _CONFIG = config_flags.DEFINE_config_file("config", None, "ml_collections config file (configs/*.py)",
                                           lock_config=True)
 _DEBUG = flags.DEFINE_bool("debug", False, "show the traceback of an error")
+_COMPILE_CACHE = flags.DEFINE_string("compile_cache", "auto", cli.COMPILE_CACHE_HELP)
 
 
 def main(argv):
@@ -38,7 +39,7 @@ def main(argv):
              "  c.eval = eval_config(c.method)   # official grids; preset='tiny' for CPU smoke runs")
   from longjax.eval.runner import parse_tasks, run
   sys.exit(cli.run("eval.py", lambda: run(config, parse_tasks(config.eval.task)) and 0,
-                   debug=_DEBUG.value))
+                   debug=_DEBUG.value, compile_cache=_COMPILE_CACHE.value))
 
 
 if __name__ == "__main__":

@@ -29,13 +29,15 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "ml_collections config
                                           lock_config=True)
 _RESUME = flags.DEFINE_bool("resume", True, "resume from the latest checkpoint in the workdir")
 _DEBUG = flags.DEFINE_bool("debug", False, "show the traceback of an error")
+_COMPILE_CACHE = flags.DEFINE_string("compile_cache", "auto", cli.COMPILE_CACHE_HELP)
 
 
 def main(argv):
   del argv
   if _CONFIG.value is None:
     sys.exit("train.py needs --config=configs/<name>.py (e.g. configs/tiny_beacon.py)")
-  sys.exit(cli.run("train.py", lambda: _train(_CONFIG.value), debug=_DEBUG.value))
+  sys.exit(cli.run("train.py", lambda: _train(_CONFIG.value), debug=_DEBUG.value,
+                   compile_cache=_COMPILE_CACHE.value))
 
 
 def _train(config):

@@ -28,11 +28,18 @@ def error_line(prog: str, e: BaseException) -> str:
   return f"{prog}: error: {one_line(e)}"
 
 
+COMPILE_CACHE_HELP = ("JAX's persistent compilation cache: a directory, 'auto' ($LONGJAX_COMPILE_CACHE "
+                      "or <cache home>/jax_compile) or 'off'")
+
+
 def run(prog: str, fn: Callable[[], Optional[int]], *, debug: bool = False,
-        errors=KNOWN) -> int:
-  """``fn()`` (its return value, ``None`` = 0); a known failure prints one line and gives 1,
+        errors=KNOWN, compile_cache: Optional[str] = "auto") -> int:
+  """``fn()`` (its return value, ``None`` = 0) with the persistent compilation cache at
+  ``compile_cache`` (``longjax.compile_cache``); a known failure prints one line and gives 1,
   or re-raises when ``debug``."""
   try:
+    from longjax import compile_cache as cc
+    cc.enable(compile_cache)
     return fn() or 0
   except errors as e:
     if debug:

@@ -92,8 +92,12 @@ def main(argv=None):
                   help="trained beacon tensors (used when the directory exists)")
   ap.add_argument("--seed", type=int, default=2024, help="seed of the passkeys")
   ap.add_argument("--max_new_tokens", type=int, default=16)
+  ap.add_argument("--compile_cache", default="auto",
+                  help="JAX's persistent compilation cache: a directory, 'auto' or 'off'")
   args = ap.parse_args(argv)
 
+  from longjax import compile_cache
+  compile_cache.enable(args.compile_cache)  # a second run loads its programs from disk
   from longjax.models import smollm2
   from transformers import AutoTokenizer
   t0 = time.time()

@@ -34,13 +34,11 @@ def main(argv=None):
                   help="initialise missing beacon tensors (official from_pretrained rule)")
   ap.add_argument("--chat", action="store_true", help="wrap in the tokenizer's chat template")
   ap.add_argument("--debug", action="store_true", help="show the traceback of an error")
-  args = ap.parse_args(argv)
   from longjax import cli
-  from longjax.beacon.model import BeaconSetupError, CapacityError
-  from longjax.beacon.planner import MemoryFullError
-  # the three beacon errors are not LongjaxErrors yet (their modules are being reworked)
+  ap.add_argument("--compile_cache", default="auto", help=cli.COMPILE_CACHE_HELP)
+  args = ap.parse_args(argv)
   return cli.run("python -m longjax.beacon", lambda: _main(args), debug=args.debug,
-                 errors=cli.KNOWN + (BeaconSetupError, CapacityError, MemoryFullError))
+                 compile_cache=args.compile_cache)
 
 
 def _check_inputs(args) -> str:

@@ -33,11 +33,9 @@ class FetchError(LongjaxError, RuntimeError):
 
 
 def cache_dir() -> Path:
-  """``$LONGJAX_CACHE`` or ``$XDG_CACHE_HOME/longjax`` or ``~/.cache/longjax``."""
-  root = os.environ.get("LONGJAX_CACHE")
-  if root:
-    return Path(root)
-  return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "longjax"
+  """longjax's cache home (``longjax.compile_cache.cache_home``)."""
+  from longjax.compile_cache import cache_home
+  return cache_home()
 
 
 def download_wheel(dest: Path) -> Path:
