@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import numbers
+import time
 from typing import Callable, Optional, Sequence
 
 import jax
@@ -41,6 +42,52 @@ class GenerateOutput:
   # The method's state after the last fed token (the last generated token is not fed back):
   # lets a method continue from it (e.g. BeaconLM.resume for multi-turn).
   state: object = None
+  # Wall-clock seconds of this call (see ``Timings``).
+  timings: Optional["Timings"] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Timings:
+  """Where a ``generate`` call spent its time. Prefill and decode include any compilation they
+  triggered; ``compile_s`` is the part of both that JAX spent tracing, lowering and compiling
+  (or loading from the persistent cache), as JAX's monitoring events report it."""
+  prefill_s: float  # the prompt (to its first next-token logits)
+  decode_s: float  # the generated tokens after the first
+  decode_steps: int  # tokens fed back to the model (generated tokens - 1, per row)
+  compile_s: float
+
+  @property
+  def decode_tokens_per_s(self) -> Optional[float]:
+    """Decode steps per second of the whole batch (a step advances every row)."""
+    return self.decode_steps / self.decode_s if self.decode_steps and self.decode_s > 0 else None
+
+  def summary(self) -> str:
+    rate = self.decode_tokens_per_s
+    return (f"prefill {self.prefill_s:.2f}s, decode {self.decode_s:.2f}s"
+            + (f" ({rate:.1f} steps/s)" if rate else "")
+            + f", of which compiling {self.compile_s:.2f}s")
+
+
+class _CompileClock:
+  """Seconds JAX has spent compiling in this process: a listener on its monitoring events,
+  registered on first use."""
+  EVENTS = ("/jax/core/compile/jaxpr_trace_duration",
+            "/jax/core/compile/jaxpr_to_mlir_module_duration",
+            "/jax/core/compile/backend_compile_duration")
+  total = 0.0
+  _registered = False
+
+  @classmethod
+  def now(cls) -> float:
+    if not cls._registered:
+      jax.monitoring.register_event_duration_secs_listener(cls._listen)
+      cls._registered = True
+    return cls.total
+
+  @classmethod
+  def _listen(cls, event, duration, **_):
+    if event in cls.EVENTS:
+      cls.total += float(duration)
 
 
 class PlainLM:
@@ -166,7 +213,10 @@ def generate(method, params, prompts, max_new_tokens: int = 32, *, tokenizer=Non
   for i, r in enumerate(ids):
     tokens[i, :len(r)] = r
 
+  compile0, t0 = _CompileClock.now(), time.perf_counter()
   logits, state = method.prefill(params, tokens, lengths, max_new_tokens)
+  logits = jax.block_until_ready(logits)
+  t1 = time.perf_counter()
   key = jax.random.PRNGKey(seed)
   stops = np.asarray(list(stop_ids), np.int32)
   out, out_logits = [], []
@@ -184,9 +234,11 @@ def generate(method, params, prompts, max_new_tokens: int = 32, *, tokenizer=Non
       break
     logits, state = method.step(params, state, nxt)
 
+  timings = Timings(prefill_s=t1 - t0, decode_s=time.perf_counter() - t1,
+                    decode_steps=len(out) - 1, compile_s=_CompileClock.now() - compile0)
   gen = np.stack(out, axis=1)
   rows = [[int(x) for x in row if x >= 0] for row in gen]
-  result = GenerateOutput(tokens=rows, state=state)
+  result = GenerateOutput(tokens=rows, state=state, timings=timings)
   if return_logits:
     lg = np.stack(out_logits, axis=1)
     result.logits = [lg[i, :len(r)] for i, r in enumerate(rows)]

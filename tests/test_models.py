@@ -132,6 +132,18 @@ def test_batched_generation_equals_unbatched(tmp_root):
     assert np.abs(batched.logits[i] - alone.logits[0]).max() < 1e-4
 
 
+def test_generate_reports_its_timings(tmp_root):
+  _, cfg, params = converted("qwen2", tmp_root)
+  method = PlainLM(cfg.replace(rms_norm_eps=1.5e-6))  # a config no other test compiled
+  first = generate(method, params, [5, 6, 7, 8], max_new_tokens=5).timings
+  again = generate(method, params, [5, 6, 7, 8], max_new_tokens=5).timings
+  assert first.decode_steps == again.decode_steps == 4
+  assert first.prefill_s > 0 and first.decode_s > 0 and again.decode_tokens_per_s > 0
+  assert first.compile_s > 0.05  # prefill and step programs were compiled in this call
+  assert again.compile_s < first.compile_s / 5  # ... and reused by the second
+  assert "prefill" in first.summary() and "compiling" in first.summary()
+
+
 def test_generate_matches_hf_greedy(tmp_root):
   import torch
   model, cfg, params = converted("llama3", tmp_root)

@@ -86,7 +86,8 @@ def _main(args):
   out = longjax.generate(lm, params, [ids], max_new_tokens=args.max_new_tokens, stop_ids=stops,
                          tokenizer=tok)
   print(out.text[0])
-  print(f"[{time.time() - t0:.1f}s; memory (sink, beacon, raw) = {out.state.sizes()[0].tolist()}]")
+  print(f"[{time.time() - t0:.1f}s: {out.timings.summary()}; memory (sink, beacon, raw) = "
+        f"{out.state.sizes()[0].tolist()}]")
 
 
 if __name__ == "__main__":
