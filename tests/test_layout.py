@@ -12,20 +12,21 @@ from longjax.models.config import ModelConfig
 from longjax.models.decoder import init_params, param_shapes
 from longjax.train import sharding
 
-# The axes every leaf had under train/sharding's former hand-written suffix list. The alternative
-# projections matched none of its suffixes, so they are replicated; that stays.
+# The axes of every leaf (train/sharding's former hand-written suffix list, except that the
+# alternative projections, which matched none of its suffixes and were replicated, are now laid
+# out like their base projections).
 EXPECTED_AXES = {
     "alt_embedding": ("alt_rows", "embed"),
     "embedding": ("vocab", "embed"),
     "final_norm/scale": ("norm",),
     "lm_head/kernel": ("embed", "vocab"),
-    "layers/attn/alt_k_proj/bias": (None, None, None),
-    "layers/attn/alt_k_proj/kernel": (None, None, None, None),
-    "layers/attn/alt_o_proj/kernel": (None, None, None, None),
-    "layers/attn/alt_q_proj/bias": (None, None, None),
-    "layers/attn/alt_q_proj/kernel": (None, None, None, None),
-    "layers/attn/alt_v_proj/bias": (None, None, None),
-    "layers/attn/alt_v_proj/kernel": (None, None, None, None),
+    "layers/attn/alt_k_proj/bias": ("layers", "kv_heads", "head_dim"),
+    "layers/attn/alt_k_proj/kernel": ("layers", "embed", "kv_heads", "head_dim"),
+    "layers/attn/alt_o_proj/kernel": ("layers", "heads", "head_dim", "embed"),
+    "layers/attn/alt_q_proj/bias": ("layers", "heads", "head_dim"),
+    "layers/attn/alt_q_proj/kernel": ("layers", "embed", "heads", "head_dim"),
+    "layers/attn/alt_v_proj/bias": ("layers", "kv_heads", "head_dim"),
+    "layers/attn/alt_v_proj/kernel": ("layers", "embed", "kv_heads", "head_dim"),
     "layers/attn/k_proj/bias": ("layers", "kv_heads", "head_dim"),
     "layers/attn/k_proj/kernel": ("layers", "embed", "kv_heads", "head_dim"),
     "layers/attn/o_proj/kernel": ("layers", "heads", "head_dim", "embed"),

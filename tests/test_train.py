@@ -263,7 +263,11 @@ import jax
 assert jax.device_count() == 8, jax.devices()
 c = micro_config(sys.argv[1], sys.argv[2], steps=3, save_every=3, batch=8,
                  mesh=dict(data=2, fsdp=2, tensor=2))
-out = loop.Trainer(c).run()
+t = loop.Trainer(c)
+t.run()
+# the trained alternative projections are split like their base (embed: fsdp, heads: tensor)
+spec = t.state["params"]["layers"]["attn"]["alt_q_proj"]["kernel"].sharding.spec
+assert tuple(spec) == (None, "fsdp", "tensor", None), spec
 """
 
 

@@ -81,9 +81,6 @@ def _alt_bias(p):
 
 _bias = lambda cfg: cfg.attention_bias  # noqa: E731
 _L = "model.layers.{i}."
-# The alternative projections are replicated, not split like their base: they are the trained
-# parameters (with their optimizer state), and this is the layout training has always used.
-_REPLICATED = None
 ALT_EMBEDDING_NAME = "model.beacon_embed_tokens.weight"  # official name of the beacon embedding
 
 ROWS = (
@@ -103,8 +100,10 @@ ROWS = (
         ("mlp", "embed")),
     Row(_L + "self_attn.o_proj.weight", ("layers", "attn", "o_proj", "kernel"), O_HEADS,
         ("heads", "head_dim", "embed")),
+    # An alternative projection is laid out like its base: it is a trained tensor, so it and its
+    # optimizer moments are split over fsdp / tensor instead of held whole on every device.
     Row(_L + "self_attn.beacon_o_proj.weight", ("layers", "attn", "alt_o_proj", "kernel"), O_HEADS,
-        _REPLICATED, _alt("o")),
+        ("heads", "head_dim", "embed"), _alt("o")),
 ) + tuple(
     row for p, heads, bias, h in (("q", Q_HEADS, Q_BIAS, "heads"),
                                   ("k", KV_HEADS, KV_BIAS, "kv_heads"),
@@ -115,9 +114,9 @@ ROWS = (
         Row(_L + f"self_attn.{p}_proj.bias", ("layers", "attn", f"{p}_proj", "bias"), bias,
             (h, "head_dim"), _bias),
         Row(_L + f"self_attn.beacon_{p}_proj.weight", ("layers", "attn", f"alt_{p}_proj", "kernel"),
-            heads, _REPLICATED, _alt(p)),
+            heads, ("embed", h, "head_dim"), _alt(p)),
         Row(_L + f"self_attn.beacon_{p}_proj.bias", ("layers", "attn", f"alt_{p}_proj", "bias"), bias,
-            _REPLICATED, _alt_bias(p)),
+            (h, "head_dim"), _alt_bias(p)),
     ))
 
 
