@@ -20,13 +20,6 @@ EXPECTED_AXES = {
     "embedding": ("vocab", "embed"),
     "final_norm/scale": ("norm",),
     "lm_head/kernel": ("embed", "vocab"),
-    "layers/attn/alt_k_proj/bias": ("layers", "kv_heads", "head_dim"),
-    "layers/attn/alt_k_proj/kernel": ("layers", "embed", "kv_heads", "head_dim"),
-    "layers/attn/alt_o_proj/kernel": ("layers", "heads", "head_dim", "embed"),
-    "layers/attn/alt_q_proj/bias": ("layers", "heads", "head_dim"),
-    "layers/attn/alt_q_proj/kernel": ("layers", "embed", "heads", "head_dim"),
-    "layers/attn/alt_v_proj/bias": ("layers", "kv_heads", "head_dim"),
-    "layers/attn/alt_v_proj/kernel": ("layers", "embed", "kv_heads", "head_dim"),
     "layers/attn/k_proj/bias": ("layers", "kv_heads", "head_dim"),
     "layers/attn/k_proj/kernel": ("layers", "embed", "kv_heads", "head_dim"),
     "layers/attn/o_proj/kernel": ("layers", "heads", "head_dim", "embed"),
@@ -40,6 +33,9 @@ EXPECTED_AXES = {
     "layers/mlp/up_proj/kernel": ("layers", "embed", "mlp"),
     "layers/post_attention_norm/scale": ("layers", "norm"),
 }
+# each alternative projection (a trained tensor) is laid out like its base projection
+EXPECTED_AXES.update({k.replace("attn/", "attn/alt_"): v for k, v in list(EXPECTED_AXES.items())
+                      if k.startswith("layers/attn/")})
 
 
 def _cfg(**kw):
