@@ -283,7 +283,9 @@ class WindowPlan:
   ``[]`` / ``[n]``). Q = query slots, R = raw-region slab entries.
   """
   tokens: np.ndarray  # [B, Q] int32 input ids; beacon slots hold vocab_size (the beacon embedding)
-  alt: np.ndarray  # [B, Q] bool: beacon slot (uses the beacon q/k/v(/o) projections)
+  # [B, A] int32 the beacon slots (they use the beacon q/k/v(/o) projections), padded with Q;
+  # A = the most beacons one call can have (static), so only those slots are projected twice.
+  alt_slot: np.ndarray
   pos: np.ndarray  # [B, Q] int32 RoPE positions (window-relative, recomputed every call)
   order: np.ndarray  # [B, Q] int32 causal mask order (raw-region entry i of memory has 2 i)
   kind: np.ndarray  # [B, Q] int32 mask kind (step-expansion: beacons 1, raw 0)
@@ -312,14 +314,17 @@ class WindowPlan:
     return int(self.active.shape[0]) if np.ndim(self.active) else 1
 
 
-def assemble(descs: Sequence[Optional[StepDesc]], q_slots: int, r_slots: int) -> WindowPlan:
-  """Pad one step of every row to static shapes: ``[B, Q]`` slot arrays, ``[B, R]`` gathers.
+def assemble(descs: Sequence[Optional[StepDesc]], q_slots: int, r_slots: int,
+             alt_slots: int) -> WindowPlan:
+  """Pad one step of every row to static shapes: ``[B, Q]`` slot arrays, ``[B, R]`` gathers,
+  ``[B, A]`` beacon slots (``A = alt_slots``).
 
   ``None`` rows get a no-op step (no valid query; the memory is written back unchanged).
   """
   b = len(descs)
   out = dict(
-      tokens=np.zeros((b, q_slots), np.int32), alt=np.zeros((b, q_slots), bool),
+      tokens=np.zeros((b, q_slots), np.int32),
+      alt_slot=np.full((b, alt_slots), q_slots, np.int32),
       pos=np.zeros((b, q_slots), np.int32), order=np.zeros((b, q_slots), np.int32),
       kind=np.zeros((b, q_slots), np.int32), valid=np.zeros((b, q_slots), bool),
       label_slot=np.tile(np.arange(q_slots, dtype=np.int32), (b, 1)),
@@ -336,7 +341,11 @@ def assemble(descs: Sequence[Optional[StepDesc]], q_slots: int, r_slots: int) ->
     if n > q_slots:
       raise AssertionError(f"step of {n} slots exceeds the {q_slots} query slots")
     out["tokens"][i, :n] = d.ids
-    out["alt"][i, :n] = d.alt
+    beacons = np.flatnonzero(d.alt)
+    if beacons.size > alt_slots:
+      raise AssertionError(f"step has {beacons.size} beacons, more than the {alt_slots} slots "
+                           "for them (BeaconConfig.max_beacons_per_call)")
+    out["alt_slot"][i, :beacons.size] = beacons
     out["pos"][i, :n] = d.pos
     out["order"][i, :n] = d.order
     out["kind"][i, :n] = d.alt

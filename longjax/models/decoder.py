@@ -3,8 +3,11 @@
 One call runs ``T`` new tokens through all layers. Besides the tokens it takes
 
 * ``positions``  RoPE positions of the new tokens (never assumed to be ``arange``);
-* ``alt``        a boolean per token: flagged tokens use the alternative q/k/v(/o) projections
-                 (Activation Beacon's beacon tokens, FocusLLM's candidate tokens);
+* ``alt``        which tokens use the alternative q/k/v(/o) projections (Activation Beacon's
+                 beacon tokens, FocusLLM's candidate tokens): either a boolean mask ``[B, T]``
+                 (every token is projected both ways) or int slot indices ``[B, A]`` with ``A``
+                 static and padding ``>= T`` (only those ``A`` tokens get the alternative
+                 projections: what the planned callers pass);
 * ``q_meta``     mask metadata of the new tokens (order / segment / validity);
 * ``memory``     an optional per-layer KV prefix (pre-RoPE keys, with their own positions and
                  metadata) that the new tokens attend to: a KV cache, beacon memory, or FocusLLM
@@ -75,12 +78,21 @@ class Attention(nn.Module):
 
   def _project(self, which, x, alt, features, axis=-1, bias=False):
     base = _dense(self.cfg, features, f"{which}_proj", axis, bias)(x)
-    if which in self.cfg.alt_projections and (alt is not None or self.is_initializing()):
-      other = _dense(self.cfg, features, f"alt_{which}_proj", axis, bias)(x)
-      if alt is not None:
-        sel = alt.reshape(alt.shape + (1,) * (base.ndim - alt.ndim))
-        base = jnp.where(sel, other, base)
-    return base
+    if which not in self.cfg.alt_projections or (alt is None and not self.is_initializing()):
+      return base
+    proj = _dense(self.cfg, features, f"alt_{which}_proj", axis, bias)
+    if alt is None:  # init: declare the alternative kernel
+      proj(x)
+      return base
+    if alt.dtype == jnp.bool_:  # a mask: both projections for every token, then select
+      sel = alt.reshape(alt.shape + (1,) * (base.ndim - alt.ndim))
+      return jnp.where(sel, proj(x), base)
+    # Slot indices [B, A]: project only those A tokens and scatter them over the base outputs
+    # (beacons are 1/(r+1) of a window, FocusLLM has one candidate per row). Padding indices
+    # (>= T) gather a clipped row and are dropped by the scatter.
+    rows = jnp.arange(x.shape[0])[:, None]
+    other = proj(x[rows, jnp.minimum(alt, x.shape[1] - 1)])
+    return base.at[rows, alt].set(other.astype(base.dtype), mode="drop")
 
   @nn.compact
   def __call__(self, x, alt, rope_q, rope_mem, mem_k, mem_v, q_meta, k_meta, window):
