@@ -18,6 +18,7 @@ from longjax.kernels import attention, explain
 from longjax.kernels import decode as decode_lib
 from longjax.kernels import flash
 from longjax.kernels.blockwise import blockwise_attention
+from longjax.kernels.chunked import chunked_attention
 from longjax.kernels.mask import (TokenMeta, allowed, block_lists, block_visits, kernel_allowed,
                                   kernel_meta, pad_kernel_meta)
 from longjax.kernels.reference import dense_attention
@@ -123,6 +124,29 @@ def test_blockwise_grads():
 
 
 # ------------------------------------------------------------------------------------------------
+# Query-chunked dense path (CPU).
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name,dtype,hq,hkv", [
+    ("beacon", jnp.float32, 4, 2), ("step_expansion", jnp.bfloat16, 4, 4),
+    ("condense", jnp.float32, 2, 2), ("focus_local", jnp.bfloat16, 6, 2),
+    ("window", jnp.float32, 4, 1), ("noncausal_segments", jnp.float32, 2, 1),
+    ("decode", jnp.float32, 8, 2)])
+def test_chunked_forward(name, dtype, hq, hkv):
+  q, k, v, qm, km, rule, window = make_case(name, dtype, hq, hkv)
+  assert q.shape[1] % 16, "the query length must leave a partial block"
+  out, lse = chunked_attention(q, k, v, qm, km, rule, window=window, block_q=16)
+  check_forward(out, lse, q, k, v, qm, km, rule, window)
+
+
+@pytest.mark.parametrize("remat_scores", [2048 * 2048, 0])  # plain autodiff; per-block remat
+def test_chunked_grads(remat_scores):
+  q, k, v, qm, km, rule, window = make_case("beacon")
+  fn = lambda q, k, v: chunked_attention(q, k, v, qm, km, rule, window=window, block_q=16,
+                                         remat_scores=remat_scores)
+  check_grads(fn, q, k, v, qm, km, rule, window)
+
+
+# ------------------------------------------------------------------------------------------------
 # Pallas kernels in interpret mode.
 # ------------------------------------------------------------------------------------------------
 def run_flash(backend, q, k, v, qm, km, rule, window, interpret=True, jit=False):
@@ -180,8 +204,11 @@ def test_dispatch_choices_and_errors(monkeypatch):
   monkeypatch.delenv("LONGJAX_PALLAS_INTERPRET", raising=False)
   monkeypatch.delenv("LONGJAX_PALLAS_BACKEND", raising=False)
   f32 = jnp.float32
-  assert explain((1, 128, 4, 32), (1, 128, 2, 32), f32)[0] == "dense"
-  assert explain((1, 4096, 4, 32), (1, 4096, 2, 32), f32)[0] == "blockwise"
+  assert explain((1, 48, 4, 32), (1, 128, 2, 32), f32)[0] == "dense"  # one query block
+  assert explain((1, 128, 4, 32), (1, 128, 2, 32), f32)[0] == "chunked"
+  assert explain((1, 4096, 4, 32), (1, 4096, 2, 32), f32)[0] == "chunked"
+  assert explain((1, 4096, 32, 32), (1, 40000, 8, 32), f32)[0] == "blockwise"  # 82M-score block
+  assert explain((1, 48, 4, 32), (1, 128, 2, 32), f32, impl="chunked")[0] == "chunked"
   assert explain((1, 128, 4, 32), (1, 128, 2, 32), f32, impl="xla")[0] == "dense"
   with pytest.raises(ValueError, match="interpret"):
     explain((1, 128, 4, 32), (1, 128, 2, 32), f32, impl="pallas")

@@ -1,7 +1,7 @@
 """Attention for longjax: one entry point, one mask description, several implementations.
 
 ``attention`` dispatches between the dense reference, the blockwise jnp fallback and the Pallas
-kernels (``impl="auto"|"xla"|"blockwise"|"pallas"``); ``explain`` says which one a call would use
+kernels (``impl="auto"|"xla"|"chunked"|"blockwise"|"pallas"``); ``explain`` says which one a call would use
 and why.
 """
 from longjax.kernels.mask import NO_WINDOW, MaskRule, TokenMeta, allowed

@@ -4,6 +4,9 @@ Implementations, selected by ``impl``:
 
 * ``"xla"``        the dense jnp reference (``reference.dense_attention``): materialises
   ``[B, H, Tq, Tk]`` scores; XLA fuses it well for short sequences.
+* ``"chunked"``    query-chunked dense jnp (``chunked.py``): one ``lax.map`` step per block of
+  ``CHUNK_Q`` queries against every key, softmax in two passes over the scores; about twice the
+  dense path's speed on CPU once the scores outgrow the cache, bounded memory in the forward.
 * ``"blockwise"``  online-softmax jnp (``blockwise.py``): never materialises ``Tq x Tk``, skips
   fully masked KV blocks with ``lax.cond``; blockwise backward (custom VJP).
 * ``"pallas"``     Pallas flash kernels (``pallas_tpu.py`` on TPU, ``pallas_gpu.py`` on GPU), or the
@@ -14,9 +17,9 @@ Implementations, selected by ``impl``:
   request that cannot run raises ``ValueError`` with the reason; it never falls back.
 * ``"auto"``       on GPU/TPU: Pallas when the backend is present and the shapes are supported,
   otherwise XLA (dense, or blockwise when ``Tq * Tk > DENSE_MAX_SCORES``) with a logged warning
-  saying why (once per reason). On CPU: dense when ``Tq * Tk <= DENSE_MAX_SCORES`` (4M scores per
-  head, e.g. 2048 x 2048: XLA's fused dense path is fastest there and its memory is bounded), else
-  blockwise (skips masked blocks: causal / windowed long sequences cost about half / ``W/T``).
+  saying why (once per reason). On CPU: dense for at most ``CHUNK_Q`` queries (decode steps: one
+  block), chunked while one block's scores (``B * Hq * CHUNK_Q * Tk``) stay within
+  ``CHUNK_MAX_SCORES``, else blockwise (its tiles are small whatever ``Tk`` is).
   ``explain(...)`` returns the decision and reason without running anything.
 
 The sliding ``window`` may be a traced scalar (it comes from ``nn.scan`` over layers): every
@@ -33,12 +36,17 @@ import jax.numpy as jnp
 from longjax.kernels import decode as decode_lib
 from longjax.kernels import flash, pallas_gpu
 from longjax.kernels.blockwise import blockwise_attention
+from longjax.kernels.chunked import chunked_attention
 from longjax.kernels.mask import MaskRule, TokenMeta, NO_WINDOW, kernel_meta
 from longjax.kernels.reference import dense_attention
 
-IMPLS = ("auto", "xla", "blockwise", "pallas")
+IMPLS = ("auto", "xla", "chunked", "blockwise", "pallas")
 # Above this many scores per (batch, head) the XLA paths use the blockwise implementation.
 DENSE_MAX_SCORES = 2048 * 2048
+# CPU: queries per block of the chunked path (64: measured fastest of 32..256 on a Beacon window
+# over 2K-4K memory entries), and the largest score tile (fp32, all heads) of one block: 256 MiB.
+CHUNK_Q = 64
+CHUNK_MAX_SCORES = 64 * 2**20
 _SUPPORTED_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
 
 logger = logging.getLogger("longjax.kernels")
@@ -84,7 +92,8 @@ def pallas_unsupported_reason(q_shape, k_shape, dtype, *, interpret=None,
 
 def explain(q_shape, k_shape, dtype, *, impl: str = "auto", interpret=None,
             backend: Optional[str] = None):
-  """``(choice, reason)`` with choice in ``dense | blockwise | pallas_flash | pallas_decode``."""
+  """``(choice, reason)`` with choice in
+  ``dense | chunked | blockwise | pallas_flash | pallas_decode``."""
   if impl not in IMPLS:
     raise ValueError(f"unknown attention impl {impl!r}; choose one of {IMPLS}")
   b, tq, hq, _ = q_shape
@@ -93,8 +102,8 @@ def explain(q_shape, k_shape, dtype, *, impl: str = "auto", interpret=None,
   xla_choice = "blockwise" if long_seq else "dense"
   if impl == "xla":
     return "dense", "impl='xla' requested"
-  if impl == "blockwise":
-    return "blockwise", "impl='blockwise' requested"
+  if impl in ("blockwise", "chunked"):
+    return impl, f"impl={impl!r} requested"
   pallas_kind = "pallas_decode" if (hq // hkv) * tq <= decode_lib.MAX_DECODE_ROWS else "pallas_flash"
   if impl == "pallas":
     reason = pallas_unsupported_reason(q_shape, k_shape, dtype, interpret=interpret, backend=backend)
@@ -104,8 +113,12 @@ def explain(q_shape, k_shape, dtype, *, impl: str = "auto", interpret=None,
   # auto
   plat = flash.platform()
   if plat == "cpu" and not interpret:
-    return xla_choice, (f"CPU: {'blockwise (Tq*Tk > %d)' % DENSE_MAX_SCORES if long_seq else 'dense'}"
-                        " is the fastest XLA path; Pallas needs an accelerator")
+    if tq <= CHUNK_Q:
+      return "dense", f"CPU: dense for at most {CHUNK_Q} queries; Pallas needs an accelerator"
+    if b * hq * CHUNK_Q * tk <= CHUNK_MAX_SCORES:
+      return "chunked", "CPU: query-chunked dense is the fastest XLA path; Pallas needs an accelerator"
+    return "blockwise", (f"CPU: blockwise, one chunked block would hold more than "
+                         f"{CHUNK_MAX_SCORES} scores; Pallas needs an accelerator")
   reason = pallas_unsupported_reason(q_shape, k_shape, dtype, interpret=interpret, backend=backend)
   if reason:
     return xla_choice, f"fell back from Pallas to {xla_choice}: {reason}"
@@ -143,6 +156,9 @@ def attention(q, k, v, q_meta: TokenMeta, k_meta: TokenMeta, rule: MaskRule = Ma
   scale = q.shape[-1] ** -0.5 if scale is None else scale
   if choice == "dense":
     out, lse = dense_attention(q, k, v, q_meta, k_meta, rule, window=window, scale=scale)
+  elif choice == "chunked":
+    out, lse = chunked_attention(q, k, v, q_meta, k_meta, rule, window=window, scale=scale,
+                                 block_q=CHUNK_Q)
   else:
     km = kernel_meta(q_meta, k_meta, rule, window)
     if choice == "blockwise":
