@@ -7,6 +7,9 @@ Where: ``--compile_cache=<dir>`` on the CLIs, else ``$LONGJAX_COMPILE_CACHE``, e
 ``<cache home>/jax_compile`` (cache home: ``$LONGJAX_CACHE``, ``$XDG_CACHE_HOME/longjax`` or
 ``~/.cache/longjax``). ``off`` (flag or variable) turns it off. Library users call
 :func:`enable` themselves; importing longjax changes no JAX setting.
+
+The compilation cache still leaves tracing and lowering to every process; :func:`enable` also
+turns on :mod:`longjax.program_cache`, which keeps the Beacon window programs already lowered.
 """
 from __future__ import annotations
 
@@ -51,4 +54,6 @@ def enable(where: Optional[str] = None, min_compile_s: float = 0.2) -> Optional[
   # programs of 0.2-1 s each (decode steps, small buckets), which add up.
   jax.config.update("jax_persistent_cache_min_compile_time_secs", float(min_compile_s))
   jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+  from longjax import program_cache
+  program_cache.enable(path / "programs")  # traced programs too: see program_cache
   return path

@@ -195,6 +195,42 @@ def test_prefill_compiles_once_per_memory_bucket(model, scan_traces):
   assert len(scan_traces) == before
 
 
+def test_program_cache_skips_tracing_and_survives_a_bad_file(model, scan_traces, tmp_path,
+                                                              monkeypatch):
+  """With the program cache on, the first run exports each window program; a new process (here:
+  the in-memory table cleared) deserializes them without tracing ``scan_windows`` and gets the
+  same outputs. A corrupt file is re-exported; calls under jit (tracers) bypass the cache."""
+  from longjax import program_cache
+  cfg, params = model
+  monkeypatch.setattr(program_cache, "_LOADED", {})
+  monkeypatch.setattr(program_cache, "_DIR", None)
+  lm = BeaconLM(cfg, BCFG, max_length=512, scan_chunk=4, memory_bucket_min=4)
+  ids = _ids(16 * 5 + 5, 5)
+  ref = lm.forward(params, ids)
+  ref_steps = lm.forward(params, ids, use_scan=False)
+  program_cache.enable(tmp_path)
+  lm.forward(params, ids)
+  lm.forward(params, ids, use_scan=False)
+  files = sorted(tmp_path.glob("*" + program_cache.SUFFIX))
+  assert len([f for f in files if f.name.startswith("beacon_scan-")]) == len(set(ref.mem_buckets))
+  assert any(f.name.startswith("beacon_step-") for f in files)
+  program_cache._LOADED.clear()
+  before = len(scan_traces)
+  out = lm.forward(params, ids)
+  out_steps = lm.forward(params, ids, use_scan=False)
+  assert len(scan_traces) == before, "a cached program was traced again"
+  np.testing.assert_allclose(out.next_logits, ref.next_logits, rtol=0, atol=1e-6)
+  np.testing.assert_allclose(out.state.k, ref.state.k, rtol=0, atol=1e-6)
+  np.testing.assert_allclose(out_steps.next_logits, ref_steps.next_logits, rtol=0, atol=1e-6)
+  files[0].write_bytes(b"not a program")
+  program_cache._LOADED.clear()
+  out = lm.forward(params, ids)
+  np.testing.assert_allclose(out.next_logits, ref.next_logits, rtol=0, atol=1e-6)
+  assert files[0].read_bytes() != b"not a program"  # re-exported
+  traced = jax.jit(lambda p: lm.forward(p, ids).next_logits)(params)
+  np.testing.assert_allclose(traced, ref.next_logits, rtol=0, atol=1e-6)
+
+
 def test_prefill_compiles_once_without_buckets(model, scan_traces):
   cfg, params = model
   lm = BeaconLM(cfg, BCFG, max_length=512, scan_chunk=4, memory_buckets=False)

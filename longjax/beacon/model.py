@@ -34,6 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from longjax import program_cache
 from longjax.beacon.config import BeaconConfig
 from longjax.beacon.memory import BeaconState, empty_state
 from longjax.beacon.planner import (IGNORE, Planner, RowState, StepDesc, WindowPlan, assemble,
@@ -157,7 +158,7 @@ def window_step(model: Decoder, sink_cap: int, params, k, v, plan: WindowPlan, *
     memory = KVPrefix(mk, mv, mem_pos, mem_meta)
   q_meta = TokenMeta.causal(plan.order, valid=plan.valid, kind=plan.kind if kinds else None)
   hidden, (nk, nv) = model.apply({"params": params}, plan.tokens, plan.pos, q_meta=q_meta,
-                                 alt=plan.alt, memory=memory, head=False)
+                                 alt=plan.alt_slot, memory=memory, head=False)
 
   def update(buf, new, base, src, capture):  # one row: buf [L, C, H, D], new [L, Q, H, D]
     new = new.astype(buf.dtype)
@@ -372,6 +373,11 @@ class BeaconLM:
     rest = d.beacon_len + d.raw_len
     return max(d.sink_len, self.sink_cap + rest if rest else 0)
 
+  def alt_slots(self, q_slots: int) -> int:
+    """Beacon slots of a ``q_slots``-slot step: the only tokens projected with the beacon
+    q/k/v(/o) (static; the planner checks every step fits)."""
+    return min(q_slots, self.bcfg.max_beacons_per_call)
+
   def memory_bucket(self, need: int, capacity: Optional[int] = None) -> int:
     """The memory-size bucket (static attention length over a buffer of ``capacity`` entries,
     default ``self.capacity``) for ``need`` entries."""
@@ -466,8 +472,8 @@ class BeaconLM:
     segments[-1][0] += pad
     segments = _no_single_steps(segments)
     b = len(rows)
-    plans = [assemble(sd, q, self.r_slots) for sd in step_descs]
-    plans += [assemble([None] * b, q, self.r_slots)] * pad
+    plans = [assemble(sd, q, self.r_slots, self.alt_slots(q)) for sd in step_descs]
+    plans += [assemble([None] * b, q, self.r_slots, self.alt_slots(q))] * pad
     return stack(plans, segments, capacity, compact_labels=True, guard=False)
 
   def loss_terms(self, params, plan: WindowPlan, state: Optional[BeaconState] = None):
@@ -502,8 +508,9 @@ class BeaconLM:
     flags = dict(want_loss=want_loss, want_hidden=collect_logits, **self._static)
     if not use_scan or (n_steps == 1 and q == self.decode_slots):
       for s in range(n_steps):
-        plan = assemble(step_descs[s], q, self.r_slots)
-        carry, hid = _step_jit(params, carry, plan, mem_size=buckets[s], **flags)
+        plan = assemble(step_descs[s], q, self.r_slots, self.alt_slots(q))
+        carry, hid = program_cache.call("beacon_step", _step_jit,
+                                        dict(flags, mem_size=buckets[s]), params, carry, plan)
         used.append(buckets[s])
         if collect_logits:
           hidden_chunks.append(hid[None])
@@ -512,10 +519,10 @@ class BeaconLM:
       bar = self._progress_bar(n_steps)
       for c0, c1 in _chunks(buckets, chunk):
         # Every chunk is padded to scan_chunk skipped steps: one compiled chunk per bucket.
-        plans = [assemble(step_descs[s], q, self.r_slots) for s in range(c0, c1)]
-        plans += [assemble([None] * b, q, self.r_slots)] * (chunk - len(plans))
+        plans = [assemble(step_descs[s], q, self.r_slots, self.alt_slots(q)) for s in range(c0, c1)]
+        plans += [assemble([None] * b, q, self.r_slots, self.alt_slots(q))] * (chunk - len(plans))
         plan = stack(plans, [(chunk, buckets[c0])], state.capacity)
-        carry, hid = _scan_jit(params, carry, plan, **flags)
+        carry, hid = program_cache.call("beacon_scan", _scan_jit, flags, params, carry, plan)
         used.append(buckets[c0])
         if collect_logits:
           hidden_chunks.append(hid[:c1 - c0])
