@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from longjax import program_cache
 from longjax.models.config import ModelConfig
 from longjax.errors import LongjaxError
 from longjax.models.decoder import Decoder, param_shapes
@@ -164,8 +165,11 @@ def _as_id_lists(prompts, tokenizer) -> list:
 
 @functools.lru_cache(maxsize=8)
 def _expected_shapes(cfg: ModelConfig) -> dict:
-  flat = jax.tree_util.tree_flatten_with_path(param_shapes(cfg))[0]
-  return {jax.tree_util.keystr(k): tuple(v.shape) for k, v in flat}
+  def compute():  # traces the model's init (~1 s): kept by the program cache when it is on
+    flat = jax.tree_util.tree_flatten_with_path(param_shapes(cfg))[0]
+    return {jax.tree_util.keystr(k): list(v.shape) for k, v in flat}
+  shapes = program_cache.memo("param_shapes", repr(cfg), compute)
+  return {k: tuple(v) for k, v in shapes.items()}
 
 
 def check_params(params, cfg: ModelConfig):

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 import jax
+import numpy as np
 
 _log = logging.getLogger("longjax.program_cache")
 _DIR: Optional[Path] = None
@@ -38,9 +39,8 @@ def enable(directory: Optional[Path]):
   """Keep exported programs in ``directory`` (``None``: stop)."""
   global _DIR
   if directory is not None:
-    try:
-      import flatbuffers  # noqa: F401  (jax.export's serializer needs it)
-    except ImportError:
+    import importlib.util
+    if importlib.util.find_spec("flatbuffers") is None:  # jax.export's serializer needs it
       _log.warning("program cache off: jax.export serialization needs the 'flatbuffers' package "
                    "(pip install flatbuffers); programs are traced in every process")
       directory = None
@@ -74,9 +74,16 @@ def _environment() -> list:
 
 def _key(name: str, static: dict, treedef, leaves) -> str:
   parts = [name, sorted((k, repr(v)) for k, v in static.items()), str(treedef),
-           [(tuple(x.shape), str(x.dtype), bool(getattr(x, "weak_type", False)),
-             repr(getattr(x, "sharding", None))) for x in leaves], _environment()]
+           [(tuple(np.shape(x)), str(x.dtype), bool(getattr(x, "weak_type", False)),
+             _sharding(x)) for x in leaves], _environment()]
   return hashlib.sha256(json.dumps(parts, default=repr).encode()).hexdigest()
+
+
+def _sharding(x) -> Optional[str]:
+  """Only a multi-device layout changes the program: a host array and an array on the one
+  device are the same input."""
+  sh = getattr(x, "sharding", None)
+  return repr(sh) if sh is not None and len(sh.device_set) > 1 else None
 
 
 _registered = False
@@ -119,6 +126,22 @@ def call(name: str, fn: Callable, static: dict, *args):
       _save(path, exported.serialize())
     run = _LOADED[key] = jax.jit(exported.call)
   return run(*args)
+
+
+def memo(name: str, key: str, compute: Callable[[], object]):
+  """A small JSON value that takes a trace to compute (e.g. a config's parameter shapes), kept
+  beside the programs under ``key`` (plus the environment); ``compute()`` when the cache is off."""
+  if _DIR is None:
+    return compute()
+  digest = hashlib.sha256(json.dumps([name, key, _environment()], default=repr).encode())
+  path = _DIR / f"{name}-{digest.hexdigest()[:40]}.json"
+  try:
+    return json.loads(path.read_text())
+  except (OSError, ValueError):  # absent or unreadable: compute and keep
+    pass
+  value = compute()
+  _save(path, json.dumps(value).encode())
+  return value
 
 
 def _load(path: Path):

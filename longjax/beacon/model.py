@@ -500,8 +500,9 @@ class BeaconLM:
     n_steps = len(step_descs)
     want_loss = labels is not None
     b = state.batch
-    carry = Carry(state.k, state.v, jnp.zeros((b, self.cfg.vocab_size), jnp.float32),
-                  jnp.zeros((b,), jnp.float32), jnp.zeros((b,), jnp.int32))
+    # Host zeros: jnp.zeros would compile three tiny programs in every new process.
+    carry = Carry(state.k, state.v, np.zeros((b, self.cfg.vocab_size), np.float32),
+                  np.zeros((b,), np.float32), np.zeros((b,), np.int32))
     hidden_chunks = []
     buckets = [self.memory_bucket(n) for n in needs]
     used = []
