@@ -46,7 +46,8 @@ def _train(config):
   for noisy in ("absl", "orbax", "jax._src", "etils"):
     logging.getLogger(noisy).setLevel(logging.WARNING)
   from longjax.train import sharding
-  sharding.maybe_initialize_distributed(config.get("train", {}).get("distributed", "auto"))
+  tc = config.get("train", {})
+  sharding.maybe_initialize_distributed(tc.get("distributed", "auto"), tc.get("cluster"))
   from longjax.train.loop import run_main
   return run_main(config, resume=_RESUME.value, debug=_DEBUG.value)
 

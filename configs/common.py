@@ -10,8 +10,12 @@ def train_defaults(**kw):
            tensorboard=True, progress=True)
   t.update(kw)
   mesh = t.pop("mesh", dict(data=-1, fsdp=1, tensor=1))
+  # A multi-process run (longjax.train.distributed): empty / 0 / -1 = from $JAX_COORDINATOR_ADDRESS,
+  # $JAX_NUM_PROCESSES, $JAX_PROCESS_ID, else detected by JAX (TPU pod, SLURM, Open MPI).
+  cluster = t.pop("cluster", dict(coordinator_address="", num_processes=0, process_id=-1))
   cd = ml_collections.ConfigDict(t)
   cd.mesh = ml_collections.ConfigDict(mesh)
+  cd.cluster = ml_collections.ConfigDict(cluster)
   return cd
 
 

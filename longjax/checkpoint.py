@@ -83,6 +83,9 @@ def save(path, cfg: ModelConfig, params, *, extra: dict | None = None, overwrite
 
   ``files`` (name -> source path) are copied in as well, e.g. the tokenizer files, so that
   ``AutoTokenizer.from_pretrained(path)`` works on the checkpoint; they are part of the atomic write.
+
+  In a multi-process run one process calls it and writes alone (the others would race it on
+  the same path); :func:`load` is called by all of them.
   """
   import orbax.checkpoint as ocp
   path = Path(path).absolute()
@@ -96,10 +99,20 @@ def save(path, cfg: ModelConfig, params, *, extra: dict | None = None, overwrite
     if extra:
       meta["extra"] = extra
     (tmp / CONFIG_FILE).write_text(json.dumps(meta, indent=2))
-    with ocp.StandardCheckpointer() as ckptr:
+    with ocp.StandardCheckpointer(multiprocessing_options=_this_process_only()) as ckptr:
       ckptr.save(tmp / PARAMS_DIR, params)
       ckptr.wait_until_finished()
   return path
+
+
+def _this_process_only():
+  """orbax options for a write by the calling process alone: without them orbax waits at a
+  barrier for every process of a multi-process run."""
+  from orbax.checkpoint import options
+  if jax.process_count() == 1:
+    return options.MultiprocessingOptions()
+  me = jax.process_index()
+  return options.MultiprocessingOptions(primary_host=me, active_processes={me})
 
 
 def load(path):

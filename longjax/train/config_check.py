@@ -24,8 +24,9 @@ SCHEMA = {
     "train": {"num_steps", "num_epochs", "global_batch", "grad_accum", "lr", "end_lr",
               "warmup_steps", "weight_decay", "b1", "b2", "eps", "max_grad_norm", "remat",
               "step_bucket", "log_every", "save_every", "keep", "async_checkpoint", "export",
-              "mesh", "distributed", "impl", "tensorboard", "progress"},
+              "mesh", "distributed", "cluster", "impl", "tensorboard", "progress"},
     "train.mesh": {"data", "fsdp", "tensor"},
+    "train.cluster": {"coordinator_address", "num_processes", "process_id"},
     "debug": {"kill_after_step", "nan_at_step"},
 }
 METHODS = ("beacon", "focus", "lm")

@@ -29,7 +29,7 @@ from flax import traverse_util
 from longjax.data import pipeline
 from longjax.data.tokenizers import (TokenizerChoiceError, choose_tokenizer, get_tokenizer,
                                      save_with_model)
-from longjax.train import lock
+from longjax.train import distributed, lock
 from longjax.train import sharding as shd
 from longjax.train.checkpointing import Checkpointer, fingerprint
 from longjax.train.config_check import validate
@@ -106,14 +106,15 @@ def load_base(c, tokenizer, workdir: Path):
     # what the base is built from besides its shape (recorded with it, compared on reuse)
     recipe = json.loads(json.dumps(dict(pretrain=mc.pretrain.to_dict(), seed=int(c.seed)),
                                    default=str))
-    if ckpt.is_longjax_checkpoint(base_dir):
+    have = ckpt.is_longjax_checkpoint(base_dir)
+    # every process has looked before process 0 may write it: they all take the same branch
+    distributed.sync("longjax tiny base looked up")
+    if have:
       cached, params, extra = ckpt.load(base_dir)
       _check_tiny_base(base_dir, cfg, cached, extra.get("recipe"), recipe)
       cfg = cached
     else:
-      params = pretrain_tiny_base(c, cfg, tokenizer, workdir)
-      ckpt.save(base_dir, cfg, params, extra=dict(recipe=recipe), overwrite=True)
-      log.info("tiny base model saved to %s", base_dir)
+      params = _new_tiny_base(c, cfg, tokenizer, workdir, base_dir, recipe)
     cfg, params = methods.with_extra_params(method, cfg, params,
                                             method.settings(c, cfg.bos_token_id))
   cfg = cfg.replace(dtype=mc.get("dtype", "float32"), remat=remat_mode(mc.get("remat", False)))
@@ -142,6 +143,25 @@ def _check_tiny_base(base_dir: Path, want, cached, cached_recipe, recipe):
         f"{base_dir} holds a tiny base model built for another config ({', '.join(diff)}; cached "
         f"-> this run): use another --config.workdir, or delete {base_dir} and "
         f"{base_dir.parent / 'base_run'} to pretrain it again")
+
+
+def _new_tiny_base(c, cfg, tokenizer, workdir: Path, base_dir: Path, recipe):
+  """Build the tiny base and cache it in ``base_dir``. With several processes, process 0 alone
+  writes it (the others' writes would race it on the shared workdir) and every process reads it
+  back (the same bytes everywhere); an untrained base is only built there (eager initialization
+  is slow, and the others would build the same thing), a pretrained one by all (the pretraining
+  is one run over them)."""
+  from longjax import checkpoint as ckpt
+  params = None
+  if jax.process_index() == 0 or int(c.model.pretrain.steps) > 0:
+    params = pretrain_tiny_base(c, cfg, tokenizer, workdir)
+  if jax.process_index() == 0:
+    ckpt.save(base_dir, cfg, params, extra=dict(recipe=recipe), overwrite=True)
+    log.info("tiny base model saved to %s", base_dir)
+  if jax.process_count() > 1:
+    distributed.sync("longjax tiny base saved")
+    _, params, _ = ckpt.load(base_dir)  # by every process: orbax reads with a barrier
+  return params
 
 
 def pretrain_tiny_base(c, cfg, tokenizer, workdir: Path):
@@ -310,7 +330,9 @@ class Trainer:
 
   def _device_plans(self, plans):
     """Shard each plan leaf's batch axis over (data, fsdp). Leaves without one (scalars, the
-    beacon scan's per-step ``active`` flags, ``[steps]``) are replicated."""
+    beacon scan's per-step ``active`` flags, ``[steps]``) are replicated. With several processes
+    every one prepares the whole global batch (deterministic in the seed and step; the plans'
+    padded shapes depend on all its rows) and puts only its own devices' rows on them."""
     ax = self.method.plan_batch_axis
 
     def put(x):
@@ -329,7 +351,17 @@ class Trainer:
       raise TrainingError(f"--config.workdir={self.workdir} is a file, not a directory; choose "
                           "another --config.workdir")
     self.workdir.mkdir(parents=True, exist_ok=True)
-    held = lock.acquire(self.workdir) if self.primary else None
+    held, refused = None, None
+    if self.primary:
+      try:
+        held = lock.acquire(self.workdir)
+      except Exception as e:  # noqa: BLE001 - re-raised below, once the others know
+        refused = e
+    # The other processes learn process 0's outcome here instead of waiting for it at the first
+    # collective until a timeout.
+    if not distributed.agree(refused is None):
+      raise refused or lock.WorkdirLocked(
+          f"process 0 could not take the lock of {self.workdir} (its error says why)")
     try:
       return self._run()
     finally:
@@ -437,8 +469,8 @@ class Trainer:
     self.state = {"params": trainable, "opt_state": opt_state, "step": self.state["step"]}
     result.update(final_step=step, last_saved=last_saved, seconds=time.time() - t_start)
     if not self.method.exports:  # the tiny base's pretraining: its parameters are the result
-      full = merge_params(jax.device_get(trainable), jax.device_get(self.frozen))
-      result["params"] = jax.tree.map(np.asarray, full)
+      full = merge_params(distributed.to_host(trainable), distributed.to_host(self.frozen))
+      result["params"] = full
       return result
     if bool(tc.get("export", True)):
       result["export"] = str(self.export())
@@ -447,11 +479,7 @@ class Trainer:
   # ------------------------------------------------------------------------------------------
   def trained_params(self):
     """Full parameter tree (numpy): the frozen base as loaded + the trained tensors."""
-    from jax.experimental import multihost_utils
-    tr = self.state["params"]
-    if jax.process_count() > 1:
-      tr = multihost_utils.process_allgather(tr, tiled=True)
-    tr = jax.tree.map(np.asarray, jax.device_get(tr))
+    tr = distributed.to_host(self.state["params"])
     _, base = load_base(self.c, self.tokenizer, self.workdir)
     flat = traverse_util.flatten_dict(base, sep="/")
     for k, v in traverse_util.flatten_dict(tr, sep="/").items():

@@ -9,7 +9,6 @@ devices or a pod.
 """
 from __future__ import annotations
 
-import os
 from typing import Mapping
 
 import jax
@@ -36,18 +35,12 @@ LOGICAL_RULES = (
 )
 
 
-def maybe_initialize_distributed(enabled="auto"):
-  """``jax.distributed.initialize()`` when launched on several hosts (TPU pod, SLURM, or the
-  ``JAX_COORDINATOR_ADDRESS`` env), before any other JAX call."""
-  if enabled is False or enabled == "false":
-    return False
-  multi = (enabled is True or enabled == "true"
-           or bool(os.environ.get("JAX_COORDINATOR_ADDRESS"))
-           or int(os.environ.get("SLURM_NTASKS", "1")) > 1
-           or bool(os.environ.get("TPU_WORKER_HOSTNAMES", "").count(",")))
-  if multi:
-    jax.distributed.initialize()
-  return multi
+def maybe_initialize_distributed(enabled="auto", cluster=None):
+  """Join a multi-process run when the settings (``train.cluster`` or the ``JAX_*`` env) or the
+  environment (TPU pod, SLURM) say so, before any other JAX call; see
+  :mod:`longjax.train.distributed`."""
+  from longjax.train import distributed
+  return distributed.maybe_initialize(enabled, cluster)
 
 
 def make_mesh(shape: Mapping[str, int]) -> jax.sharding.Mesh:
