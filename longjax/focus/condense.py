@@ -5,7 +5,9 @@ Shapes: ``L`` layers, ``N`` chunk rows (every chunk of every prompt, padded to a
 devices on the chunk axis), ``T`` chunk-row length, ``B`` prompts, ``Cmax`` candidate slots per
 prompt, ``U`` local-context capacity.
 
-* :func:`condense` runs all chunk rows ``c_i ⊕ d`` as one batched forward. Row ``n``'s candidate is
+* :func:`condense` runs the chunk rows ``c_i ⊕ d`` through the model ``batch_size`` rows at a time
+  (a device-side loop writing into preallocated caches; ``None``: all rows in one forward), so its
+  workspace is that of ``batch_size`` rows whatever the number of chunks. Row ``n``'s candidate is
   its last real token (index ``lengths[n]-1``) and uses the candidate projections; padding is
   invalid (never seen), so every row equals its unpadded single-chunk run.
 * :func:`chunk_step` is the cached decode step (spec §4.2): ``[y, g]`` over each row's cached KV,
@@ -27,12 +29,28 @@ from longjax.kernels import TokenMeta
 from longjax.models.decoder import Decoder, KVPrefix
 
 
-def condense(model: Decoder, params, tokens, positions, valid, lengths):
-  """All chunk rows at once.
+# Chunk rows per condensing forward when the user does not choose (FocusLLM(chunk_batch_size=...)).
+# CPU: 1. One chunk row (chunk_stride + prompt, >= ~1K tokens at the official sizes) already keeps
+# every core busy: on 2 cores the one-row loop takes the time of the official one-chunk-at-a-time
+# loop (paired runs: 0.91x at 8 chunks, 1.03x at 64) while all rows in one forward needs 1.5-1.8x
+# its peak memory at 8-16 chunks, growing with the chunks, for no speed-up
+# (bench/results/focus_bounded.md). GPU/TPU: 8 (a design choice, not yet measured on one). The
+# accelerator needs large matmuls (8 rows x >= 1K tokens = >= 8K tokens per forward: the linear
+# layers, most of the FLOPs, are then compute-bound) and few loop iterations, while the workspace
+# stays that of 8 rows (Qwen2-7B shapes, 2.5K-token rows: ~2-3 GB of bf16 MLP activations),
+# small next to a long prompt's chunk caches (~146 MB per row, ~29 GB at 400K tokens) and
+# independent of the chunk count.
+DEFAULT_BATCH_SIZE = {"cpu": 1}
+ACCELERATOR_BATCH_SIZE = 8
 
-  Returns ``(cand_k, cand_v [L, N, Hkv, D], k, v [L, N, T, Hkv, D])``: the candidates' pre-RoPE
-  K/V (from the candidate k/v projections) and every token's pre-RoPE K/V (the chunk caches).
-  """
+
+def default_batch_size(platform: str) -> int:
+  """Default chunk rows per condensing forward on a JAX ``platform`` (``"cpu"``, ``"gpu"``, ...)."""
+  return DEFAULT_BATCH_SIZE.get(str(platform).lower(), ACCELERATOR_BATCH_SIZE)
+
+
+def _condense_rows(model: Decoder, params, tokens, positions, valid, lengths):
+  """One forward over the rows given: ``(cand_k, cand_v, k, v)`` (see :func:`condense`)."""
   t = tokens.shape[1]
   last = jnp.maximum(lengths - 1, 0)
   alt = (jnp.arange(t, dtype=jnp.int32)[None, :] == last[:, None]) & (lengths[:, None] > 0)
@@ -40,6 +58,60 @@ def condense(model: Decoder, params, tokens, positions, valid, lengths):
                           q_meta=TokenMeta.causal(positions, valid=valid), alt=alt, head=False)
   pick = lambda a: jnp.take_along_axis(a, last[None, :, None, None, None], axis=2)[:, :, 0]
   return pick(k), pick(v), k, v
+
+
+def condense(model: Decoder, params, tokens, positions, valid, lengths, *, batch_size=None,
+             capacity=None):
+  """Condense every chunk row, ``batch_size`` rows per forward (``None``: all in one).
+
+  Returns ``(cand_k, cand_v [L, N, Hkv, D], k, v [L, N, capacity, Hkv, D])``: the candidates'
+  pre-RoPE K/V (from the candidate k/v projections) and every token's pre-RoPE K/V (the chunk
+  caches, zero beyond each row's ``T`` tokens; ``capacity`` defaults to ``T``).
+
+  With ``batch_size < N`` a device loop (``fori_loop``, differentiable) runs batches of
+  ``batch_size`` consecutive rows and writes them in place into the preallocated outputs, so the
+  workspace is that of one batch. When ``N`` is not a multiple of ``batch_size`` the last batch is
+  shifted back to end at row ``N`` (a few rows are computed twice, identically) rather than padded.
+  A batch whose rows are all padding (``lengths == 0``) is skipped (``lax.cond``): its outputs
+  stay zero, which nothing reads (padding rows have no valid cache entries and no candidate slot).
+  Rows are independent, so each row's result is the all-at-once one up to float summation order.
+  """
+  n, t = tokens.shape
+  cap = t if capacity is None else int(capacity)
+  if cap < t:
+    raise ValueError(f"capacity {cap} is shorter than the chunk rows ({t} tokens)")
+  b = n if batch_size is None else max(1, min(int(batch_size), n))
+  if b >= n:  # one forward over every row
+    ck, cv, k, v = _condense_rows(model, params, tokens, positions, valid, lengths)
+    if cap > t:
+      pad = [(0, 0), (0, 0), (0, cap - t), (0, 0), (0, 0)]
+      k, v = jnp.pad(k, pad), jnp.pad(v, pad)
+    return ck, cv, k, v
+
+  def rows(s, a):
+    return jax.lax.dynamic_slice_in_dim(a, s, b, axis=0)
+
+  def forward(tok, pos, val, lens):
+    return _condense_rows(model, params, tok, pos, val, lens)
+
+  shapes = jax.eval_shape(forward, *(rows(0, a) for a in (tokens, positions, valid, lengths)))
+  skip = lambda *_: tuple(jnp.zeros(x.shape, x.dtype) for x in shapes)
+  ck, cv, k, v = shapes
+  init = (jnp.zeros(ck.shape[:1] + (n,) + ck.shape[2:], ck.dtype),
+          jnp.zeros(cv.shape[:1] + (n,) + cv.shape[2:], cv.dtype),
+          jnp.zeros(k.shape[:1] + (n, cap) + k.shape[3:], k.dtype),
+          jnp.zeros(v.shape[:1] + (n, cap) + v.shape[3:], v.dtype))
+
+  def body(i, out):
+    s = jnp.minimum(i * b, n - b)
+    args = tuple(rows(s, a) for a in (tokens, positions, valid, lengths))
+    new = jax.lax.cond(jnp.any(args[3] > 0), forward, skip, *args)
+    zero = jnp.zeros((), jnp.int32)
+    return tuple(jax.lax.dynamic_update_slice(buf, x.astype(buf.dtype),
+                                              (zero, s) + (zero,) * (buf.ndim - 2))
+                 for buf, x in zip(out, new))
+
+  return jax.lax.fori_loop(0, -(-n // b), body, init)
 
 
 def chunk_step(model: Decoder, params, cache_k, cache_v, cache_len, prev, new, row_valid):
@@ -108,10 +180,11 @@ def chunk_mesh(n_devices=None, axis: str = "chunks", devices=None):
   return jax.make_mesh((n,), (axis,), axis_types=(AxisType.Auto,), devices=devices[:n])
 
 
-def condense_sharded(model: Decoder, mesh, axis: str):
-  """:func:`condense` with the chunk-row axis split over ``mesh[axis]`` (``jax.shard_map``)."""
+def condense_sharded(model: Decoder, mesh, axis: str, *, batch_size=None, capacity=None):
+  """:func:`condense` with the chunk-row axis split over ``mesh[axis]`` (``jax.shard_map``); each
+  device runs its own rows ``batch_size`` at a time."""
   fn = lambda params, tokens, positions, valid, lengths: condense(
-      model, params, tokens, positions, valid, lengths)
+      model, params, tokens, positions, valid, lengths, batch_size=batch_size, capacity=capacity)
   row, kv = P(axis), P(None, axis)
   return jax.shard_map(fn, mesh=mesh, in_specs=(P(), row, row, row, row),
                        out_specs=(kv, kv, kv, kv), check_vma=False)

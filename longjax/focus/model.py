@@ -72,6 +72,19 @@ class FocusOutput:
   plan: RowPlan
 
 
+def check_chunk_batch_size(value) -> int:
+  """``value`` as an int >= 1, else one :class:`FocusError` saying what is wrong and what to pass."""
+  if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+    raise FocusError(f"chunk_batch_size must be a positive integer (chunk rows condensed per "
+                     f"forward), got {value!r} of type {type(value).__name__}; pass e.g. "
+                     "chunk_batch_size=1, or None for the device default")
+  if int(value) < 1:
+    raise FocusError(f"chunk_batch_size must be a positive integer (chunk rows condensed per "
+                     f"forward), got {int(value)}; pass e.g. chunk_batch_size=1, or None for the "
+                     "device default")
+  return int(value)
+
+
 class FocusLLM:
   """FocusLLM inference on a decoder with candidate projections (``cfg.alt_projections``).
 
@@ -82,13 +95,19 @@ class FocusLLM:
       similar size share one compiled program.
     chunk_bucket: how the number of chunk rows (and each prompt's candidate slots) is padded.
       ``"pow2"`` (default): to ``devices * 2^k`` (the devices on the chunk axis; 1 without a
-      mesh), i.e. powers of two on one device: padding rows (which are computed) stay below 2x
-      of the real rows and a 2-chunk prompt condenses 2 rows, while the number of compiled
-      shapes stays logarithmic. An int ``m``: to multiples of ``lcm(m, devices)``.
+      mesh), i.e. powers of two on one device: padding rows (decoded every step; condensed only
+      where they share a ``chunk_batch_size`` batch with real rows) stay below 2x of the real
+      rows and a 2-chunk prompt condenses 2 rows, while the number of compiled shapes stays
+      logarithmic. An int ``m``: to multiples of ``lcm(m, devices)``.
+    chunk_batch_size: chunk rows condensed per forward (on each device of a mesh): bounds the
+      prefill workspace to that of this many rows whatever the number of chunks (the chunk caches
+      themselves, which decoding needs, still grow with it). ``None`` (default): from the device
+      kind, 1 on CPU and 8 on GPU/TPU (:func:`longjax.focus.condense.default_batch_size`). Any
+      value gives the same outputs; batches made only of padding rows are skipped.
   """
 
   def __init__(self, cfg: ModelConfig, fcfg: FocusConfig, *, mesh=None, axis: str = "chunks",
-               impl: str = "auto", bucket: int = 64, chunk_bucket="pow2"):
+               impl: str = "auto", bucket: int = 64, chunk_bucket="pow2", chunk_batch_size=None):
     check_model(cfg, fcfg)
     self.cfg, self.fcfg, self.mesh, self.axis = cfg, fcfg, mesh, axis
     self.model = Decoder(cfg, impl=impl)
@@ -101,12 +120,14 @@ class FocusLLM:
       if axis not in mesh.axis_names:
         raise FocusError(f"mesh has axes {mesh.axis_names}, no chunk axis {axis!r}")
       self.n_shards = int(mesh.shape[axis])
-      self._condense = C.condense_sharded(self.model, mesh, axis)
+      platform = mesh.devices.flat[0].platform
       self._chunk_step = C.chunk_step_sharded(self.model, mesh, axis)
     else:
       self.n_shards = 1
-      self._condense = functools.partial(C.condense, self.model)
+      platform = jax.devices()[0].platform
       self._chunk_step = functools.partial(C.chunk_step, self.model)
+    self.chunk_batch_size = (C.default_batch_size(platform) if chunk_batch_size is None
+                             else check_chunk_batch_size(chunk_batch_size))
     self._prefill_jit = jax.jit(self._prefill_impl, static_argnames=("cache_cap", "all_logits"))
     self._step_jit = jax.jit(self._step_impl)
 
@@ -131,13 +152,20 @@ class FocusLLM:
 
   # -------------------------------------------------------------------------------------------
   # Device code.
+  def _condense(self, params, cb: ChunkBatch, capacity: int):
+    """Chunk caches ``[L, N, capacity, Hkv, D]`` and candidates, ``chunk_batch_size`` rows per
+    forward (per device on a mesh), written in place into the capacity-sized buffers."""
+    kw = dict(batch_size=self.chunk_batch_size, capacity=capacity)
+    fn = (functools.partial(C.condense, self.model, **kw) if self.mesh is None
+          else C.condense_sharded(self.model, self.mesh, self.axis, **kw))
+    return fn(params, cb.tokens, cb.positions, cb.valid, cb.lengths)
+
   def _prefill_impl(self, params, cb: ChunkBatch, lb: LocalBatch, *, cache_cap: int,
                     all_logits: bool):
-    cand_k, cand_v, k, v = self._condense(params, cb.tokens, cb.positions, cb.valid, cb.lengths)
-    pad = [(0, 0), (0, 0), (0, cache_cap - k.shape[2]), (0, 0), (0, 0)]
+    cand_k, cand_v, k, v = self._condense(params, cb, cache_cap)
     last = jnp.maximum(cb.lengths - 1, 0)
     state = FocusState(
-        cache_k=jnp.pad(k, pad), cache_v=jnp.pad(v, pad), cache_len=last,
+        cache_k=k, cache_v=v, cache_len=last,
         prev=jnp.take_along_axis(cb.tokens, last[:, None], axis=1)[:, 0], owner=cb.owner,
         row_valid=cb.owner >= 0, cand_k=cand_k, cand_v=cand_v, gather=cb.gather,
         cand_valid=cb.cand_valid, local_tokens=lb.tokens, local_len=lb.lengths,
