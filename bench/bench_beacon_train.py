@@ -17,6 +17,7 @@ SmolLM2-135M-Instruct (``longjax.models.smollm2.get()``, cached) loaded with
   (ratio 4, loss on every token), its ``task.prepare`` on the document and its jitted fused step
   (value_and_grad of the trainable beacon tensors + AdamW), after timing both forwards in the
   same process.
+* ``task-noremat``: the same step with ``train.remat=False`` (no recomputation in the backward).
 
 Times are the median of ``--runs`` runs after one warm-up (compile) run. Ratios: step / prefill
 and step / loss forward. Results: ``bench/results/beacon_train.{json,md}``.
@@ -98,7 +99,8 @@ def worker(spec):
   res.update(forward=fw)
   if mode != "forward":
     s = fw["median"]["step"]
-    res.update(step_s=s, step_over_prefill=s / fw["median"]["prefill"],
+    res.update(step_s=s, train_tokens_per_s=spec["tokens"] / s,
+               step_over_prefill=s / fw["median"]["prefill"],
                step_over_loss_forward=s / fw["median"]["loss_forward"])
   res.update(prefill_s=fw["median"]["prefill"], loss_forward_s=fw["median"]["loss_forward"],
              self_peak_rss_mib=H.peak_rss_mib(), seconds=round(time.perf_counter() - t0, 1))
@@ -123,6 +125,8 @@ def _task(spec):
   c.data.sources = f"jsonl:{data}"
   c.data.loss_on = "all"  # labels = ids, as the documented path
   c.data.max_length = spec["tokens"]  # sizes the task's BeaconLM (max_length = longest document)
+  if spec["mode"] == "task-noremat":  # every activation kept (no recompute in the backward)
+    c.train.remat = False
   tr = loop.Trainer(c)
   tr.setup()
   ids = np.random.default_rng(0).integers(10, tr.cfg.vocab_size, spec["tokens"])
@@ -191,7 +195,7 @@ def main():
   ap.add_argument("--window", type=int, default=256)
   ap.add_argument("--ratio", type=int, default=4)
   ap.add_argument("--runs", type=int, default=3)
-  ap.add_argument("--modes", default="forward,grad,task")
+  ap.add_argument("--modes", default="forward,grad,task,task-noremat")
   ap.add_argument("--timeout_s", type=float, default=3600)
   ap.add_argument("--out", default="beacon_train")
   a = ap.parse_args()
@@ -214,6 +218,7 @@ def main():
   table = H.markdown_table(rows, [
       ("mode", "mode"), ("tokens", "tokens"), ("prefill s", "prefill_s"),
       ("loss forward s", "loss_forward_s"), ("step s", "step_s"),
+      ("training tokens/s", "train_tokens_per_s"),
       ("step / prefill", "step_over_prefill"), ("step / loss forward", "step_over_loss_forward"),
       ("peak RSS MiB", "peak_rss_mib"), ("status", "status")])
   md = (f"# Beacon training step vs forward (SmolLM2-135M-Instruct, W = S = {a.window}, "

@@ -53,7 +53,8 @@ def _condense_rows(model: Decoder, params, tokens, positions, valid, lengths):
   """One forward over the rows given: ``(cand_k, cand_v, k, v)`` (see :func:`condense`)."""
   t = tokens.shape[1]
   last = jnp.maximum(lengths - 1, 0)
-  alt = (jnp.arange(t, dtype=jnp.int32)[None, :] == last[:, None]) & (lengths[:, None] > 0)
+  # The candidate slot of each row (t = none: an empty row): only it gets the candidate q/k/v/o.
+  alt = jnp.where(lengths > 0, last, t)[:, None].astype(jnp.int32)
   _, (k, v) = model.apply({"params": params}, tokens, positions,
                           q_meta=TokenMeta.causal(positions, valid=valid), alt=alt, head=False)
   pick = lambda a: jnp.take_along_axis(a, last[None, :, None, None, None], axis=2)[:, :, 0]
@@ -127,7 +128,7 @@ def chunk_step(model: Decoder, params, cache_k, cache_v, cache_len, prev, new, r
                     TokenMeta.causal(slots, valid=slots < cache_len[:, None]))
   tokens = jnp.stack([prev, new], axis=1).astype(jnp.int32)
   positions = cache_len[:, None] + jnp.arange(2, dtype=jnp.int32)[None]
-  alt = jnp.broadcast_to(jnp.asarray([False, True]), (n, 2))
+  alt = jnp.ones((n, 1), jnp.int32)  # slot 1 (the new candidate) uses the candidate projections
   valid = jnp.broadcast_to(row_valid[:, None], (n, 2))
   _, (k, v) = model.apply({"params": params}, tokens, positions,
                           q_meta=TokenMeta.causal(positions, valid=valid), alt=alt,
