@@ -1,6 +1,8 @@
 """Shared helpers for the FocusLLM tests: a tiny random FocusLLM model."""
 from __future__ import annotations
 
+import textwrap
+
 import jax
 import numpy as np
 
@@ -32,3 +34,18 @@ def prompt(length: int, seed: int, vocab: int = 97) -> np.ndarray:
   x = rng.integers(3, vocab, size=length)
   x[0] = 1
   return x.astype(np.int64)
+
+
+# Start of a subprocess script with 8 fake CPU devices (the test process already initialised JAX
+# with one), the compilation cache when given, and the tests folder importable; format it with
+# ``cache`` and ``tests``.
+EIGHT_DEVICE_PREAMBLE = textwrap.dedent("""
+    import os, sys
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    import jax, numpy as np
+    if {cache!r}:
+      jax.config.update("jax_compilation_cache_dir", {cache!r})
+      jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+    sys.path.insert(0, {tests!r})
+""")

@@ -16,7 +16,7 @@ from longjax.focus.planner import pack_chunks
 from longjax.models.decoder import Decoder
 
 from conftest import REPO, run_python
-from focus_helpers import prompt, tiny_focus, tiny_model
+from focus_helpers import EIGHT_DEVICE_PREAMBLE, prompt, tiny_focus, tiny_model
 
 ALL = 1 << 20  # a batch size above any row count: the all-at-once forward
 
@@ -120,15 +120,7 @@ def test_chunk_batch_size_default_and_validation(tiny):
 
 # ------------------------------------------------------------------------------------------------
 # 8 fake devices (a subprocess: this one already initialised JAX with one CPU device).
-WORKER = textwrap.dedent("""
-    import os, sys
-    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
-    os.environ["JAX_PLATFORMS"] = "cpu"
-    import jax, numpy as np
-    if {cache!r}:
-      jax.config.update("jax_compilation_cache_dir", {cache!r})
-      jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
-    sys.path.insert(0, {tests!r})
+WORKER = EIGHT_DEVICE_PREAMBLE + textwrap.dedent("""
     from test_focus_batched import sharded_run
     assert jax.device_count() == 8, jax.devices()
     np.savez({out!r}, **sharded_run())

@@ -18,21 +18,13 @@ from longjax.focus import FocusLLM, load_focus, save_focus
 from longjax.focus.losses import FocusLoss
 
 from conftest import REPO, run_python
-from focus_helpers import prompt, tiny_focus, tiny_model
+from focus_helpers import EIGHT_DEVICE_PREAMBLE, prompt, tiny_focus, tiny_model
 
 FEED = [[5, 17, 33], [9, 9, 41], [60, 2, 7]]
 LOSS_IX = [dict(memory_len=76, local_start=76, local_size=20, stride=16),
            dict(memory_len=100, local_start=10, local_size=30, stride=8)]
 
-WORKER = textwrap.dedent("""
-    import os, sys
-    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
-    os.environ["JAX_PLATFORMS"] = "cpu"
-    import jax, numpy as np
-    if {cache!r}:
-      jax.config.update("jax_compilation_cache_dir", {cache!r})
-      jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
-    sys.path.insert(0, {tests!r})
+WORKER = EIGHT_DEVICE_PREAMBLE + textwrap.dedent("""
     from test_focus_sharded import run
     from longjax.focus import chunk_mesh
     assert jax.device_count() == 8, jax.devices()

@@ -95,11 +95,15 @@ def test_tokenmeta_kind_is_backward_compatible():
 # ------------------------------------------------------------------------------------------------
 # Blockwise jnp fallback.
 # ------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("name,dtype,hq,hkv", [
+# (case, dtype, query heads, KV heads): the jnp paths (blockwise, chunked) run every mask case.
+XLA_CASES = [
     ("beacon", jnp.float32, 4, 2), ("step_expansion", jnp.bfloat16, 4, 4),
     ("condense", jnp.float32, 2, 2), ("focus_local", jnp.bfloat16, 6, 2),
     ("window", jnp.float32, 4, 1), ("noncausal_segments", jnp.float32, 2, 1),
-    ("decode", jnp.float32, 8, 2)])
+    ("decode", jnp.float32, 8, 2)]
+
+
+@pytest.mark.parametrize("name,dtype,hq,hkv", XLA_CASES)
 def test_blockwise_forward(name, dtype, hq, hkv):
   q, k, v, qm, km, rule, window = make_case(name, dtype, hq, hkv)
   out, lse = blockwise_attention(q, k, v, kernel_meta(qm, km, rule, window), scale=q.shape[-1] ** -0.5,
@@ -126,11 +130,7 @@ def test_blockwise_grads():
 # ------------------------------------------------------------------------------------------------
 # Query-chunked dense path (CPU).
 # ------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("name,dtype,hq,hkv", [
-    ("beacon", jnp.float32, 4, 2), ("step_expansion", jnp.bfloat16, 4, 4),
-    ("condense", jnp.float32, 2, 2), ("focus_local", jnp.bfloat16, 6, 2),
-    ("window", jnp.float32, 4, 1), ("noncausal_segments", jnp.float32, 2, 1),
-    ("decode", jnp.float32, 8, 2)])
+@pytest.mark.parametrize("name,dtype,hq,hkv", XLA_CASES)
 def test_chunked_forward(name, dtype, hq, hkv):
   q, k, v, qm, km, rule, window = make_case(name, dtype, hq, hkv)
   assert q.shape[1] % 16, "the query length must leave a partial block"
