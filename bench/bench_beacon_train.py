@@ -126,7 +126,8 @@ def _task(spec):
   c.data.loss_on = "all"  # labels = ids, as the documented path
   c.data.max_length = spec["tokens"]  # sizes the task's BeaconLM (max_length = longest document)
   if spec["mode"] == "task-noremat":  # every activation kept (no recompute in the backward)
-    c.train.remat = False
+    with c.train.ignore_type():  # the config's remat is the string "dots"
+      c.train.remat = False
   tr = loop.Trainer(c)
   tr.setup()
   ids = np.random.default_rng(0).integers(10, tr.cfg.vocab_size, spec["tokens"])
