@@ -33,6 +33,7 @@ import json
 import math
 import os
 import platform
+import re
 import resource
 import subprocess
 import sys
@@ -392,10 +393,18 @@ def markdown_table(rows: Sequence[dict], columns: Sequence[tuple]) -> str:
   return "\n".join(lines)
 
 
+def portable_paths(text: str) -> str:
+  """Results are committed: paths of this checkout become repo-relative, temporary folders
+  ``<tmp>/...``, so no machine's layout ends up in git."""
+  text = text.replace(str(ROOT) + os.sep, "").replace(str(ROOT), ".")
+  return re.sub(r"/tmp/[^/\"]+", "<tmp>", text)
+
+
 def write_results(name: str, payload: dict, table_md: str, out_dir: Optional[Path] = None) -> Path:
   out_dir = Path(out_dir or RESULTS_DIR)
   out_dir.mkdir(parents=True, exist_ok=True)
-  (out_dir / f"{name}.json").write_text(json.dumps(payload, indent=1, default=_json_default))
+  (out_dir / f"{name}.json").write_text(
+      portable_paths(json.dumps(payload, indent=1, default=_json_default)))
   (out_dir / f"{name}.md").write_text(table_md + "\n")
   return out_dir
 
