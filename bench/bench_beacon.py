@@ -80,11 +80,13 @@ def worker_jax(spec: dict) -> dict:
   if spec["method"] == "beacon":
     cfg, bcfg, params = load_beacon(spec["ckpt"], init="official", window=WINDOW, stride=WINDOW,
                                     ratios=(RATIO,))
+    steps = {} if spec.get("bucket_steps") is None else dict(memory_bucket_steps=spec["bucket_steps"])
     lm = BeaconLM(cfg, bcfg, max_length=round_up(t_len + n_dec + 1, WINDOW), impl=spec["impl"],
-                  progress=False)
+                  progress=False, **steps)
     flops_p = H.beacon_prefill_flops(cfg, t_len, WINDOW, RATIO, bcfg.sink_size)
     flops_d = H.beacon_decode_flops(cfg, t_len, n_dec, WINDOW, RATIO)
-    extra = dict(window=WINDOW, ratio=RATIO, memory_capacity=lm.capacity, q_slots=lm.q_slots)
+    extra = dict(window=WINDOW, ratio=RATIO, memory_capacity=lm.capacity, q_slots=lm.q_slots,
+                 memory_bucket_steps=lm.memory_bucket_steps)
   else:
     cfg, params = load_hf(spec["ckpt"])
     lm = PlainLM(cfg, impl=spec["impl"])
@@ -255,6 +257,8 @@ def main(argv=None):
                   help="skip a configuration whose predicted warm-up + 1 run exceeds this x budget")
   ap.add_argument("--layers", type=int, default=None)
   ap.add_argument("--impl", default="auto")
+  ap.add_argument("--bucket-steps", type=int, default=None,
+                  help="beacon memory buckets per octave (default: BeaconLM's)")
   ap.add_argument("--out", default=str(H.RESULTS_DIR))
   ap.add_argument("--name", default=None)
   args = ap.parse_args(argv)
@@ -284,7 +288,8 @@ def main(argv=None):
   for length in lengths:
     for method in methods:
       spec = dict(method=method, length=length, decode=args.decode, runs=args.runs,
-                  budget=args.budget, impl=args.impl, ckpt=str(ckpt),
+                  budget=args.budget, impl=args.impl, bucket_steps=args.bucket_steps,
+                  ckpt=str(ckpt),
                   logits_out=str(tmp / f"logits_{method}_{length}.npy"))
       if method != "beacon" and length > full_max:
         results.append(dict(spec, status=f"skipped: --full-max {full_max}"))
@@ -367,7 +372,8 @@ def render(payload) -> str:
       ("decode ms/tok", "decode_ms_per_token"), ("decode tok/s", "decode_tok_s"),
       ("warm-up s (compile+run)", "warmup_prefill_s"), ("warm-up on", "warmup_input"), ("runs", "n_runs"),
       ("peak RSS MiB", "peak_rss_mib"), ("KV / memory MiB", "state_mib"),
-      *H.PREFILL_COMPUTE_COLUMNS, ("attention", "attention_choice"), ("status", "status")]
+      *H.PREFILL_COMPUTE_COLUMNS, ("attention", "attention_choice"),
+      ("buckets / octave", "memory_bucket_steps"), ("status", "status")]
   m = payload["model"]
   head = (f"### Activation Beacon vs full attention (CPU)\n\n"
           f"Model: random Qwen2-shaped, hidden {m['hidden_size']}, {m['num_layers']} layers, "

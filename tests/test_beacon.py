@@ -173,22 +173,31 @@ def scan_traces(monkeypatch):
   return traces
 
 
-def test_prefill_compiles_once_per_memory_bucket(model, scan_traces):
-  """The scan chunk compiles once per memory-size bucket (0 or a power of two, capped at the
-  capacity): O(log capacity) programs for any number of windows, none for a new length whose
+@pytest.mark.parametrize("steps, expected", [
+    (1, {0, 4, 8, 16, 32, 64}),  # powers of two
+    # 4 per octave, but never a step below 8 (half the 20 query slots, as a power of two)
+    (4, {0, 4, 8, 16, 24, 32, 40, 48})])
+def test_prefill_compiles_once_per_memory_bucket(model, scan_traces, steps, expected):
+  """The scan chunk compiles once per memory-size bucket (capped at the capacity):
+  O(steps * log capacity) programs for any number of windows, none for a new length whose
   buckets were already used."""
   cfg, params = model
-  lm = BeaconLM(cfg, BCFG, max_length=512, scan_chunk=4, memory_bucket_min=4)
+  lm = BeaconLM(cfg, BCFG, max_length=512, scan_chunk=4, memory_bucket_min=4,
+                memory_bucket_steps=steps)
+  assert lm.q_slots == 20
+  from longjax.beacon import model as beacon_model
+  beacon_model._scan_jit.clear_cache()  # count this case's compiles only
   before = len(scan_traces)
   used = set()
   for n_windows in (2, 5, 11):  # 3, 6 and 12 calls (the last window partial)
     out = lm.forward(params, _ids(16 * n_windows + 5, n_windows))
     assert out.state.sizes()[0].tolist() == [0, 4 * n_windows, 6]
     used |= set(out.mem_buckets)
-  # memory before call s is 4 s beacons: buckets 0, 4, 8, 16, 32, 64
-  assert used == {0, 4, 8, 16, 32, 64}
+  # memory before call s is 4 s beacons (0 .. 44)
+  assert used == expected
   assert len(scan_traces) - before == len(used)
-  assert len(lm.bucket_sizes()) <= int(np.ceil(np.log2(lm.capacity))) + 2
+  assert used <= set(lm.bucket_sizes())
+  assert len(lm.bucket_sizes()) <= steps * int(np.ceil(np.log2(lm.capacity))) + 2
   before = len(scan_traces)
   out = lm.forward(params, _ids(16 * 9 + 3, 9))  # same buckets: no new compile
   assert set(out.mem_buckets) <= used

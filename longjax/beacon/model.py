@@ -8,9 +8,10 @@ Device compute has static shapes:
 * memory buffers of ``capacity = sink + beacon capacity + R`` entries with ``R = Q`` (the raw
   region slab), with explicit lengths from the planner;
 * the part of the buffer that attention sees: a *memory-size bucket* ``M`` (``0``, then powers of
-  two from ``memory_bucket_min``, capped at ``capacity``) chosen on the host from the planner's
-  exact memory lengths, so a step costs what its filled memory costs (not the whole buffer sized
-  for ``max_length``). Each bucket is one compiled program: ``O(log capacity)`` of them.
+  two from ``memory_bucket_min``, split into ``memory_bucket_steps`` buckets per octave where the
+  memory is large, capped at ``capacity``) chosen on the host from the planner's exact memory
+  lengths, so a step costs what its filled memory costs (not the whole buffer sized for
+  ``max_length``). Each bucket is one compiled program: ``O(steps * log capacity)`` of them.
 
 Prefill runs the planned steps through ``lax.scan`` in chunks of at most ``scan_chunk`` steps that
 share one bucket (a chunk starts a new bucket when the memory outgrows the current one); a
@@ -308,11 +309,16 @@ class BeaconLM:
     ratio: force this ratio (must be in ``bcfg.ratios``), like the official ``Memory.set``.
     training: official training mode (no beacons in the last window, first-window label rule).
     progress: show a progress bar over windows (``None``: only for >= 32 windows on a terminal).
-    memory_buckets: attend over a memory-size bucket of the buffer (``0`` or a power of two
-      ``>= memory_bucket_min``, at most ``capacity``) instead of the whole buffer: each step
-      costs what its filled memory costs; one compile per bucket used (``O(log capacity)``).
+    memory_buckets: attend over a memory-size bucket of the buffer (``0``, then sizes from
+      ``memory_bucket_min`` up, at most ``capacity``) instead of the whole buffer: each step
+      costs what its filled memory costs; one compile per bucket used.
       ``False``: every step attends over the whole buffer (one compile, cost independent of fill).
     memory_bucket_min: the smallest non-zero bucket.
+    memory_bucket_steps: buckets per octave ``(2^(k-1), 2^k]`` of memory size (``1``: powers
+      of two). Finer buckets waste fewer masked entries (at most ``1 / steps`` of the octave's
+      base), but never step by less than half a window's query slots (rounded down to a power
+      of two): a finer step would save less attention than the window's own causal attention
+      costs, not worth one more compile. At most ``steps * log2(capacity)`` buckets.
     remat: when differentiating, rematerialise every decoder layer of every window (the
       decoder's ``remat``: ``jax.checkpoint`` per layer): each window keeps its layer inputs,
       memory slices and KV carry instead of its activations, for one more forward pass. (A
@@ -324,7 +330,7 @@ class BeaconLM:
                scan_chunk: int = 8, decode_slots: int = 8, impl: str = "auto",
                ratio: Optional[int] = None, training: bool = False,
                progress: Optional[bool] = None, memory_buckets: bool = True,
-               memory_bucket_min: int = 64, remat=True):
+               memory_bucket_min: int = 64, memory_bucket_steps: int = 4, remat=True):
     missing = [p for p in bcfg.param if p not in cfg.alt_projections]
     if missing or cfg.num_alt_embeddings < 1:
       raise BeaconSetupError(
@@ -361,6 +367,12 @@ class BeaconLM:
     self.capacity = self.sink_cap + self.beacon_capacity + self.r_slots
     self.memory_buckets = bool(memory_buckets)
     self.memory_bucket_min = max(1, int(memory_bucket_min))
+    if int(memory_bucket_steps) < 1:
+      raise ValueError(f"memory_bucket_steps must be >= 1 (buckets per octave), got "
+                       f"{memory_bucket_steps}")
+    self.memory_bucket_steps = int(memory_bucket_steps)
+    # The finest bucket step: the largest power of two <= half the window's query slots.
+    self._bucket_step_min = next_pow2(self.q_slots // 2 + 1) // 2
     self.planner = Planner(bcfg, cfg.vocab_size, cfg.max_positions, self.beacon_capacity)
     self.remat = remat
     self._static = dict(model=self.model, sink_cap=self.sink_cap)
@@ -387,13 +399,18 @@ class BeaconLM:
     if need <= 0:
       return 0
     b = max(self.memory_bucket_min, next_pow2(need))
+    step = max(b // (2 * self.memory_bucket_steps), self._bucket_step_min, 1)
+    if step < b:  # ``need`` lies in (b / 2, b]: the next multiple of ``step``
+      b = max(self.memory_bucket_min, min(b, round_up(need, step)))
     return min(b, capacity)
 
   def bucket_sizes(self) -> list:
     """Every bucket ``memory_bucket`` can return (an upper bound on compiles per program)."""
-    return sorted({self.memory_bucket(n) for n in
-                   [0, 1, self.capacity] + [1 << i for i in range(self.capacity.bit_length() + 1)]
-                   if n <= self.capacity})
+    needs = {0, 1, self.capacity}
+    for i in range(self.capacity.bit_length() + 1):
+      top = 1 << i  # each bucket of the octave (top / 2, top] is hit by one of these needs
+      needs.update(range(top // 2 + 1, top + 1, max(1, top // (2 * self.memory_bucket_steps))))
+    return sorted({self.memory_bucket(n) for n in needs if n <= self.capacity})
 
   # ------------------------------------------------------------------------------------------
   # ------------------------------------------------------------------------------------------
