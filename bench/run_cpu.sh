@@ -7,7 +7,7 @@
 # Usage: nohup bash bench/run_cpu.sh > bench/results/run_cpu.log 2>&1 &
 set -uo pipefail
 cd "$(dirname "$0")/.."
-PY="${PYTHON:-python}"
+PY="${PYTHON:-python}"  # the venv's python: PYTHON=.venv/bin/python when it is not activated
 export JAX_PLATFORMS=cpu HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 mkdir -p bench/results
 echo "start: $(date -u +%FT%TZ) commit $(git rev-parse --short HEAD 2>/dev/null) $(uptime)"
