@@ -204,6 +204,12 @@ def test_prefill_compiles_once_per_memory_bucket(model, scan_traces, steps, expe
   assert len(scan_traces) == before
 
 
+def test_memory_bucket_steps_below_one_is_refused(model):
+  cfg, _ = model
+  with pytest.raises(ValueError, match=r"memory_bucket_steps must be >= 1 .*got 0: pass 1"):
+    BeaconLM(cfg, BCFG, max_length=512, memory_bucket_steps=0)
+
+
 def test_program_cache_skips_tracing_and_survives_a_bad_file(model, scan_traces, tmp_path,
                                                               monkeypatch):
   """With the program cache on, the first run exports each window program; a new process (here:

@@ -368,8 +368,9 @@ class BeaconLM:
     self.memory_buckets = bool(memory_buckets)
     self.memory_bucket_min = max(1, int(memory_bucket_min))
     if int(memory_bucket_steps) < 1:
-      raise ValueError(f"memory_bucket_steps must be >= 1 (buckets per octave), got "
-                       f"{memory_bucket_steps}")
+      raise ValueError(f"memory_bucket_steps must be >= 1 (buckets per octave of memory size), "
+                       f"got {memory_bucket_steps}: pass 1 for powers of two, 4 (the default) "
+                       f"for finer buckets")
     self.memory_bucket_steps = int(memory_bucket_steps)
     # The finest bucket step: the largest power of two <= half the window's query slots.
     self._bucket_step_min = next_pow2(self.q_slots // 2 + 1) // 2
