@@ -7,15 +7,23 @@ def train_defaults(**kw):
            warmup_steps=0, weight_decay=0.0, b1=0.9, b2=0.999, eps=1e-8, max_grad_norm=1.0,
            remat=True, step_bucket=1, log_every=1, save_every=1000, keep=3,
            async_checkpoint=True, export=True, distributed="auto", impl="auto",
-           tensorboard=True, progress=True)
+           tensorboard=True, progress=True,
+           # beacon: "official" (last window without beacons) or "inference" (as generation sees it)
+           layout="official",
+           # a committed asset (longjax.beacon.asset) whose method tensors start this run
+           init_from="")
   t.update(kw)
   mesh = t.pop("mesh", dict(data=-1, fsdp=1, tensor=1))
   # A multi-process run (longjax.train.distributed): empty / 0 / -1 = from $JAX_COORDINATOR_ADDRESS,
   # $JAX_NUM_PROCESSES, $JAX_PROCESS_ID, else detected by JAX (TPU pod, SLURM, Open MPI).
   cluster = t.pop("cluster", dict(coordinator_address="", num_processes=0, process_id=-1))
+  # data.loss_on="distill" or a source "...@distill": the teacher's top_k tokens per position;
+  # alpha > 0 weights tokens that need far context more (longjax.train.tasks.DistillSettings)
+  distill = t.pop("distill", dict(top_k=32, alpha=0.0))
   cd = ml_collections.ConfigDict(t)
   cd.mesh = ml_collections.ConfigDict(mesh)
   cd.cluster = ml_collections.ConfigDict(cluster)
+  cd.distill = ml_collections.ConfigDict(distill)
   return cd
 
 

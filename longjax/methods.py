@@ -88,13 +88,17 @@ class Beacon:
     return cfg, params
 
   def make_task(self, config, cfg, settings, *, max_length: int, lm_length=None):
-    from longjax.train.tasks import BeaconTask
+    from longjax.train.tasks import BeaconTask, DistillSettings
     from longjax.train.loop import remat_mode
     tc = config.train
     return BeaconTask(cfg, settings, max_length=max_length, seed=int(config.seed),
                       remat=remat_mode(tc.get("remat", True)),
                       step_bucket=int(tc.get("step_bucket", 1)), impl=tc.get("impl", "auto"),
-                      answer_only=config.data.get("loss_on", "all") == "answer")
+                      answer_only=config.data.get("loss_on", "all") == "answer",
+                      layout=tc.get("layout", "official"),
+                      distill=DistillSettings(**dict(tc.get("distill", {}))),
+                      default_objective={"all": "lm"}.get(config.data.get("loss_on", "all"),
+                                                          config.data.get("loss_on", "all")))
 
   def inference_model(self, cfg, settings, *, max_length: Optional[int] = None):
     from longjax.beacon import BeaconLM

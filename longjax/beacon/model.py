@@ -124,6 +124,50 @@ def _frozen_head_nll_jvp(cfg, primals, tangents):
   return nll, jnp.sum(tangents[1] * dh, axis=-1)
 
 
+def _soft_ce(cfg, params, h, idx, p, with_grad=False):
+  """Cross-entropy ``[B, L]`` of the logits of ``h [B, L, H]`` against soft targets: ids ``idx``
+  and mass ``p`` ``[B, L, K]`` (unnormalised: a row's mass is its weight, 0 for no loss):
+  ``sum_k p_k * (logsumexp(z) - z[idx_k])``. ``with_grad`` also returns d/dh, computed from the
+  same logits (``w * softmax(z) - scatter(p)``, then the head's transpose), as ``_nll`` does."""
+  logits = lm_head(cfg, params, h)
+  m = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
+  e = jnp.exp(logits - m)
+  s = jnp.sum(e, axis=-1, keepdims=True)
+  w = jnp.sum(p, axis=-1)
+  ce = w * (jnp.log(s[..., 0]) + m[..., 0]) - jnp.sum(p * jnp.take_along_axis(logits, idx, -1), -1)
+  if not with_grad:
+    return ce
+  g = e * (w[..., None] / s)
+  rows = g.reshape(-1, g.shape[-1])
+  rows = jax.vmap(lambda r, i, q: r.at[i].add(-q))(rows, idx.reshape(-1, idx.shape[-1]),
+                                                   p.reshape(-1, p.shape[-1]))
+  _, pull = jax.vjp(lambda x: lm_head(cfg, params, x), h)
+  (dh,) = pull(rows.reshape(g.shape))
+  return ce, dh.astype(h.dtype)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
+def _frozen_head_soft_ce(cfg, params, h, idx, p):
+  """``_soft_ce`` whose derivative reaches ``h`` only (see ``_frozen_head_nll``)."""
+  return _soft_ce(cfg, params, h, idx, p)
+
+
+@_frozen_head_soft_ce.defjvp
+def _frozen_head_soft_ce_jvp(cfg, primals, tangents):
+  params, h, idx, p = primals
+  ce, dh = _soft_ce(cfg, params, h, idx, p, with_grad=True)
+  return ce, jnp.sum(tangents[1] * dh, axis=-1, dtype=jnp.float32).astype(ce.dtype)
+
+
+def _token_loss(cfg, params, h, plan, frozen_head: bool):
+  """Per-label loss ``[B, L]``: next-token NLL, or the soft cross-entropy of ``plan.soft_*``."""
+  if plan.soft_idx is None:
+    return _token_nll(cfg, params, h, plan.labels, frozen_head)
+  if frozen_head:
+    return _frozen_head_soft_ce(cfg, params, h, plan.soft_idx, plan.soft_p)
+  return _soft_ce(cfg, params, h, plan.soft_idx, plan.soft_p)
+
+
 def window_step(model: Decoder, sink_cap: int, params, k, v, plan: WindowPlan, *,
                 want_loss: bool, want_hidden: bool, mem_size: Optional[int] = None,
                 frozen_head: bool = False):
@@ -184,7 +228,7 @@ def window_step(model: Decoder, sink_cap: int, params, k, v, plan: WindowPlan, *
   if want_loss:
     h = jnp.take_along_axis(hidden, plan.label_slot[..., None], axis=1)  # [B, L, H]
     ok = plan.labels != IGNORE
-    out["loss_sum"] = jnp.sum(_token_nll(cfg, params, h, plan.labels, frozen_head), axis=-1)
+    out["loss_sum"] = jnp.sum(_token_loss(cfg, params, h, plan, frozen_head), axis=-1)
     out["loss_count"] = jnp.sum(ok, axis=-1, dtype=jnp.int32)
   else:
     out["loss_sum"] = jnp.zeros((b,), jnp.float32)

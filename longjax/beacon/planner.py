@@ -308,6 +308,11 @@ class WindowPlan:
   # Static: skip inactive (padding) steps with a lax.cond (prefill chunks: saves their compute).
   # False: they run as no-ops (loss plans: under jax.grad a cond in the scan keeps ~10x more).
   guard: bool = dataclasses.field(default=True, metadata=dict(static=True))
+  # Optional soft targets (distillation), aligned with ``labels``: ``[B, L, K]`` token ids and
+  # their target mass (teacher probabilities times the token's weight; 0 where unlabelled). A hard
+  # label is K = 1 mass on its id. None: the plain next-token loss on ``labels``.
+  soft_idx: Optional[np.ndarray] = None
+  soft_p: Optional[np.ndarray] = None
 
   @property
   def n_steps(self) -> int:
@@ -373,7 +378,8 @@ def stack(plans: Sequence[WindowPlan], segments, capacity: int, compact_labels: 
   if sum(n for n, _ in segments) != len(plans):
     raise AssertionError(f"segments {segments} do not cover {len(plans)} steps")
   leaves = {f.name: np.stack([getattr(p, f.name) for p in plans])
-            for f in dataclasses.fields(WindowPlan) if not f.metadata.get("static")}
+            for f in dataclasses.fields(WindowPlan)
+            if not f.metadata.get("static") and getattr(plans[0], f.name) is not None}
   if compact_labels:
     ok = leaves["labels"] != IGNORE  # [n, B, Q], label_slot is still arange(Q)
     need = max(8, int(ok.sum(-1).max()))

@@ -28,6 +28,9 @@ class Dataset:
   ids: list  # int32 arrays
   answer: list  # bool arrays (True: answer-span token) or None
   stats: dict
+  # per sample: the training objective its source names (``SOURCE@lm|answer|distill``), or None
+  # (the run's default, ``data.loss_on``)
+  objective: Optional[list] = None
 
   def __len__(self):
     return len(self.ids)
@@ -49,7 +52,7 @@ def tokenize_segments(segments, tokenizer, *, add_bos: bool):
 
 def build_dataset(dc, tokenizer, seed: int) -> Dataset:
   """``dc``: the ``config.data`` dict (sources, min_length, max_length, append_eos, ...)."""
-  specs = sources.parse_specs(dc["sources"])
+  specs, objectives = split_objectives(sources.parse_specs(dc["sources"]))
   add_bos = dc.get("add_bos", "auto")
   if add_bos in (None, "auto"):
     add_bos = tokenizer.adds_bos
@@ -58,7 +61,7 @@ def build_dataset(dc, tokenizer, seed: int) -> Dataset:
   min_len, max_len = int(dc["min_length"]), int(dc["max_length"])
   if min_len > max_len:
     raise DataError(f"data.min_length ({min_len}) > data.max_length ({max_len})")
-  ids_out, ans_out = [], []
+  ids_out, ans_out, obj_out = [], [], []
   read = short = truncated = 0
   per_source = [0] * len(specs)
   limit = int(dc.get("max_per_source") or 0)
@@ -82,13 +85,34 @@ def build_dataset(dc, tokenizer, seed: int) -> Dataset:
     per_source[i] += 1
     ids_out.append(ids)
     ans_out.append(ans if ans.any() else None)
+    obj_out.append(objectives[i])
   stats = dict(read=read, kept=len(ids_out), too_short=short, truncated=truncated,
                tokens=int(sum(len(x) for x in ids_out)))
   if not ids_out:
     raise DataError(f"the dataset is empty after filtering: read {read} records from {specs}, "
                     f"{short} shorter than data.min_length={min_len} tokens; lower min_length or "
                     "add data")
-  return Dataset(ids_out, ans_out, stats)
+  return Dataset(ids_out, ans_out, stats, obj_out if any(obj_out) else None)
+
+
+OBJECTIVES = ("lm", "answer", "distill")
+
+
+def split_objectives(specs):
+  """``SOURCE@OBJECTIVE`` -> ``(sources, objectives)``; a source without a suffix gets None."""
+  out, objs = [], []
+  for spec in specs:
+    head, at, tail = spec.rpartition("@")
+    if at and tail in OBJECTIVES:
+      out.append(head)
+      objs.append(tail)
+    elif at and "/" not in tail and "." not in tail:
+      raise DataError(f"data source {spec!r}: unknown objective {tail!r}; use one of "
+                      f"{OBJECTIVES} after '@'")
+    else:
+      out.append(spec)
+      objs.append(None)
+  return out, objs
 
 
 def beacon_windows(length: int, window: int, stride: int) -> int:

@@ -24,12 +24,14 @@ SCHEMA = {
     "train": {"num_steps", "num_epochs", "global_batch", "grad_accum", "lr", "end_lr",
               "warmup_steps", "weight_decay", "b1", "b2", "eps", "max_grad_norm", "remat",
               "step_bucket", "log_every", "save_every", "keep", "async_checkpoint", "export",
-              "mesh", "distributed", "cluster", "impl", "tensorboard", "progress"},
+              "mesh", "distributed", "cluster", "impl", "tensorboard", "progress", "layout", "init_from"},
     "train.mesh": {"data", "fsdp", "tensor"},
+    "train.distill": {"top_k", "alpha"},
     "train.cluster": {"coordinator_address", "num_processes", "process_id"},
     "debug": {"kill_after_step", "nan_at_step"},
 }
 METHODS = ("beacon", "focus", "lm")
+LAYOUTS = ("official", "inference")  # train.layout (beacon): see longjax.train.tasks.BeaconTask
 
 
 class ConfigError(LongjaxError, ValueError):
@@ -66,3 +68,16 @@ def validate(c):
     raise ConfigError(f"config.method is {c.method!r} but the config has no {c.method!r} section")
   if int(c.train.global_batch) < 1:
     raise ConfigError("train.global_batch must be >= 1")
+  loss_on = c.data.get("loss_on", "all")
+  if loss_on not in ("all", "answer", "distill"):
+    raise ConfigError(f"data.loss_on={loss_on!r}: use 'all' (every token), 'answer' (the answer "
+                      "spans) or 'distill' (beacon: KL to the full-attention base)")
+  if loss_on == "distill" and c.method != "beacon":
+    raise ConfigError("data.loss_on='distill' is for method 'beacon' only")
+  d = c.train.get("distill", None)
+  if d is not None and (int(d.get("top_k", 32)) < 1 or float(d.get("alpha", 0.0)) < 0):
+    raise ConfigError("train.distill needs top_k >= 1 and alpha >= 0")
+  layout = c.train.get("layout", "official")
+  if layout not in LAYOUTS:
+    raise ConfigError(f"train.layout={layout!r}: use one of {LAYOUTS} (official: the last window "
+                      "without beacons; inference: every window as generation plans it)")

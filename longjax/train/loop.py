@@ -201,6 +201,35 @@ def pretrain_tiny_base(c, cfg, tokenizer, workdir: Path):
   return out["params"]
 
 
+def params_from_asset(c, settings, params, base_dir):
+  """``params`` with the trained tensors of the asset ``train.init_from`` (a campaign continues
+  from a committed asset: its tensors, a fresh optimizer; a checkpoint in the workdir still wins
+  on resume). The asset's settings must equal this run's."""
+  from longjax.beacon.asset import load_beacon_asset
+  if c.method != "beacon":
+    raise TrainingError(f"train.init_from is for beacon runs (a beacon asset); this run is {c.method!r}")
+  src = Path(c.train.init_from)
+  if not src.is_dir():
+    raise TrainingError(f"train.init_from={src}: no such asset directory")
+  _, bcfg, loaded = load_beacon_asset(src, base_dir or None)
+  if bcfg != settings:
+    diff = {k: (getattr(bcfg, k), getattr(settings, k)) for k in settings.__dataclass_fields__
+            if getattr(bcfg, k) != getattr(settings, k)}
+    raise TrainingError(f"train.init_from={src}: its beacon settings differ from this run's "
+                        f"(asset vs config: {diff}); set the config's beacon fields to the asset's")
+  method = methods.get(c.method)
+  flat = traverse_util.flatten_dict(jax.tree.map(np.asarray, params), sep="/")
+  new = traverse_util.flatten_dict(loaded, sep="/")
+  for k in flat:
+    if method.is_trainable(k):
+      if np.shape(new[k]) != np.shape(flat[k]):
+        raise TrainingError(f"train.init_from={src}: {k} has shape {np.shape(new[k])}, this "
+                            f"model needs {np.shape(flat[k])}")
+      flat[k] = np.asarray(new[k], np.float32)
+  log.info("train.init_from: beacon tensors from %s", src)
+  return traverse_util.unflatten_dict(flat, sep="/")
+
+
 def remat_mode(value):
   """``train.remat`` / ``model.remat`` as ``ModelConfig.remat``: a bool, or ``"dots"``."""
   if isinstance(value, str) and value != "dots":
@@ -267,6 +296,8 @@ class Trainer:
       raise TrainingError(f"the micro-batch ({micro} = global_batch/grad_accum) must be divisible "
                           f"by the data*fsdp mesh size ({nb})")
     method = c.method
+    if tc.get("init_from"):
+      params = params_from_asset(c, self.settings, params, ckpt)
     tr, fr = split_params(params, self.method)
     tr = jax.tree.map(lambda x: np.asarray(x, np.float32), tr)  # fp32 master weights
     fr_dtype = self.cfg.params_dtype

@@ -14,19 +14,23 @@ official per-device batch of 1, averaged over devices).
 from __future__ import annotations
 
 import dataclasses
+from typing import Optional
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from longjax.beacon.config import BeaconConfig
 from longjax.beacon.model import BeaconLM
-from longjax.beacon.planner import IGNORE, RowState
+from longjax.beacon.planner import IGNORE, RowState, WindowPlan
 from longjax.data import pipeline
 from longjax.focus.config import FocusConfig
 from longjax.focus.losses import FocusLoss
 from longjax.focus.planner import pack_chunks, pack_local, split_training
 from longjax.models.config import ModelConfig
+from longjax.models.decoder import Decoder
 from longjax.sizes import round_up
+from longjax.train.config_check import LAYOUTS, ConfigError
 
 
 # --------------------------------------------------------------------------------------------
@@ -35,12 +39,26 @@ class BeaconTask:
 
   def __init__(self, cfg: ModelConfig, bcfg: BeaconConfig, *, max_length: int, seed: int,
                remat: bool = True, step_bucket: int = 1, impl: str = "auto",
-               answer_only: bool = False):
+               answer_only: bool = False, layout: str = "official",
+               distill: Optional[DistillSettings] = None,
+               default_objective: Optional[str] = None):
     self.cfg, self.bcfg, self.seed = cfg, bcfg, int(seed)
     self.answer_only = answer_only  # loss on the answer spans only (data.loss_on="answer")
+    # "official": the last window of a sample gets no beacons (the official training layout);
+    # "inference": every window is planned as at inference, beacons in the last window too, so
+    # the tokens scored there (a question's answer) see what they will see in generation.
+    if layout not in LAYOUTS:
+      raise ConfigError(f"train.layout={layout!r}: use one of {LAYOUTS}")
+    self.layout = layout
     self.lm = BeaconLM(cfg, bcfg, max_length=max_length, training=True, impl=impl, remat=remat)
     self.remat = remat
     self.step_bucket = max(1, int(step_bucket))
+    self.distill = distill or DistillSettings()
+    self.default_objective = default_objective or ("answer" if answer_only else "lm")
+    self.teacher = Decoder(cfg, impl=impl)  # the frozen base attending to the whole document
+    if self.distill.alpha:  # the base reading only the last W tokens: what the memory must add
+      self.truncated = Decoder(cfg.replace(sliding_windows=(bcfg.window,) * cfg.num_layers),
+                               impl=impl)
 
   def group_key(self, length: int) -> int:
     return pipeline.beacon_windows(length, self.bcfg.window, self.bcfg.stride)
@@ -59,12 +77,100 @@ class BeaconTask:
       # Ratio RNG: the official one is a single default_rng(42) running over the whole training;
       # here each (seed, step, row) gets its own, so a resumed run draws the same ratios.
       starts.append(RowState.seeded(pipeline.row_rng(self.seed, step, row_offset + row, salt=1)))
-    plan = self.lm.plan(rows_ids, rows_labels, rows=starts, training=True,
+    objectives = [self._objective(ds, int(i)) for i in idx]
+    training = self.layout == "official"
+    if "distill" not in objectives:
+      plan = self.lm.plan(rows_ids, rows_labels, rows=starts, training=training,
+                          steps_multiple=self.step_bucket)
+      return dict(plans=plan, tokens=int(sum(len(r) for r in rows_ids)))
+    # Distillation: plan with each label holding its target's position, so that the device can
+    # gather the teacher's distribution for it; then put the token ids back as labels.
+    positions = [np.arange(len(r), dtype=np.int64) for r in rows_ids]
+    plan = self.lm.plan(rows_ids, positions, rows=starts, training=training,
                         steps_multiple=self.step_bucket)
-    return dict(plans=plan, tokens=int(sum(len(r) for r in rows_ids)))
+    tpos = np.asarray(plan.labels)  # [n, B, L] target positions, IGNORE where unlabelled
+    labels = np.full(tpos.shape, IGNORE, np.int32)
+    soft = np.zeros(tpos.shape, bool)
+    for b, (ids, lab, obj) in enumerate(zip(rows_ids, rows_labels, objectives)):
+      t = tpos[:, b]
+      ok = t >= 0
+      tok = np.where(ok, lab[np.clip(t, 0, None)], IGNORE)
+      if obj == "distill":  # the first window sees what the teacher sees: nothing to learn
+        ok &= t >= self.bcfg.window
+        tok = np.where(ok, ids[np.clip(t, 0, None)], IGNORE)
+        soft[:, b] = ok
+      labels[:, b] = np.where(ok, tok, IGNORE)
+    width = round_up(max(len(r) for r in rows_ids), 64)
+    teacher_ids = np.zeros((1, len(rows_ids), width), np.int32)
+    for b, r in enumerate(rows_ids):
+      teacher_ids[0, b, :len(r)] = r
+    plan = dataclasses.replace(plan, labels=labels)
+    return dict(plans=dict(plan=plan, teacher_ids=teacher_ids, target_pos=tpos.astype(np.int32),
+                           soft=soft),
+                tokens=int(sum(len(r) for r in rows_ids)))
+
+  def _objective(self, ds, i: int) -> str:
+    obj = ds.objective[i] if getattr(ds, "objective", None) else None
+    return obj or self.default_objective
 
   def loss(self, params, plans):
-    return self.lm.loss_terms(params, plans)
+    if isinstance(plans, WindowPlan):
+      return self.lm.loss_terms(params, plans)
+    plan, const = distill_targets(self, jax.lax.stop_gradient(params), plans)
+    ls, lc = self.lm.loss_terms(params, plan)
+    return ls + const, lc
+
+
+@dataclasses.dataclass(frozen=True)
+class DistillSettings:
+  """``train.distill``: the teacher's top ``top_k`` tokens per position (renormalised) are the
+  target; ``alpha`` > 0 weights each token by ``1 + alpha * clip(log p_full - log p_trunc, 0, 2)``
+  (how much more likely the full-context base finds the next token than the base reading only
+  the last W tokens: the tokens that need far context count up to 1 + 2 alpha times)."""
+  top_k: int = 32
+  alpha: float = 0.0
+
+
+def token_weights(logp_full, logp_trunc, alpha: float):
+  """Per-token distillation weight ``1 + alpha * clip(log p_full - log p_trunc, 0, 2)``."""
+  return 1.0 + alpha * jnp.clip(logp_full - logp_trunc, 0.0, 2.0)
+
+
+def distill_targets(task: "BeaconTask", base, plans):
+  """On device: the teacher's soft targets for every label of ``plans["plan"]`` and the
+  per-row constant that turns the soft cross-entropy into KL(teacher || student).
+
+  Returns ``(plan with soft_idx / soft_p [n, B, L, K], const [B])``."""
+  plan, ids = plans["plan"], plans["teacher_ids"][0]  # [B, T]
+  b, t = ids.shape
+  pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+  logits, _ = task.teacher.apply({"params": base}, ids, pos)
+  logp = jax.nn.log_softmax(logits, axis=-1)  # [B, T, V]: row j predicts token j + 1
+  vals, top = jax.lax.top_k(logp, task.distill.top_k)
+  p = jax.nn.softmax(vals, axis=-1)  # renormalised over the top k
+  tpos = plans["target_pos"]  # [n, B, L]
+  row = jnp.clip(tpos - 1, 0, t - 1)
+  bi = jnp.arange(b)[None, :, None]
+  soft_idx, soft_p = top[bi, row], p[bi, row]  # [n, B, L, K]
+  if task.distill.alpha:
+    lt, _ = task.truncated.apply({"params": base}, ids, pos)
+    nxt = jnp.concatenate([ids[:, 1:], ids[:, -1:]], axis=1)[..., None]
+    lp_full = jnp.take_along_axis(logp, nxt, -1)[..., 0]
+    lp_trunc = jnp.take_along_axis(jax.nn.log_softmax(lt, axis=-1), nxt, -1)[..., 0]
+    soft_p = soft_p * token_weights(lp_full, lp_trunc, task.distill.alpha)[bi, row][..., None]
+  soft = plans["soft"]
+  labels = plan.labels
+  k = task.distill.top_k
+  hard_idx = jnp.concatenate([jnp.maximum(labels, 0)[..., None],
+                              jnp.zeros(labels.shape + (k - 1,), jnp.int32)], axis=-1)
+  hard_p = jnp.concatenate([(labels != IGNORE)[..., None].astype(jnp.float32),
+                            jnp.zeros(labels.shape + (k - 1,), jnp.float32)], axis=-1)
+  idx = jnp.where(soft[..., None], soft_idx, hard_idx).astype(jnp.int32)
+  mass = jnp.where(soft[..., None], soft_p, hard_p)
+  # KL = CE + sum_k mass_k log p_k (the teacher's negative entropy, weighted): a constant
+  plogp = jnp.where(soft[..., None], soft_p * jnp.log(jnp.maximum(p[bi, row], 1e-30)), 0.0)
+  const = jnp.sum(plogp, axis=(0, 2, 3))
+  return dataclasses.replace(plan, soft_idx=idx, soft_p=mass), const
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,0 +1,139 @@
+"""Beacon training objectives: distillation from the full-attention base (KL(teacher || student)
+on every raw token after the first window, the teacher computed inside the step), the inference
+layout, per-source objectives. Tiny random model; references are plain jnp."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from test_beacon import VOCAB, tiny_cfg, tiny_params
+
+from longjax.beacon import BeaconLM
+from longjax.beacon.config import BeaconConfig
+from longjax.beacon.model import frozen_base
+from longjax.data.pipeline import Dataset, split_objectives
+from longjax.data.sources import DataError
+from longjax.models.decoder import Decoder
+from longjax.train.tasks import BeaconTask, DistillSettings, token_weights
+
+W = 16
+
+
+@pytest.fixture(scope="module")
+def model():
+  cfg = tiny_cfg(num_layers=2)
+  return cfg, jax.tree.map(jnp.asarray, tiny_params(cfg))
+
+
+def _task(cfg, bcfg, *, layout="inference", objective="distill", alpha=0.0, top_k=VOCAB):
+  return BeaconTask(cfg, bcfg, max_length=8 * W, seed=0, layout=layout, remat=False,
+                    distill=DistillSettings(top_k=top_k, alpha=alpha), default_objective=objective)
+
+
+def _loss(task, params, docs, objectives=None):
+  ds = Dataset([np.asarray(d, np.int32) for d in docs], [None] * len(docs), {}, objectives)
+  batch = task.prepare(ds, np.arange(len(docs)), step=0)
+  ls, lc = task.loss(frozen_base(params), jax.tree.map(jnp.asarray, batch["plans"]))
+  return ls, lc
+
+
+def test_distill_is_zero_when_the_student_sees_what_the_teacher_sees(model):
+  """Ratio 0 keeps every raw activation as memory: the beacon model is full attention, so
+  KL(teacher || student) over the whole vocabulary is 0 on every scored token."""
+  cfg, params = model
+  ids = np.random.default_rng(1).integers(3, VOCAB, 3 * W + 5)
+  ls, lc = _loss(_task(cfg, BeaconConfig(window=W, stride=W, ratios=(0,))), params, [ids])
+  assert int(lc[0]) == len(ids) - W  # every token after the first window is scored
+  assert abs(float(ls[0])) < 1e-4 * float(lc[0]), float(ls[0])
+  # ... and it is not 0 once the memory compresses (the test can fail)
+  ls4, lc4 = _loss(_task(cfg, BeaconConfig(window=W, stride=W, ratios=(4,))), params, [ids])
+  assert float(ls4[0]) / float(lc4[0]) > 1e-2
+
+
+def _reference_kl(cfg, bcfg, params, ids, alpha=0.0):
+  """Dense jnp reference: student logits of every raw token from the prefill path (inference
+  layout), teacher logits from the plain decoder on the whole document, KL over the vocabulary."""
+  lm = BeaconLM(cfg, bcfg, max_length=8 * W)
+  out = lm.forward(params, ids, collect_logits=True, training=False)
+  q = jax.nn.log_softmax(out.raw_logits[0], axis=-1)  # row i predicts token i + 1
+  pos = jnp.arange(len(ids))[None]
+  t_logits, _ = Decoder(cfg).apply({"params": jax.lax.stop_gradient(params)}, ids[None], pos)
+  p = jax.nn.log_softmax(t_logits[0], axis=-1)
+  kl = jnp.sum(jnp.exp(p) * (p - q), axis=-1)[W - 1:len(ids) - 1]  # targets W .. T-1
+  if alpha:
+    trunc = Decoder(cfg.replace(sliding_windows=(W,) * cfg.num_layers))
+    lt, _ = trunc.apply({"params": params}, ids[None], pos)
+    lt = jax.nn.log_softmax(lt[0], axis=-1)
+    nxt = jnp.asarray(ids[1:])[:, None]
+    w = token_weights(jnp.take_along_axis(p[:-1], nxt, -1)[:, 0],
+                      jnp.take_along_axis(lt[:-1], nxt, -1)[:, 0], alpha)
+    kl = kl * w[W - 1:]
+  return jnp.sum(kl) / kl.shape[0]
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.7])
+def test_distill_loss_and_gradient_match_a_dense_reference(model, alpha):
+  cfg, params = model
+  bcfg = BeaconConfig(window=W, stride=W, ratios=(4,))
+  ids = np.random.default_rng(2).integers(3, VOCAB, 3 * W + 9)
+  task = _task(cfg, bcfg, alpha=alpha)
+
+  def ours(p):
+    ls, lc = _loss(task, p, [ids])
+    return ls[0] / lc[0]
+
+  def ref(p):
+    return _reference_kl(cfg, bcfg, frozen_base(p), ids, alpha)
+
+  a, ga = jax.value_and_grad(ours)(params)
+  b, gb = jax.value_and_grad(ref)(params)
+  np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+  for x, y in zip(jax.tree.leaves(ga), jax.tree.leaves(gb)):
+    np.testing.assert_allclose(x, y, rtol=1e-3, atol=1e-6)
+  assert max(float(jnp.abs(x).max()) for x in jax.tree.leaves(ga)) > 0
+
+
+def test_token_weights_by_hand():
+  w = token_weights(jnp.array([-1.0, -3.0, -0.5, -2.0]), jnp.array([-2.0, -1.0, -4.0, -2.0]), 0.5)
+  # log p_full - log p_trunc = 1, -2, 3.5, 0 -> clipped 1, 0, 2, 0
+  np.testing.assert_allclose(w, [1.5, 1.0, 2.0, 1.0])
+
+
+def test_mixed_objectives_in_one_batch(model):
+  """One batch of an ``lm`` row and a ``distill`` row: each row's loss is what its objective
+  gives alone (the lm row: the plain next-token loss of the beacon model, every token)."""
+  cfg, params = model
+  bcfg = BeaconConfig(window=W, stride=W, ratios=(4,))
+  rng = np.random.default_rng(3)
+  a, b = rng.integers(3, VOCAB, 2 * W + 3), rng.integers(3, VOCAB, 2 * W + 3)
+  task = _task(cfg, bcfg)
+  ls, lc = _loss(task, params, [a, b], ["lm", "distill"])
+  alone, n = _loss(task, params, [b])
+  np.testing.assert_allclose(ls[1], alone[0], rtol=1e-5)
+  assert int(lc[1]) == int(n[0])
+  lm = BeaconLM(cfg, bcfg, max_length=8 * W)
+  nll = lm.loss(params, a, training=False)
+  np.testing.assert_allclose(ls[0] / lc[0], nll, rtol=1e-5)
+
+
+def test_inference_layout_puts_beacons_in_the_last_window(model):
+  cfg, _ = model
+  bcfg = BeaconConfig(window=W, stride=W, ratios=(4,))
+  ids = np.random.default_rng(4).integers(3, VOCAB, 2 * W - 3)
+  ds = Dataset([ids.astype(np.int32)], [None], {})
+  beacons = {}
+  for layout in ("official", "inference"):
+    plan = _task(cfg, bcfg, layout=layout, objective="lm").prepare(ds, np.arange(1), 0)["plans"]
+    beacons[layout] = int(np.sum(np.asarray(plan.tokens) == cfg.vocab_size))
+  assert beacons["official"] == W // 4  # the first window only
+  assert beacons["inference"] == W // 4 + (W - 3) // 4
+
+
+def test_source_objectives():
+  assert split_objectives(["jsonl:a.jsonl@distill", "text:b", "jsonl:c@lm"]) == (
+      ["jsonl:a.jsonl", "text:b", "jsonl:c"], ["distill", None, "lm"])
+  assert split_objectives(["text:/x/me@host.org/a.txt"])[1] == [None]  # an '@' inside a path
+  with pytest.raises(DataError, match="unknown objective 'distil'"):
+    split_objectives(["jsonl:a@distil"])
