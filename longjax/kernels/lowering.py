@@ -51,14 +51,16 @@ def cuda_unavailable_reason() -> Optional[str]:
   if not pallas_gpu.available():
     return "the Pallas Triton backend is not in this jax"
   import jaxlib
-  version = tuple(int(x) for x in jaxlib.__version__.split(".")[:3])
-  if version > (0, 10, 2) and jax.default_backend() != "gpu":
-    # Since jaxlib 0.10.3 the Triton lowering calls the Triton compiler of the CUDA plugin.
+  version = tuple(int(x) for x in jaxlib.__version__.split(".")[:3] if x.isdigit())
+  if version > (0, 10, 2):
+    # Since jaxlib 0.10.3 the Triton lowering compiles the module with the Triton compiler of the
+    # CUDA plugin (``jaxlib.gpu_triton.TritonKernel`` exists only when the plugin is installed).
     try:
-      from jax._src.lib import triton as triton_lib  # noqa: F401
-      if getattr(triton_lib, "compile", None) is None:
-        raise ImportError
+      import jaxlib.gpu_triton as gpu_triton
+      has_plugin = hasattr(gpu_triton, "TritonKernel")
     except Exception:
+      has_plugin = False
+    if not has_plugin:
       return (f"jaxlib {jaxlib.__version__} compiles Triton at lowering time through the CUDA "
               "plugin, which this host lacks (the CPU-side lowering stops at jaxlib 0.10.2)")
   return None
