@@ -19,8 +19,11 @@ Sections
    beacon window step (32K / 128K context: memory 1/8 of it + 2304-token window), FocusLLM chunk
    condensing (2048-token chunks, 16 / 64 chunks), decode (1 token vs 32K / 128K), plus one
    forward+backward. TFLOP/s counts only the unmasked score entries (4 * D * Hq * pairs).
-4. The CPU-interpret test file (``tests/test_kernels.py``, not slow) under this machine's jax, to
-   catch Pallas API drift between jax versions, if time is left.
+4. The lowering tests (``tests/test_kernel_lowering.py``: every kernel lowered for ``tpu`` and
+   ``cuda``; with the CUDA plugin of jaxlib > 0.10.2 the ``cuda`` lowering also runs the Triton
+   compiler, so shared-memory limits are checked too) and the CPU-interpret test file
+   (``tests/test_kernels.py``, not slow) under this machine's jax, to catch Pallas API drift
+   between jax versions, if time is left.
 """
 from __future__ import annotations
 
@@ -279,6 +282,7 @@ def section_interpret_tests():
     return
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-m", "not slow", "-p", "no:cacheprovider",
+         os.path.join(ROOT, "tests", "test_kernel_lowering.py"),
          os.path.join(ROOT, "tests", "test_kernels.py")]
   log(f"running {' '.join(cmd)} (timeout {left:.0f}s)")
   try:

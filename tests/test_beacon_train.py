@@ -109,3 +109,17 @@ def test_plan_padding_and_seeded_rows(model):
   np.testing.assert_allclose(float(la), float(lb), rtol=1e-6)
   with pytest.raises(ValueError, match="empty memory"):
     lm.plan(ids, rows=[RowState(fed=3)])
+
+
+def test_bf16_training_gradient_traces():
+  """The real configs train in bf16 (configs/beacon_qwen2.py): the frozen-head NLL's custom JVP
+  must give an fp32 tangent for its fp32 NLL whatever the hidden dtype (it gave bf16 and the
+  Qwen2-7B training step failed to trace; found by the compile-only TPU report)."""
+  cfg = tiny_cfg(dtype="bfloat16", param_dtype="bfloat16")
+  params = jax.eval_shape(lambda: tiny_params(cfg))
+  lm = BeaconLM(cfg, BCFG, max_length=W * 4, training=True)
+  ids = _ids(W * 3, 3)
+  plan = lm.plan(ids, ids)
+  f = lambda p: (lambda ls, lc: ls.sum() / lc.sum())(*lm.loss_terms(frozen_base(p), plan))  # noqa: E731
+  grads = jax.eval_shape(jax.grad(f), params)
+  assert grads["layers"]["attn"]["alt_q_proj"]["kernel"].dtype == jnp.bfloat16

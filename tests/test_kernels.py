@@ -1,7 +1,9 @@
 """Attention kernels vs the dense reference (CPU; Pallas kernels in interpret mode).
 
 Shapes are small and lengths are never multiples of the block sizes (the kernels use 16 x 16
-blocks here so that several blocks, padding and block skipping are all exercised). Every case has
+blocks here so that several blocks, padding and block skipping are all exercised; interpret mode
+has no TPU tiling rules, and ``test_flash_tpu_production_blocks`` runs the TPU kernel at its
+production 128 x 128 blocks; ``test_kernel_lowering.py`` lowers every kernel for TPU and GPU). Every case has
 at least one query that may see nothing (its output must be exactly 0, never NaN). Forward tests
 of every kernel run by default; gradient tests are marked ``slow``.
 """
@@ -19,8 +21,8 @@ from longjax.kernels import decode as decode_lib
 from longjax.kernels import flash
 from longjax.kernels.blockwise import blockwise_attention
 from longjax.kernels.chunked import chunked_attention
-from longjax.kernels.mask import (TokenMeta, allowed, block_lists, block_visits, kernel_allowed,
-                                  kernel_meta, pad_kernel_meta)
+from longjax.kernels.mask import (MaskRule, TokenMeta, allowed, block_lists, block_visits,
+                                  kernel_allowed, kernel_meta, pad_kernel_meta)
 from longjax.kernels.reference import dense_attention
 from longjax.kernels.testing import TOL, case_meta, grad_loss, make_case, rel_err
 
@@ -184,6 +186,40 @@ def test_flash_tpu_interpret_params():
   q, k, v, qm, km, rule, window = make_case("window", jnp.float32, 4, 2)
   out, lse = run_flash("tpu", q, k, v, qm, km, rule, window,
                        interpret=flash.resolve_interpret("tpu", "tpu"))
+  check_forward(out, lse, q, k, v, qm, km, rule, window)
+
+
+def _production_case(dtype, seed=0):
+  """Long enough for several 128 x 128 blocks: a sliding window of 100 over 300 tokens (query
+  blocks skip the first KV block), row 1 padded from 260, one query of a segment no key has."""
+  rng = np.random.default_rng(seed)
+  b, t, hq, hkv, d = 2, 300, 4, 2, 64
+  order = np.arange(t)[None].repeat(b, 0)
+  valid = np.ones((b, t), bool)
+  valid[1, 260:] = False
+  q_seg = np.zeros((b, t), np.int32)
+  q_seg[0, 7] = 5
+  qm = TokenMeta.causal(order, valid=valid, segment=q_seg)
+  km = TokenMeta.causal(order, valid=valid)
+  q = jnp.asarray(rng.standard_normal((b, t, hq, d)), dtype)
+  k = jnp.asarray(rng.standard_normal((b, t, hkv, d)), dtype)
+  v = jnp.asarray(rng.standard_normal((b, t, hkv, d)), dtype)
+  return q, k, v, qm, km, MaskRule(True), 100
+
+
+@pytest.mark.parametrize("dtype,jit", [(jnp.float32, True), (jnp.bfloat16, False)])
+def test_flash_tpu_production_blocks(dtype, jit):
+  """The TPU kernel at its production 128 x 128 blocks (the blocks a TPU accepts; the tests above
+  use 16 x 16, which only interpret mode allows): padding, GQA, block skipping, traced (jit) and
+  host-built block lists."""
+  q, k, v, qm, km, rule, window = _production_case(dtype)
+  m = kernel_meta(qm, km, rule, window)
+  assert flash.block_sizes("tpu", 300, 300) == (128, 128)
+  visits = np.asarray(block_visits(pad_kernel_meta(m, 384, 384), 128, 128))
+  assert not visits.all(), "the case must skip some KV blocks"
+  fn = lambda q, k, v, m: flash.flash_attention(q, k, v, m, scale=q.shape[-1] ** -0.5,
+                                                backend="tpu", interpret=True)
+  out, lse = (jax.jit(fn) if jit else fn)(q, k, v, m)
   check_forward(out, lse, q, k, v, qm, km, rule, window)
 
 

@@ -121,7 +121,8 @@ def _frozen_head_nll(cfg, params, h, labels):
 def _frozen_head_nll_jvp(cfg, primals, tangents):
   params, h, labels = primals
   nll, dh = _nll(cfg, params, h, labels, with_grad=True)
-  return nll, jnp.sum(tangents[1] * dh, axis=-1)
+  # The tangent has the NLL's dtype (fp32) whatever h's (bf16 on accelerators).
+  return nll, jnp.sum(tangents[1] * dh, axis=-1, dtype=jnp.float32).astype(nll.dtype)
 
 
 def _soft_ce(cfg, params, h, idx, p, with_grad=False):

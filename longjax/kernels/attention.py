@@ -34,11 +34,12 @@ from typing import Optional
 import jax.numpy as jnp
 
 from longjax.kernels import decode as decode_lib
-from longjax.kernels import flash, pallas_gpu
+from longjax.kernels import flash, pallas_gpu, pallas_tpu
 from longjax.kernels.blockwise import blockwise_attention
 from longjax.kernels.chunked import chunked_attention
 from longjax.kernels.mask import MaskRule, TokenMeta, NO_WINDOW, kernel_meta
 from longjax.kernels.reference import dense_attention
+from longjax.sizes import round_up
 
 IMPLS = ("auto", "xla", "chunked", "blockwise", "pallas")
 # Above this many scores per (batch, head) the XLA paths use the blockwise implementation.
@@ -60,8 +61,13 @@ def _warn_once(msg: str):
 
 
 def pallas_unsupported_reason(q_shape, k_shape, dtype, *, interpret=None,
-                              backend: Optional[str] = None) -> Optional[str]:
-  """``None`` when the Pallas path can run these shapes here, else why not."""
+                              backend: Optional[str] = None, block_q: Optional[int] = None,
+                              block_k: Optional[int] = None) -> Optional[str]:
+  """``None`` when the Pallas path can run these shapes here, else why not.
+
+  ``block_q`` / ``block_k``: the flash kernel's blocks (``None``: the backend's defaults, shrunk
+  for short sequences as ``flash.block_sizes`` does). A compiled TPU kernel also needs them to
+  follow the TPU tiling rule (``pallas_tpu.supported``)."""
   try:
     backend = flash.resolve_backend(backend)
   except ValueError as e:
@@ -83,8 +89,12 @@ def pallas_unsupported_reason(q_shape, k_shape, dtype, *, interpret=None,
     reason = pallas_gpu.supported(d, 16, 16)
     if reason:
       return reason
-  elif d % 8 and not interp:
-    return f"head_dim {d} must be a multiple of 8 for the TPU kernel"
+  elif not interp:
+    tq, tk = q_shape[1], k_shape[1]
+    bq, bk = flash.block_sizes("tpu", max(tq, 1), max(tk, 1), block_q, block_k)
+    reason = pallas_tpu.supported(d, round_up(tq, bq), round_up(tk, bk), bq, bk)
+    if reason:
+      return reason
   if q_shape[1] == 0 or k_shape[1] == 0:
     return "empty query or key sequence"
   return None

@@ -25,6 +25,8 @@ flavour runs on CPU (default: ``gpu``, the faster one to interpret).
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import os
 from typing import Optional
@@ -44,8 +46,31 @@ BACKENDS = ("tpu", "gpu")
 DEFAULT_BLOCKS = {"tpu": (128, 128), "gpu": (128, 64)}
 
 
+_TARGET = contextvars.ContextVar("longjax_target_platform", default=None)
+PLATFORMS = ("cpu", "gpu", "tpu")
+
+
 def platform() -> str:
-  return jax.default_backend()
+  """The platform the attention is built for: ``jax.default_backend()``, unless a
+  :func:`target_platform` block says otherwise."""
+  target = _TARGET.get()
+  return target if target is not None else jax.default_backend()
+
+
+@contextlib.contextmanager
+def target_platform(name: str):
+  """Build attention for ``name`` (``"tpu"``, ``"gpu"``, ``"cpu"``) instead of this host's backend:
+  ``impl="auto"`` / ``"pallas"`` then choose the accelerator's kernels, not interpreted. Used to
+  lower or compile for TPU / GPU from a CPU host (``longjax.kernels.lowering``). It affects tracing
+  only: trace the function inside the block (jit caches a trace by function and shapes, so a
+  function already traced for the host is not re-traced)."""
+  if name not in PLATFORMS:
+    raise ValueError(f"unknown target platform {name!r}; choose one of {PLATFORMS}")
+  token = _TARGET.set(name)
+  try:
+    yield
+  finally:
+    _TARGET.reset(token)
 
 
 def env_interpret():

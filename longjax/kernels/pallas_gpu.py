@@ -21,6 +21,9 @@ kernel with **Triton**, selected explicitly by passing ``compiler_params=plt.Com
   falls back to XLA and says why, and ``impl="pallas"`` raises (no silent fallback).
   ``scripts/gpu_check.py`` prints which backend ran. A Mosaic GPU (FA3-style, warp-specialised)
   kernel is the follow-up once it can be developed on a GPU.
+* The decision for jax >= 0.11 (Triton kept, Mosaic GPU the follow-up, tokamax not adopted: its
+  masks are causal, key ranges or dense) and how the kernel is lowered for ``cuda`` on a CPU host
+  are in ``docs/kernels.md``.
 
 Layout (prepared by ``flash.py``): ``q [B, Hq, Tq, D]``, ``k``/``v`` ``[B, Hkv, Tk, D]`` (GQA:
 program ``h`` reads KV head ``h // G``; KV is never repeated in memory), lengths padded to the

@@ -38,8 +38,35 @@ from longjax.kernels.pallas_common import flash_cost
 NUM_META = 4
 
 
+# TPU tiling: the last two dimensions of every block must be multiples of (8, 128) or span the
+# whole array axis. The kernel's blocks are q [block_q, D], k/v [block_k, D], query metadata
+# [block_q, 4] and key metadata [4, block_k]: so block_q % 8 and block_k % 128 (the key block is a
+# lane dimension of the key metadata), unless one block covers the whole (padded) axis.
+SUBLANE, LANE = 8, 128
+
+
 def available() -> bool:
   return pltpu is not None and hasattr(pltpu, "PrefetchScalarGridSpec")
+
+
+def supported(d: int, tq: int, tk: int, block_q: int, block_k: int):
+  """``None`` if a compiled (not interpreted) TPU kernel accepts these blocks, else why not.
+
+  ``tq`` / ``tk`` are the lengths padded to the blocks (``flash.block_sizes`` + ``round_up``).
+  Interpret mode has no tiling rules (the CPU tests use 16 x 16 blocks to exercise several blocks
+  on short sequences); a TPU refuses such blocks at lowering time with a less direct message.
+  """
+  if d % 8:
+    return f"head_dim {d} must be a multiple of 8 for the TPU kernel"
+  bad = []
+  if block_q % SUBLANE and block_q != tq:
+    bad.append(f"block_q={block_q} must be a multiple of {SUBLANE}")
+  if block_k % LANE and block_k != tk:
+    bad.append(f"block_k={block_k} must be a multiple of {LANE}")
+  if bad:
+    return (f"TPU block rule: {' and '.join(bad)} unless one block spans the whole padded axis "
+            f"(Tq={tq}, Tk={tk}); use the defaults (128, 128) or a multiple of (8, 128)")
+  return None
 
 
 def _kernel(blocks_ref, counts_ref, q_ref, k_ref, v_ref, qm_ref, km_ref, o_ref, lse_ref,
@@ -101,6 +128,10 @@ def flash_fwd(q, k, v, q_fields, k_fields, blocks, counts, *, n_steps: int, scal
     raise RuntimeError("Pallas TPU (jax.experimental.pallas.tpu) is not available in this jax")
   bsz, hq, tq, d = q.shape
   hkv = k.shape[1]
+  if not interpret:
+    reason = supported(d, tq, k.shape[2], block_q, block_k)
+    if reason:
+      raise ValueError(reason)
   g = hq // hkv
   n_q = tq // block_q
   width = blocks.shape[-1]

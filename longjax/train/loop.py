@@ -239,6 +239,43 @@ def remat_mode(value):
 
 
 # --------------------------------------------------------------------------------------------
+def step_functions(task, opt):
+  """``(grad_fn, apply, fused)``: the training step's pure functions (jitted by the Trainer; the
+  compile-only TPU report lowers the same ``fused``). ``task.loss(params, plans)`` gives per-sample
+  ``(loss_sum, loss_count)``; ``opt`` is the optax optimizer."""
+
+  def loss_fn(trainable, frozen, plans):
+    params = merge_params(trainable, frozen)
+    ls, lc = task.loss(params, plans)
+    valid = lc > 0
+    per = ls / jnp.maximum(lc, 1).astype(jnp.float32)
+    loss = jnp.sum(jnp.where(valid, per, 0.0)) / jnp.maximum(jnp.sum(valid), 1)
+    return loss, jnp.sum(lc)
+
+  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+
+  def apply(trainable, opt_state, grads, loss):
+    # The guard runs here, before anything is applied or saved: a non-finite loss or gradient
+    # (finite_in) or an update that leaves non-finite weights (finite_out) keeps the old state
+    # (the inputs are donated, so the host could not get it back) and the host stops the run.
+    updates, new_opt = opt.update(grads, opt_state, trainable)
+    new = optax.apply_updates(trainable, updates)
+    finite_in = jnp.isfinite(loss) & jnp.isfinite(optax.tree.norm(grads))
+    finite_out = jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(new)]))
+    ok = finite_in & finite_out
+    keep = lambda n, o: jnp.where(ok, n, o)
+    return (jax.tree.map(keep, new, trainable), jax.tree.map(keep, new_opt, opt_state),
+            dict(finite_in=finite_in, finite_out=finite_out))
+
+  def fused(trainable, opt_state, frozen, plans):
+    (loss, ntok), grads = grad_fn(trainable, frozen, plans)
+    gnorm = optax.tree.norm(grads)
+    trainable, opt_state, flags = apply(trainable, opt_state, grads, loss)
+    return trainable, opt_state, dict(loss=loss, grad_norm=gnorm, label_tokens=ntok, **flags)
+
+  return grad_fn, apply, fused
+
+
 class Trainer:
   def __init__(self, c, *, resume: bool = True, base=None, lm_length: Optional[int] = None):
     validate(c)
@@ -321,38 +358,7 @@ class Trainer:
 
   # ------------------------------------------------------------------------------------------
   def _build_steps(self):
-    task = self.task
-
-    def loss_fn(trainable, frozen, plans):
-      params = merge_params(trainable, frozen)
-      ls, lc = task.loss(params, plans)
-      valid = lc > 0
-      per = ls / jnp.maximum(lc, 1).astype(jnp.float32)
-      loss = jnp.sum(jnp.where(valid, per, 0.0)) / jnp.maximum(jnp.sum(valid), 1)
-      return loss, jnp.sum(lc)
-
-    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
-    opt = self.optimizer
-
-    def apply(trainable, opt_state, grads, loss):
-      # The guard runs here, before anything is applied or saved: a non-finite loss or gradient
-      # (finite_in) or an update that leaves non-finite weights (finite_out) keeps the old state
-      # (the inputs are donated, so the host could not get it back) and the host stops the run.
-      updates, new_opt = opt.update(grads, opt_state, trainable)
-      new = optax.apply_updates(trainable, updates)
-      finite_in = jnp.isfinite(loss) & jnp.isfinite(optax.tree.norm(grads))
-      finite_out = jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(new)]))
-      ok = finite_in & finite_out
-      keep = lambda n, o: jnp.where(ok, n, o)
-      return (jax.tree.map(keep, new, trainable), jax.tree.map(keep, new_opt, opt_state),
-              dict(finite_in=finite_in, finite_out=finite_out))
-
-    def fused(trainable, opt_state, frozen, plans):
-      (loss, ntok), grads = grad_fn(trainable, frozen, plans)
-      gnorm = optax.tree.norm(grads)
-      trainable, opt_state, flags = apply(trainable, opt_state, grads, loss)
-      return trainable, opt_state, dict(loss=loss, grad_norm=gnorm, label_tokens=ntok, **flags)
-
+    grad_fn, apply, fused = step_functions(self.task, self.optimizer)
     self._fused = jax.jit(fused, donate_argnums=(0, 1),
                           out_shardings=(self.tr_sh, self.opt_sh, None))
     self._grad = jax.jit(grad_fn)

@@ -1,0 +1,83 @@
+#!/usr/bin/env python
+"""Compile longjax's programs for TPU slices on this CPU host and print memory / FLOPs (nothing runs).
+
+Needs ``libtpu`` (``pip install -r requirements-tpu.txt``). From the repository root:
+
+    JAX_PLATFORMS=cpu python scripts/tpu_compile_report.py --kernels v4,v5e,v5p,v6e
+    JAX_PLATFORMS=cpu python scripts/tpu_compile_report.py --train v5p-8 --length 4096 --impl blockwise
+
+Per program and slice: per-device bytes at the peak (arguments + outputs + temporaries - donated
+aliases, from ``compiled.memory_analysis()``) against the chip's HBM, the FLOPs XLA counts
+(``cost_analysis()``, per device) and the time they take at the chip's bf16 peak. XLA counts a
+``while`` / ``scan`` body once, not once per trip: for the scanned models (layers under
+``nn.scan``, beacon windows under ``lax.scan``) the FLOPs and time are lower bounds; the memory
+numbers are exact for the compiled program. Writes the markdown table to ``--out`` if given.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from longjax import compile_only as co  # noqa: E402
+
+
+def row(r: co.Result) -> str:
+  gib = lambda b: f"{b / 2**30:.2f}"  # noqa: E731
+  hbm = r.hbm()
+  if not r.ok:
+    return (f"| {r.program} | {r.slice} | {r.devices} | FAILED | {gib(hbm)} | | | {r.compile_s:.0f} s "
+            f"| {r.error} |")
+  fit = "yes" if r.fits() else "**no**"
+  return (f"| {r.program} | {r.slice} | {r.devices} | {gib(r.peak_bytes)} (temp {gib(r.temp_bytes)}) "
+          f"| {gib(hbm)} ({fit}) | {r.flops / 1e12:.3g} | {1e3 * r.seconds_at_peak():.3g} ms "
+          f"| {r.compile_s:.0f} s | {r.note} |")
+
+
+HEADER = ("| program | slice | devices | per-device GiB at peak | HBM GiB (fits) | TFLOP / device "
+          "(XLA count) | at bf16 peak | compile | notes |\n|---|---|---|---|---|---|---|---|---|")
+
+
+def main(argv=None):
+  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+  ap.add_argument("--kernels", default="", help="chips for the kernel cases, e.g. v4,v5e,v5p,v6e")
+  ap.add_argument("--train", default="", help="slices for the beacon_qwen2 training step, "
+                  "e.g. v5p-8,v5e-16")
+  ap.add_argument("--length", type=int, default=0, help="tokens per training sample "
+                  "(default: the config's data.max_length)")
+  ap.add_argument("--impl", default="", help="attention impl override for the training step")
+  ap.add_argument("--mesh", default="", help='mesh override, JSON, e.g. {"fsdp": 8, "tensor": 2}')
+  ap.add_argument("--out", default="", help="also write the markdown table here")
+  args = ap.parse_args(argv)
+  if not co.libtpu_available():
+    print("libtpu is not installed: pip install -r requirements-tpu.txt", file=sys.stderr)
+    return 2
+  t0 = time.time()
+  results = []
+  for chip in filter(None, args.kernels.split(",")):
+    rs = co.kernel_results(chip)
+    results += rs
+    for r in rs:
+      print(row(r), flush=True)
+  for sl in filter(None, args.train.split(",")):
+    r = co.beacon_train(sl, length=args.length or None, impl=args.impl or None,
+                        mesh=json.loads(args.mesh) if args.mesh else None)
+    results.append(r)
+    print(row(r), flush=True)
+  table = HEADER + "\n" + "\n".join(row(r) for r in results)
+  print("\n" + table)
+  print(f"\n{len(results)} programs, {sum(r.ok for r in results)} compiled, "
+        f"{time.time() - t0:.0f} s")
+  if args.out:
+    with open(args.out, "w") as f:
+      f.write(table + "\n")
+  return 0 if all(r.ok for r in results) else 1
+
+
+if __name__ == "__main__":
+  sys.exit(main())
