@@ -1,18 +1,26 @@
-"""Activation Beacon on frozen SmolLM2-135M-Instruct (the real-model learning proof, CPU-sized).
+"""Activation Beacon on frozen SmolLM2-135M-Instruct: the real-model learning campaign (round 2).
 
-W = S = 256 (1/32 of SmolLM2's 8K context), ratio 2, interleave + full-coverage, beacon q/k/v +
-embedding trained (official init: copies, embedding from EOS; adding o, as v1 of the paper did,
-would make the bf16 asset 53 MB, over the 40 MB budget), fp32. Data: passkey documents in the
-official prompt format through the chat template, 400-1100 tokens (2-5 windows: a beacon
-compresses one window at a time, so short documents teach the same skill at a fraction of the step
-time), keys of 5-16 digits (each digit is one SmolLM2 token, so a
-longer key is more retrieval targets per step), 90 % of keys outside the beacon-free last training
-window, loss on the answer ("The pass key is K.") only; written by scripts/passkey_data.py.
-The README ("Does it learn? On SmolLM2") lists the recipes tried and what they reached.
+W = S = 256 (1/32 of SmolLM2's 8K context). The start point was chosen by measurement
+(scripts/learn_diagnostics.py start: untrained perplexity on held-out prose after the first
+window; results/learn_smollm2.json "start_point"): append + step-expansion, ratio 8, sink 1 (19.7;
+truncation 12.8) instead of interleave + full-coverage ratio 2 (508.6), whose untrained beacons
+sit between the raw tokens of every window. Beacon q/k/v + embedding trained from the official
+init (copies, embedding from EOS), fp32.
 
-  python scripts/passkey_data.py --out runs/smollm2_beacon_data/train.jsonl --count 3000 \
-      --min 400 --max 1100 --digits 5-16 --before_last 0.9 --seed 11
+Objective: distillation from the full-attention base on every raw token after the first window
+(data.loss_on="distill", teacher top-32 inside the step, far-context weight alpha 1), in the
+inference layout (train.layout="inference"). Data (offline; README "Does it learn?"): long
+prose (King James Bible, Debian Administrator's Handbook), a copy task (the last window repeats a
+span of an earlier one after a cue) and passkey documents with keys outside the last window;
+500-1400 tokens (2-6 windows). Held-out evaluation text: pydoc_data.topics, never trained on.
+
+  python scripts/long_text_data.py --kind prose --out runs/campaign/prose.jsonl --count 3000 --min 500 --max 1100
+  python scripts/long_text_data.py --kind copy --out runs/campaign/copy.jsonl --count 1500 --min 500 --max 1100 --seed 4
+  python scripts/passkey_data.py --out runs/campaign/passkey.jsonl --count 3000 --min 500 --max 1400 \
+      --digits 5-8 --before_last 1.0 --seed 11
   python train.py --config=configs/smollm2_beacon.py     # rerun the same command to resume
+  # continue from the committed asset on a fresh machine (fresh optimizer):
+  python train.py --config=configs/smollm2_beacon.py --config.train.init_from=assets/smollm2_beacon
 """
 import ml_collections
 
@@ -22,19 +30,22 @@ from configs import common
 def get_config():
   c = ml_collections.ConfigDict()
   c.method = "beacon"
-  c.workdir = "runs/smollm2_beacon"
+  c.workdir = "runs/campaign/run"
   c.seed = 0
   c.model = common.real_model("HuggingFaceTB/SmolLM2-135M-Instruct", checkpoint="smollm2",
                               dtype="float32", param_dtype="float32")
-  c.beacon = ml_collections.ConfigDict(dict(window=256, stride=256, ratios=(2,),
-                                            ratio_mix="step-random", pos="interleave",
-                                            attn="full-coverage", param=("q", "k", "v"),
-                                            sink_size=0, embed_init="eos", attend_prev=True))
-  c.data = common.data_defaults(sources="jsonl:runs/smollm2_beacon_data/train.jsonl",
-                                min_length=0, max_length=1400, loss_on="answer")
-  c.train = common.train_defaults(num_steps=600, global_batch=1, lr=2e-4, warmup_steps=10,
-                                  save_every=25, keep=40, log_every=1, progress=False,
-                                  remat="dots")  # 2.8 GB and 12 % faster than True (bench)
+  c.beacon = ml_collections.ConfigDict(dict(window=256, stride=256, ratios=(8,),
+                                            ratio_mix="step-random", pos="append",
+                                            attn="step-expansion", param=("q", "k", "v"),
+                                            sink_size=1, embed_init="eos", attend_prev=True))
+  c.data = common.data_defaults(sources="jsonl:runs/campaign/prose.jsonl,"
+                                        "jsonl:runs/campaign/copy.jsonl,"
+                                        "jsonl:runs/campaign/passkey.jsonl",
+                                min_length=0, max_length=1400, loss_on="distill")
+  c.train = common.train_defaults(num_steps=1500, global_batch=1, lr=2e-4, warmup_steps=20,
+                                  save_every=50, keep=40, log_every=1, progress=False,
+                                  remat="dots",  # 2.8 GB and 12 % faster than True (bench)
+                                  layout="inference", distill=dict(top_k=32, alpha=1.0))
   c.debug = common.debug_defaults()
   from longjax.eval.config import eval_config  # noqa: E402
   c.eval = eval_config("beacon", preset="tiny")

@@ -113,18 +113,24 @@ def cmd_data(args, res, out):
     twin_input = r["input"].replace(str(key), str(other))
     a, b = tok.encode(r["input"]), tok.encode(twin_input)
     ids = sum(_answer_ids(tok, r), []) + [0]  # + EOS
-    # the key must sit in window 1 and the answer in window 2 (two windows in all)
+    # the key must sit in window 1, outside the last W tokens of the prompt (what truncation
+    # reads), and the answer in window 2 (two windows in all)
     where = [i for i in range(len(a)) if a[i] != b[i]] if len(a) == len(b) else []
-    if not where or max(where) >= W or not (W < len(ids) <= 2 * W):
+    prompt_len = len(_answer_ids(tok, r)[0])
+    if (not where or max(where) >= min(W, prompt_len - W)
+        or not (W < len(ids) <= args.max_windows * W)):
       continue
     r.update(twin_input=twin_input, twin_key=other)
     recs.append(r)
+    if args.twins:  # the twin trains too: only the memory tells the two keys apart
+      recs.append(dict(r, input=twin_input, output=r["output"].replace(str(key), str(other)),
+                       key=other, twin_input=r["input"], twin_key=key))
   path = Path(args.out)
   path.parent.mkdir(parents=True, exist_ok=True)
   tmp = path.with_name(path.name + ".partial")
   tmp.write_text("".join(json.dumps(r) + "\n" for r in recs))
   tmp.replace(path)
-  print(f"wrote {len(recs)} two-window documents to {path}")
+  print(f"wrote {len(recs)} documents to {path}")
 
 
 def _answer_ids(tok, rec):
@@ -196,20 +202,61 @@ def cmd_overfit(args, res, out):
   del longjax
 
 
+def cmd_curve(args, res, out):
+  """For every kept checkpoint of --workdir (every --every steps; step 0 = the official init):
+  the swap probe on fresh documents (--data, written by ``data`` with another seed) and the
+  perplexity of the held-out prose after the first window."""
+  import orbax.checkpoint as ocp
+  recs = [json.loads(x) for x in Path(args.data).read_text().splitlines() if x.strip()]
+  ns = argparse.Namespace(workdir=args.workdir, asset=args.asset, window=W, max_new_tokens=12)
+  models = lpr.Models(ns)
+  prose = lpr.real_text_docs(models.tok, args.docs, args.doc_tokens)
+  curve = res.setdefault("campaign_curve", {})
+  res["campaign_curve_protocol"] = dict(
+      probe=f"{len(recs)} fresh passkey documents ({Path(args.data).name}), key outside the last "
+            "window; delta = answer-digit NLL with a twin's memory (another key) minus own",
+      ppl=f"{args.docs} x {args.doc_tokens} tokens of pydoc_data.topics, after the first window",
+      workdir=Path(args.workdir).name)
+  steps = sorted(ocp.CheckpointManager(Path(args.workdir).absolute() / "checkpoints").all_steps())
+  for step in [0] + steps:
+    if str(step) in curve or step % args.every:
+      continue
+    t0 = time.time()
+    lm, params, desc, _ = models.beacon("trained" if step else "untrained", step or None)
+    c = probe(lm, params, models.tok, recs)
+    nll = cnt = 0.0
+    for ids in prose:
+      ids = np.asarray(ids, np.int64)
+      labels = ids.copy()
+      labels[:W] = -100
+      o = lm.forward(params, ids, labels=labels, training=False)
+      nll, cnt = nll + float(np.asarray(o.loss_sum)[0]), cnt + float(np.asarray(o.loss_count)[0])
+    c["ppl"] = math.exp(nll / cnt)
+    curve[str(step)] = c
+    lpr.save(out, res, ("campaign_curve", str(step)), ("campaign_curve_protocol",))
+    print(f"step {step:5d}: delta {c['delta']:+.3f}, digit NLL {c['digit_nll_inference_layout']:.3f}"
+          f", ppl {c['ppl']:.2f} ({time.time() - t0:.0f} s)", flush=True)
+
+
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__,
                                formatter_class=argparse.RawDescriptionHelpFormatter)
-  ap.add_argument("cmd", choices=("start", "data", "overfit"))
+  ap.add_argument("cmd", choices=("start", "data", "overfit", "curve"))
   ap.add_argument("--out", default=None, help="results JSON (data: the jsonl to write)")
   ap.add_argument("--docs", type=int, default=1)
   ap.add_argument("--doc_tokens", type=int, default=1024)
   ap.add_argument("--ratios", type=lambda s: tuple(int(x) for x in s.split(",")), default=(2, 8, 32))
   ap.add_argument("--count", type=int, default=8)
-  ap.add_argument("--min", type=int, default=330)
-  ap.add_argument("--max", type=int, default=480)
+  ap.add_argument("--min", type=int, default=420)
+  ap.add_argument("--max", type=int, default=500)
   ap.add_argument("--digits", type=int, default=5)
-  ap.add_argument("--key_before", type=int, default=150, help="key within the first N tokens")
+  ap.add_argument("--key_before", type=int, default=120, help="key within the first N tokens")
   ap.add_argument("--seed", type=int, default=5)
+  ap.add_argument("--max_windows", type=int, default=2, help="data: longest document in windows")
+  ap.add_argument("--every", type=int, default=50, help="curve: checkpoints every N steps")
+  ap.add_argument("--twins", action="store_true",
+                  help="data: also write each document's twin (same text, another key) for "
+                       "training, so that memorising a document cannot give its key")
   ap.add_argument("--data", default="runs/overfit/train.jsonl")
   ap.add_argument("--workdir", default="")
   ap.add_argument("--asset", default=str(lpr.ROOT / "assets" / "smollm2_beacon"))
@@ -223,7 +270,7 @@ def main(argv=None):
     return cmd_data(args, None, None)
   out = Path(args.out or lpr.ROOT / "results" / "learn_smollm2.json")
   res = lpr.load(out)
-  {"start": cmd_start, "overfit": cmd_overfit}[args.cmd](args, res, out)
+  {"start": cmd_start, "overfit": cmd_overfit, "curve": cmd_curve}[args.cmd](args, res, out)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ SCHEMA = {
     "train": {"num_steps", "num_epochs", "global_batch", "grad_accum", "lr", "end_lr",
               "warmup_steps", "weight_decay", "b1", "b2", "eps", "max_grad_norm", "remat",
               "step_bucket", "log_every", "save_every", "keep", "async_checkpoint", "export",
-              "mesh", "distributed", "cluster", "impl", "tensorboard", "progress", "layout", "init_from"},
+              "mesh", "distributed", "cluster", "impl", "tensorboard", "progress", "layout", "init_from", "distill"},
     "train.mesh": {"data", "fsdp", "tensor"},
     "train.distill": {"top_k", "alpha"},
     "train.cluster": {"coordinator_address", "num_processes", "process_id"},
