@@ -137,3 +137,42 @@ def test_source_objectives():
   assert split_objectives(["text:/x/me@host.org/a.txt"])[1] == [None]  # an '@' inside a path
   with pytest.raises(DataError, match="unknown objective 'distil'"):
     split_objectives(["jsonl:a@distil"])
+
+
+def test_campaign_record_carries_the_started_from_asset(tmp_path):
+  """An asset exported from a run that started from another asset (train.init_from) records the
+  sum of both runs' steps and tokens and both recipes; a cut metrics line is skipped."""
+  import json
+  from longjax.beacon import campaign
+  prev = tmp_path / "asset"
+  prev.mkdir()
+  (prev / "beacon.json").write_text(json.dumps(dict(campaign=dict(
+      steps=100, tokens=5000, runs=[dict(steps=100, tokens=5000, recipe={})]))))
+  run = tmp_path / "run"
+  run.mkdir()
+  (run / "config.json").write_text(json.dumps(dict(
+      beacon=dict(window=256, ratios=[8]), data=dict(sources="jsonl:/x/prose.jsonl@distill"),
+      train=dict(init_from=str(prev), layout="inference", lr=1e-4))))
+  (run / "metrics.jsonl").write_text(
+      "".join(json.dumps(dict(step=s, tokens=10 * s)) + "\n" for s in (1, 2, 3)) + '{"step": 4, "tok')
+  rec = campaign.record(run, 2)
+  assert rec["steps"] == 102 and rec["tokens"] == 5000 + 10 + 20
+  assert len(rec["runs"]) == 2 and rec["runs"][-1]["recipe"]["data"] == ["prose.jsonl@distill"]
+  assert rec["runs"][-1]["recipe"]["layout"] == "inference"
+
+
+def test_bad_objective_settings_are_refused_before_anything_loads():
+  import ml_collections
+  from configs import tiny_beacon
+  from longjax.train.config_check import ConfigError, validate
+  for key, value, msg in (("data.loss_on", "distil", "use 'all'"),
+                          ("train.layout", "inferense", "train.layout='inferense'")):
+    c = tiny_beacon.get_config()
+    sec, k = key.split(".")
+    c[sec][k] = value
+    with pytest.raises(ConfigError, match=msg):
+      validate(c)
+  c = tiny_beacon.get_config()
+  c.train.distill = ml_collections.ConfigDict(dict(top_k=0, alpha=0.0))
+  with pytest.raises(ConfigError, match="top_k >= 1"):
+    validate(c)
