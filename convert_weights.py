@@ -132,6 +132,12 @@ def _check_inputs(args):
       raise FileNotFoundError(f"--{flag} {p}: no such {'directory' if want_dir else 'file'}")
     if want_dir and not Path(p).is_dir():
       raise NotADirectoryError(f"--{flag} {p}: not a directory")
+  # An output that is, holds or lies inside an input would delete it when replaced (--overwrite).
+  from longjax.atomic_dir import check_output_apart
+  inputs = {f"--{f}": getattr(args, f) for f in ("hf_dir", "longjax_dir", "gguf")}
+  for flag in ("out", "hf_out"):
+    if getattr(args, flag):
+      check_output_apart(getattr(args, flag), f"--{flag}", inputs)
 
 
 if __name__ == "__main__":

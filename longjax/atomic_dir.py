@@ -20,7 +20,30 @@ import socket
 import tempfile
 from pathlib import Path
 
+from longjax.errors import LongjaxError
+
 log = logging.getLogger("longjax")
+
+
+class OutputOverlapsInput(LongjaxError, ValueError):
+  """An output directory that is, lies inside, or contains an input (writing it would replace or
+  delete the input)."""
+
+
+def check_output_apart(out, out_flag: str, inputs) -> None:
+  """Refuse an output that is, lies inside or contains one of ``inputs`` (``{flag: path}``), before
+  anything is written: replacing the output (``--overwrite``) would delete that input, and files
+  written inside an input mix with it. Symlinks are resolved."""
+  o = Path(out).expanduser().resolve()
+  for flag, p in inputs.items():
+    if not p:
+      continue
+    i = Path(p).expanduser().resolve()
+    how = ("is" if o == i else "contains" if o in i.parents else
+           "is inside" if i in o.parents else None)
+    if how:
+      raise OutputOverlapsInput(f"{out_flag} {out} {how} the input {flag} {p}: writing it would "
+                                f"replace or mix with that input; choose an {out_flag} outside it")
 
 
 def current_umask() -> int:

@@ -128,6 +128,8 @@ def main(argv=None):
   args = ap.parse_args(argv)
 
   def export():
+    from longjax.atomic_dir import check_output_apart
+    check_output_apart(args.out, "--out", {"--workdir": args.workdir})
     if not (Path(args.workdir) / "config.json").exists():
       raise AssetError(f"{args.workdir} is not a train.py run directory (no config.json)")
     cfg, bcfg, params, step, base = params_from_workdir(args.workdir)

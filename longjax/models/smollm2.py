@@ -99,6 +99,9 @@ def _main(args):
     raise FileExistsError(f"--out {out} exists; choose another --out")
   if args.cache and Path(args.cache).exists() and not Path(args.cache).is_dir():
     raise NotADirectoryError(f"--cache {args.cache}: not a directory")
+  if out is not None:  # a copy inside (or around) the cache would be replaced with it
+    from longjax.atomic_dir import check_output_apart
+    check_output_apart(out, "--out", {"--cache": args.cache or cache_dir()})
   hf_dir = get(Path(args.cache) if args.cache else None, progress=lambda m: print(m, file=sys.stderr))
   if out is not None:
     shutil.copytree(hf_dir, out)

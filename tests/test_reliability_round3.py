@@ -1,0 +1,48 @@
+"""Reliability, round 3 (issue #26): outputs never destroy inputs, untrusted files are checked
+before anything is written, and the GGUF / asset / cache surfaces fail in one clear line.
+
+Everything runs on hand-made tiny files; the few subprocesses are there because the failure is a
+race or a kill."""
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import REPO, run_python
+
+
+def _tiny_longjax(path, **kw):
+  """A 1-layer longjax checkpoint (random weights) at ``path``."""
+  from longjax import checkpoint
+  from longjax.models import ModelConfig, init_params
+  cfg = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
+                    num_kv_heads=1, head_dim=16, **kw)
+  return checkpoint.save(path, cfg, init_params(cfg, seed=0))
+
+
+def _tree(d):
+  return sorted(str(p.relative_to(d)) for p in Path(d).rglob("*"))
+
+
+# ------------------------------------------------------------------------------------------------
+# BAD 1: an output that is, contains or lies inside an input is refused before anything is touched
+@pytest.mark.parametrize("where", ["parent", "same", "inside"])
+def test_output_overlapping_the_input_is_refused_untouched(tmp_path, capsys, where):
+  from convert_weights import main
+  d = tmp_path / "D"
+  base = _tiny_longjax(d / "base")
+  (d / "notes.txt").write_text("unrelated work")
+  before = _tree(tmp_path)
+  out = {"parent": d, "same": base, "inside": base / "hf"}[where]
+  assert main(["--longjax_dir", str(base), "--hf_out", str(out), "--overwrite"]) == 1
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and "--hf_out" in err[0] and "--longjax_dir" in err[0], err
+  assert _tree(tmp_path) == before  # the source, its neighbours and no partial left behind
+  assert (d / "notes.txt").read_text() == "unrelated work"
