@@ -46,3 +46,45 @@ def test_output_overlapping_the_input_is_refused_untouched(tmp_path, capsys, whe
   assert len(err) == 1 and "--hf_out" in err[0] and "--longjax_dir" in err[0], err
   assert _tree(tmp_path) == before  # the source, its neighbours and no partial left behind
   assert (d / "notes.txt").read_text() == "unrelated work"
+
+
+# ------------------------------------------------------------------------------------------------
+# BAD 2: shard names in the index that leave the checkpoint directory are refused
+def _split_into_index(src, dst, shard_name):
+  """A copy of HF dir ``src`` whose index maps every tensor to ``shard_name``."""
+  from safetensors import safe_open
+  dst.mkdir(parents=True)
+  (dst / "config.json").write_text((src / "config.json").read_text())
+  with safe_open(src / "model.safetensors", "np") as f:
+    names = list(f.keys())
+  (dst / "model.safetensors.index.json").write_text(json.dumps(
+      {"metadata": {}, "weight_map": {n: shard_name for n in names}}))
+  return dst
+
+
+@pytest.mark.parametrize("kind", ["dotdot", "absolute"])
+def test_index_shard_outside_the_checkpoint_is_refused(tmp_path, capsys, kind):
+  from convert_weights import main
+  from longjax import checkpoint
+  from longjax.convert import save_hf
+  from longjax.convert.hf import CheckpointError, shard_map
+  cfg, params, _ = checkpoint.load(_tiny_longjax(tmp_path / "lj"))
+  save_hf(tmp_path / "x" / "secret", cfg, params)  # a valid checkpoint somewhere else
+  secret = tmp_path / "x" / "secret" / "model.safetensors"
+  name = "../x/secret/model.safetensors" if kind == "dotdot" else str(secret)
+  hf = _split_into_index(tmp_path / "x" / "secret", tmp_path / "hf", name)
+  with pytest.raises(CheckpointError, match="outside the checkpoint directory"):
+    shard_map(hf)
+  assert main(["--hf_dir", str(hf), "--out", str(tmp_path / "out")]) == 1
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and "outside the checkpoint directory" in err[0], err
+  assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("index", [[], {"metadata": {}}, {"weight_map": ["a"]},
+                                   {"weight_map": {"a": 3}}])
+def test_index_without_a_weight_map_is_one_line(tmp_path, index):
+  from longjax.convert.hf import CheckpointError, shard_map
+  (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+  with pytest.raises(CheckpointError, match="model.safetensors.index.json"):
+    shard_map(tmp_path)
