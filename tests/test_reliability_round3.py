@@ -88,3 +88,62 @@ def test_index_without_a_weight_map_is_one_line(tmp_path, index):
   (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
   with pytest.raises(CheckpointError, match="model.safetensors.index.json"):
     shard_map(tmp_path)
+
+
+# ------------------------------------------------------------------------------------------------
+# BAD 3 (and the GGUF family of WEAK): a GGUF whose shapes contradict its metadata, or whose
+# metadata is impossible, is refused in one line before anything is written
+def _gguf_state(tokens, **shapes):
+  from test_gguf import FFN, HEADS, HIDDEN, KV_HEADS, LAYERS
+  rng = np.random.default_rng(0)
+  hd = HIDDEN // HEADS
+  state = {"model.embed_tokens.weight": (len(tokens), HIDDEN), "lm_head.weight": (len(tokens), HIDDEN),
+           "model.norm.weight": (HIDDEN,)}
+  for i in range(LAYERS):
+    p = f"model.layers.{i}."
+    state.update({p + "input_layernorm.weight": (HIDDEN,),
+                  p + "post_attention_layernorm.weight": (HIDDEN,),
+                  p + "self_attn.q_proj.weight": (HEADS * hd, HIDDEN),
+                  p + "self_attn.k_proj.weight": (KV_HEADS * hd, HIDDEN),
+                  p + "self_attn.v_proj.weight": (KV_HEADS * hd, HIDDEN),
+                  p + "self_attn.o_proj.weight": (HIDDEN, HEADS * hd),
+                  p + "mlp.gate_proj.weight": (FFN, HIDDEN), p + "mlp.up_proj.weight": (FFN, HIDDEN),
+                  p + "mlp.down_proj.weight": (HIDDEN, FFN)})
+  state.update(shapes)
+  return {k: rng.normal(0, 0.1, s).astype(np.float32) for k, s in state.items()}
+
+
+GGUF_CASES = {
+    "narrow_matrix": (dict(shapes={"model.layers.1.mlp.up_proj.weight": (256, 32)}),
+                      ["blk.1.ffn_up.weight", "contradict", "(256, 64)"]),
+    "zero_dim": (dict(shapes={"model.layers.0.post_attention_layernorm.weight": (0,)}),
+                 ["blk.0.ffn_norm.weight", "contradict"]),
+    "zero_heads": (dict(heads=0), ["head_count", "is 0"]),
+    "heads_not_dividing": (dict(heads=6), ["head_count 6 does not divide", "64"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(GGUF_CASES))
+def test_gguf_contradicting_itself_is_refused(tmp_path, capsys, monkeypatch, case):
+  import gguf
+  from convert_weights import main
+  from test_gguf import tiny_vocab, write_gguf
+  kw, words = GGUF_CASES[case]
+  tokens, merges = tiny_vocab()
+  if "heads" in kw:
+    add = gguf.GGUFWriter.add_head_count
+    monkeypatch.setattr(gguf.GGUFWriter, "add_head_count", lambda self, n: add(self, kw["heads"]))
+  try:
+    path = write_gguf(tmp_path / "bad.gguf", _gguf_state(tokens, **kw.get("shapes", {})),
+                      tokens, merges, quant={})
+  except Exception:  # the writer itself refuses an empty tensor on some gguf versions
+    pytest.skip("this gguf version cannot write that file")
+  monkeypatch.undo()
+  before = _tree(tmp_path)
+  for out in ("--hf_out", "--out"):
+    assert main(["--gguf", str(path), out, str(tmp_path / "o")]) == 1, out
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "bad.gguf: " in err[0], err
+    for w in words:
+      assert w in err[0].split("bad.gguf: ", 1)[1], err[0]
+    assert _tree(tmp_path) == before

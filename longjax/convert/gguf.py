@@ -124,6 +124,9 @@ def read_metadata(reader) -> dict:
   def need(k):  # a missing shape key would otherwise surface as int(None)'s TypeError
     if get(k) is None:
       raise GGUFError(f"GGUF metadata lacks {arch}.{k}; is this a complete {arch} model file?")
+    if int(get(k)) <= 0:
+      raise GGUFError(f"GGUF metadata {arch}.{k} is {int(get(k))}; a model needs it positive: the "
+                      "file is corrupt or not a model")
     return int(get(k))
 
   tensors = {t.name: t for t in reader.tensors}
@@ -136,6 +139,10 @@ def read_metadata(reader) -> dict:
   if get("rope.scaling.type") not in (None, "none"):
     raise GGUFError(f"GGUF rope scaling {get('rope.scaling.type')!r} is not supported; convert "
                     "from the HF checkpoint instead")
+  if get("attention.key_length") is None and hidden % heads:
+    raise GGUFError(f"GGUF metadata {arch}.attention.head_count {heads} does not divide "
+                    f"{arch}.embedding_length {hidden} (and no attention.key_length is given): the "
+                    "file is corrupt")
   vocab = int(get("vocab_size") or tensors["token_embd.weight"].shape[-1])
   bos = _field(reader, "tokenizer.ggml.bos_token_id")
   eos = _field(reader, "tokenizer.ggml.eos_token_id")
@@ -162,12 +169,64 @@ def read_metadata(reader) -> dict:
       "pad_token_id": None if pad is None else int(pad),
       "torch_dtype": "float32",
   }
+  _check_sizes(cfg, arch)
   if arch == "llama":
     cfg["attention_bias"] = "blk.0.attn_q.bias" in names
     cfg["mlp_bias"] = False
   else:
     cfg["use_sliding_window"] = False
   return cfg
+
+
+def _check_sizes(cfg: dict, arch: str):
+  """The metadata's sizes are positive and consistent (a head count of 0 or one that does not
+  divide the hidden size would otherwise end in a ZeroDivisionError or a reshape traceback)."""
+  keys = {"vocab_size": "vocab_size", "hidden_size": "embedding_length",
+          "intermediate_size": "feed_forward_length", "num_hidden_layers": "block_count",
+          "num_attention_heads": "attention.head_count",
+          "num_key_value_heads": "attention.head_count_kv", "head_dim": "attention.key_length"}
+  for field, key in keys.items():
+    if cfg[field] <= 0:
+      raise GGUFError(f"GGUF metadata {arch}.{key} (or what it implies) is {cfg[field]}; a model "
+                      "needs it positive: the file is corrupt or not a model")
+  heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+  if heads % kv:
+    raise GGUFError(f"GGUF metadata {arch}.attention.head_count {heads} is not a multiple of "
+                    f"head_count_kv {kv}: the file is corrupt")
+  if cfg["head_dim"] % 2:
+    raise GGUFError(f"GGUF head dimension {cfg['head_dim']} is odd (RoPE needs it even): the "
+                    "file is corrupt")
+
+
+def _hf_shape(name: str, cfg: dict) -> tuple:
+  """The HF shape the config gives tensor ``name``."""
+  h, inter, vocab = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
+  q = cfg["num_attention_heads"] * cfg["head_dim"]
+  kv = cfg["num_key_value_heads"] * cfg["head_dim"]
+  for suffix, shape in (("embed_tokens.weight", (vocab, h)), ("lm_head.weight", (vocab, h)),
+                        ("norm.weight", (h,)), ("q_proj.weight", (q, h)), ("k_proj.weight", (kv, h)),
+                        ("v_proj.weight", (kv, h)), ("o_proj.weight", (h, q)), ("q_proj.bias", (q,)),
+                        ("k_proj.bias", (kv,)), ("v_proj.bias", (kv,)),
+                        ("gate_proj.weight", (inter, h)), ("up_proj.weight", (inter, h)),
+                        ("down_proj.weight", (h, inter))):
+    if name.endswith(suffix):
+      return shape
+  raise GGUFError(f"no shape rule for {name}")  # unreachable: hf_name() knows only these
+
+
+def check_shapes(reader, config: dict):
+  """Every tensor's shape against the metadata, before anything is dequantised or written: a
+  shape that contradicts the config (a 0, 32 where the hidden size says 64) would otherwise give
+  an output that fails to load later."""
+  bad = []
+  for t in reader.tensors:
+    got = tuple(int(d) for d in reversed(t.shape))  # GGML lists dims fastest-first
+    want = _hf_shape(hf_name(t.name), config)
+    if got != want:
+      bad.append(f"{t.name} {got} (the metadata says {want})")
+  if bad:
+    raise GGUFError(f"tensor shapes contradict the GGUF's own metadata ({len(bad)}): "
+                    f"{'; '.join(bad[:4])}{' ...' if len(bad) > 4 else ''}; the file is corrupt")
 
 
 def dequantized_tensors(reader, config: dict):
@@ -251,6 +310,9 @@ def _convert(path, out_dir: Path, overwrite: bool):
   with gguf_path(path) as file:
     reader = _reader(file)
     config = read_metadata(reader)
+    for t in reader.tensors:
+      hf_name(t.name)  # an unknown tensor is named before any shape is judged
+    check_shapes(reader, config)
     tensors = dict(dequantized_tensors(reader, config))
     want = _expected_tensor_names(config)
     missing, extra = want - set(tensors), set(tensors) - want
