@@ -147,3 +147,53 @@ def test_gguf_contradicting_itself_is_refused(tmp_path, capsys, monkeypatch, cas
     for w in words:
       assert w in err[0].split("bad.gguf: ", 1)[1], err[0]
     assert _tree(tmp_path) == before
+
+
+# ------------------------------------------------------------------------------------------------
+# BAD 4: an asset always names a base it can be loaded on (or embeds the tiny one); loading never
+# resolves an empty name
+@pytest.fixture(scope="module")
+def micro_run(tmp_path_factory):
+  """A finished micro beacon run over the tiny base (model.checkpoint ""), checkpoints 1 and 2."""
+  from train_helpers import micro_config
+  from longjax.train import loop
+  w = tmp_path_factory.mktemp("run") / "w"
+  c = micro_config("beacon", w, steps=2, save_every=1)
+  c.train.export = False
+  out = loop.Trainer(c).run()
+  return w, out
+
+
+def test_asset_without_a_base_name_is_refused(tmp_path, monkeypatch):
+  from hf_models import save_tiny
+  from longjax.beacon import BeaconConfig, load_beacon
+  from longjax.beacon.asset import AssetError, load_beacon_asset, save_beacon_asset
+  _, base = save_tiny(tmp_path, "llama2")
+  bcfg = BeaconConfig(window=32, stride=32, ratios=(4,), param=("q", "k", "v"))
+  cfg, bcfg, params = load_beacon(base, init="official", beacon=bcfg, param_dtype="float32")
+  with pytest.raises(AssetError, match="must name the base"):
+    save_beacon_asset(tmp_path / "a0", cfg, bcfg, params, base="")
+  assert not (tmp_path / "a0").exists()
+  asset = save_beacon_asset(tmp_path / "asset", cfg, bcfg, params, base=str(base))
+  meta = json.loads((asset / "beacon.json").read_text())
+  (asset / "beacon.json").write_text(json.dumps(dict(meta, base="")))  # as older versions wrote
+  monkeypatch.chdir(base)  # a loadable model in the current directory must not be picked up
+  with pytest.raises(AssetError, match="names no base model"):
+    load_beacon_asset(asset)
+  with pytest.raises(AssetError, match="names no base model"):
+    load_beacon_asset(asset, "")
+  load_beacon_asset(asset, str(base))  # naming it explicitly works
+
+
+def test_asset_of_a_tiny_base_run_embeds_its_base(micro_run, tmp_path, monkeypatch, capsys):
+  from flax import traverse_util
+  from longjax.beacon.asset import load_beacon_asset, main
+  w, out = micro_run
+  monkeypatch.chdir(tmp_path)
+  assert main(["--workdir", str(w), "--out", str(tmp_path / "asset")]) == 0, capsys.readouterr()
+  meta = json.loads((tmp_path / "asset" / "beacon.json").read_text())
+  assert meta["base_embedded"] is True and meta["train_step"] == 2
+  cfg, bcfg, params = load_beacon_asset(tmp_path / "asset")
+  flat = traverse_util.flatten_dict(params, sep="/")
+  assert any(k.startswith("layers/attn/alt_") for k in flat)
+  assert all(np.isfinite(np.asarray(v, np.float32)).all() for v in flat.values())
