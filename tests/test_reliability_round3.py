@@ -197,3 +197,17 @@ def test_asset_of_a_tiny_base_run_embeds_its_base(micro_run, tmp_path, monkeypat
   flat = traverse_util.flatten_dict(params, sep="/")
   assert any(k.startswith("layers/attn/alt_") for k in flat)
   assert all(np.isfinite(np.asarray(v, np.float32)).all() for v in flat.values())
+
+
+# ------------------------------------------------------------------------------------------------
+# BAD 5: the last update of a run is checked before it is saved and exported
+def test_poisoned_last_update_is_neither_saved_nor_exported(tmp_path):
+  from train_helpers import micro_config
+  from longjax.train import loop
+  c = micro_config("beacon", tmp_path / "w", steps=1, save_every=1)
+  c.train.lr, c.train.warmup_steps = 1e38, 0
+  with pytest.raises(loop.TrainingError, match=r"last update \(step 1\).*non-finite"):
+    loop.Trainer(c).run()
+  assert not (tmp_path / "w" / "export_hf").exists()
+  ckpts = tmp_path / "w" / "checkpoints"
+  assert not ckpts.exists() or not [p for p in ckpts.iterdir() if p.name.isdigit()]
