@@ -211,3 +211,41 @@ def test_poisoned_last_update_is_neither_saved_nor_exported(tmp_path):
   assert not (tmp_path / "w" / "export_hf").exists()
   ckpts = tmp_path / "w" / "checkpoints"
   assert not ckpts.exists() or not [p for p in ckpts.iterdir() if p.name.isdigit()]
+
+
+# ------------------------------------------------------------------------------------------------
+# BAD 6: a stale lock is taken over by one process only
+_TAKER = textwrap.dedent("""
+    import json, sys, time
+    from pathlib import Path
+    import longjax.train.lock as lock
+    real = Path.read_text
+    def slow_read(self, *a, **k):  # widen the window between reading the stale lock and acting
+      text = real(self, *a, **k)
+      if self.name == lock.LOCK_FILE:
+        time.sleep(0.3)
+      return text
+    Path.read_text = slow_read
+    time.sleep(max(0.0, float(sys.argv[2]) - time.time()))
+    try:
+      lock.acquire(sys.argv[1])
+      print("won")
+      time.sleep(1.0)  # keep holding it while the other decides
+    except lock.WorkdirLocked as e:
+      print("refused")
+""")
+
+
+def test_stale_lock_is_taken_over_once(tmp_path):
+  from longjax.train.lock import LOCK_FILE
+  p = subprocess.Popen(["true"])
+  p.wait()
+  (tmp_path / LOCK_FILE).write_text(json.dumps(dict(pid=p.pid, host=socket.gethostname())))
+  env = dict(os.environ, PYTHONPATH=str(REPO))
+  start = time.time() + 4.0  # both have imported longjax by then
+  procs = [subprocess.Popen([sys.executable, "-c", _TAKER, str(tmp_path), str(start)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+           for _ in range(2)]
+  outs = [pr.communicate(timeout=60) for pr in procs]
+  results = sorted(o.strip() for o, _ in outs)
+  assert results == ["refused", "won"], outs
