@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from longjax import program_cache
+from longjax.errors import LongjaxError
 from longjax.models.config import ModelConfig
 from longjax.errors import LongjaxError
 from longjax.models.decoder import Decoder, param_shapes
@@ -113,24 +114,37 @@ class PlainLM:
   def step(self, params, state, tokens):
     # Host side: under jit cache_forward cannot see the lengths (a state stepped past the
     # max_new_tokens it was prefilled for would otherwise overwrite its last entries).
+    check_token_ids([tokens], self.cfg.vocab_size, what="step tokens")
     check_room(state, 1)
     return self._step(params, state, jnp.asarray(tokens)[:, None])
+
+
+class TokenIdError(LongjaxError, ValueError):
+  """Token ids that are not integers, or that the model has no embedding for."""
+
+
+def check_integer_ids(rows, what: str = "prompt") -> None:
+  """Refuse float (or bool, or object) ids before anything casts them: ``int`` / ``astype``
+  would truncate 1.5 to 1 silently. ``rows``: id arrays / lists."""
+  for i, r in enumerate(rows):
+    r = np.asarray(r)
+    where = f"{what} {i}" if len(rows) > 1 else f"the {what}"
+    if r.size and r.dtype.kind not in "iu":
+      raise TokenIdError(f"token ids must be integers, got dtype {r.dtype} in {where} "
+                         f"(e.g. {r.reshape(-1)[:5].tolist()}); pass integer ids")
 
 
 def check_token_ids(rows, vocab_size: int, what: str = "prompt") -> None:
   """Refuse ids the model has no embedding for, host side: under jit the embedding lookup would
   clip them silently (-1 reads row 0, V + 100 reads row V - 1). ``rows``: id arrays / lists."""
+  check_integer_ids(rows, what)
   for i, r in enumerate(rows):
     r = np.asarray(r)
     where = f"{what} {i}" if len(rows) > 1 else f"the {what}"
-    if r.size and r.dtype.kind not in "iu":
-      # int() would truncate 2.7 to 2: a float id is a caller's bug, not a token.
-      raise ValueError(f"token ids must be integers, got dtype {r.dtype} in {where} "
-                       f"(e.g. {r.reshape(-1)[:5].tolist()})")
     bad = r[(r < 0) | (r >= vocab_size)]
     if bad.size:
-      raise ValueError(f"token ids must be in [0, {vocab_size}) (the model's vocab_size); got "
-                       f"{bad[:5].tolist()} in {where}")
+      raise TokenIdError(f"token ids must be in [0, {vocab_size}) (the model's vocab_size); got "
+                         f"{bad[:5].tolist()} in {where}")
 
 
 def check_max_new_tokens(n, minimum: int = 1) -> None:

@@ -249,3 +249,38 @@ def test_stale_lock_is_taken_over_once(tmp_path):
   outs = [pr.communicate(timeout=60) for pr in procs]
   results = sorted(o.strip() for o, _ in outs)
   assert results == ["refused", "won"], outs
+
+
+# ------------------------------------------------------------------------------------------------
+# BAD 7: non-integer ids are refused on every public entry point, never truncated
+@pytest.fixture(scope="module")
+def tiny_beacon():
+  from longjax.beacon import BeaconConfig, BeaconLM
+  from longjax.models import ModelConfig, init_params
+  cfg = ModelConfig(vocab_size=97, hidden_size=32, intermediate_size=48, num_layers=1, num_heads=4,
+                    num_kv_heads=2, head_dim=8, alt_projections=("q", "k", "v"),
+                    num_alt_embeddings=1)
+  bcfg = BeaconConfig(window=16, stride=16, ratios=(4,), param=("q", "k", "v"))
+  return BeaconLM(cfg, bcfg, max_length=64), init_params(cfg, 0)
+
+
+def test_float_ids_are_refused_everywhere(tiny_beacon):
+  from longjax import LongjaxError
+  from longjax.generate import PlainLM, generate
+  from longjax.models import ModelConfig, init_params
+  lm, params = tiny_beacon
+  with pytest.raises(ValueError, match="must be integers, got dtype float64"):
+    lm.forward(params, np.array([1.5, 2.0, 3.0]))
+  with pytest.raises(ValueError, match="must be integers"):
+    lm.forward(params, [[1.5, 2.0]])
+  with pytest.raises(ValueError, match="must be integers.*carry_tokens"):
+    lm.resume(lm.init_state(1), carry_tokens=[[1.5]]).prefill(params, np.array([[3, 4]]),
+                                                               np.array([2]), 1)
+  with pytest.raises(ValueError, match="must be integers"):
+    generate(lm, params, [3.0, 4.5], max_new_tokens=1)
+  cfg = ModelConfig(vocab_size=97, hidden_size=32, intermediate_size=48, num_layers=1, num_heads=4,
+                    num_kv_heads=2, head_dim=8)
+  plain, pparams = PlainLM(cfg), init_params(cfg, 0)
+  with pytest.raises(ValueError, match="must be integers") as e:
+    plain.step(pparams, None, np.array([2.5]))
+  assert isinstance(e.value, LongjaxError)
