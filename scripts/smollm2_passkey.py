@@ -102,7 +102,7 @@ def main(argv=None):
   from transformers import AutoTokenizer
   t0 = time.time()
   hf_dir = smollm2.get()
-  tok = Tokenizer(AutoTokenizer.from_pretrained(hf_dir))
+  tok = Tokenizer(AutoTokenizer.from_pretrained(hf_dir, trust_remote_code=False))
   which = [m.strip() for m in args.methods.split(",") if m.strip()]
   cfg, methods = build_methods(hf_dir, args.window, args.beacon_asset, which, args.beacon_workdir)
   lengths = [int(x) for x in args.lengths.split(",")]

@@ -358,3 +358,35 @@ def test_gguf_wheels_fifos_and_bombs_one_line(tmp_path, capsys):
     signal.alarm(0)
     signal.signal(signal.SIGALRM, old)
   assert _tree(tmp_path) == before
+
+
+# Tokenizers are loaded with trust_remote_code=False (an auto_map would otherwise make transformers
+# prompt interactively, or run the directory's code once someone answers yes)
+def test_tokenizers_never_trust_remote_code(tmp_path, monkeypatch):
+  import re
+  import transformers
+  from hf_models import byte_level_tokenizer
+  from longjax.data.tokenizers import get_tokenizer
+  byte_level_tokenizer().save_pretrained(tmp_path / "tok")
+  seen = []
+  real = transformers.AutoTokenizer.from_pretrained.__func__
+
+  def spy(cls, *a, **kw):
+    seen.append(kw.get("trust_remote_code"))
+    return real(cls, *a, **kw)
+  monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", classmethod(spy))
+  get_tokenizer(str(tmp_path / "tok"))
+  assert seen == [False]
+  # every other call site (scripts/learn_* belong to another change and are not scanned)
+  files = [*REPO.glob("longjax/**/*.py"), *REPO.glob("scripts/*.py"), REPO / "eval.py",
+           REPO / "train.py"]
+  for f in files:
+    if f.name.startswith("learn_"):
+      continue
+    text = f.read_text()
+    for m in re.finditer(r"AutoTokenizer\.from_pretrained\(", text):
+      call = text[m.end():text.find(")", m.end()) + 1]
+      if "``" in text[max(0, m.start() - 3):m.start()] or call.startswith(("path)", "DIR)",
+                                                                            "out_dir)")):
+        continue  # a docstring's example
+      assert "trust_remote_code=False" in text[m.end():m.end() + 200], (f, call)

@@ -72,7 +72,7 @@ def _main(args):
   cfg, bcfg, params = load_beacon(args.hf_dir, init="official" if args.init_official else None,
                                   param_dtype=args.dtype, **over)
   cfg = cfg.replace(dtype=args.dtype)
-  tok = AutoTokenizer.from_pretrained(args.hf_dir)
+  tok = AutoTokenizer.from_pretrained(args.hf_dir, trust_remote_code=False)
   if args.chat:
     ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
     ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)  # transformers 5: a BatchEncoding

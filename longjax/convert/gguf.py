@@ -337,7 +337,7 @@ def write_tokenizer(reader, gguf_file: Path, out_dir: Path, config: dict):
   from transformers import AutoTokenizer
   try:
     tok = AutoTokenizer.from_pretrained(str(gguf_file.parent), gguf_file=gguf_file.name,
-                                        local_files_only=True)
+                                        local_files_only=True, trust_remote_code=False)
   except Exception as e:  # noqa: BLE001
     raise GGUFError(f"cannot read the tokenizer of {gguf_file.name}: {type(e).__name__}: {e}") \
         from None
