@@ -21,9 +21,14 @@ About 3-4 minutes on 2 CPU cores after the one-off fetch.
 """
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
+
+# transformers is used for the tokenizer only: its "PyTorch was not found. Models won't be
+# available" advice is noise here (torch is not needed).
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 

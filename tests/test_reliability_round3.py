@@ -390,3 +390,22 @@ def test_tokenizers_never_trust_remote_code(tmp_path, monkeypatch):
                                                                             "out_dir)")):
         continue  # a docstring's example
       assert "trust_remote_code=False" in text[m.end():m.end() + 200], (f, call)
+
+
+def test_main_job_does_not_open_with_the_pytorch_warning():
+  """README command 1 needs no torch: transformers' "PyTorch was not found" advice is silenced."""
+  code = textwrap.dedent("""
+      import importlib.util, runpy, sys
+      real = importlib.util.find_spec
+      importlib.util.find_spec = lambda n, *a, **k: (None if n.split(".")[0] == "torch"
+                                                     else real(n, *a, **k))
+      sys.modules["torch"] = None  # as on a machine without torch
+      runpy.run_path("scripts/smollm2_passkey.py", run_name="imported")
+      import transformers  # what main() does first
+      import transformers.utils.import_utils as iu
+      assert not iu.is_torch_available()
+  """)
+  env = {k: v for k, v in os.environ.items() if k != "TRANSFORMERS_NO_ADVISORY_WARNINGS"}
+  proc = run_python("-c", code, env=env, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert "PyTorch was not found" not in proc.stderr, proc.stderr[-2000:]
