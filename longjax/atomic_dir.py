@@ -119,13 +119,29 @@ def _readable_files(root: Path):
       os.chmod(f, (f.stat().st_mode & 0o111) | mode)
 
 
+def make_parent(path) -> None:
+  """Create ``path``'s parent directories; a parent that is a file is one clear error (mkdir's
+  own says "File exists", which reads as if the output existed)."""
+  check_parent(path)
+  Path(path).absolute().parent.mkdir(parents=True, exist_ok=True)
+
+
+def check_parent(path) -> None:
+  """Refuse an output under a file (``out.txt/model``), before any work is done."""
+  path = Path(path).absolute()
+  for p in reversed(path.parents):
+    if p.exists() and not p.is_dir():
+      raise NotADirectoryError(f"cannot write {path}: {p} is a file, not a directory; choose an "
+                               "output whose parent is a directory")
+
+
 @contextlib.contextmanager
 def atomic_dir(path, overwrite: bool = False):
   """Yield a temporary directory that becomes ``path`` when the block finishes without error."""
   path = Path(path).absolute()
   if path.exists() and not overwrite:
     raise FileExistsError(f"{path} exists; pass overwrite=True (--overwrite) to replace it")
-  path.parent.mkdir(parents=True, exist_ok=True)
+  make_parent(path)
   clean_stale_partials(path)
   tmp = Path(tempfile.mkdtemp(prefix=f"{_partial_prefix(path.name)}{os.getpid()}@{_host()}.",
                               dir=path.parent))

@@ -409,3 +409,76 @@ def test_main_job_does_not_open_with_the_pytorch_warning():
   proc = run_python("-c", code, env=env, timeout=300)
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert "PyTorch was not found" not in proc.stderr, proc.stderr[-2000:]
+
+
+# ------------------------------------------------------------------------------------------------
+# Atomic outputs: what a kill -9 leaves is removed by the next write; a parent that is a file says so
+_KILL_DURING = textwrap.dedent("""
+    import os, signal, sys
+    sys.path.insert(0, os.getcwd())
+    import longjax.checkpoint, safetensors.numpy
+    die = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
+    if sys.argv[1] == "save":
+      longjax.checkpoint.save = die            # after the fp32 HF copy is written
+    else:
+      safetensors.numpy.save_file = die        # inside the HF write, the GGUF extracted to TMPDIR
+    from convert_weights import main
+    sys.exit(main(sys.argv[2:]))
+""")
+
+
+def test_gguf_conversion_killed_leaves_nothing_after_the_next_run(tmp_path):
+  import zipfile
+  from test_gguf import tiny_vocab, write_gguf
+  tokens, merges = tiny_vocab()
+  g = write_gguf(tmp_path / "m.gguf", _gguf_state(tokens), tokens, merges, quant={})
+  with zipfile.ZipFile(tmp_path / "m.whl", "w") as zf:
+    zf.write(g, "pkg/m.gguf")
+  out, tmp = tmp_path / "out", tmp_path / "tmp"
+  out.mkdir()
+  tmp.mkdir()
+  env = dict(os.environ, TMPDIR=str(tmp))
+  for where, flag in (("save", "--out"), ("hf", "--hf_out")):
+    argv = ["--gguf", str(tmp_path / "m.whl"), flag, str(out / "model")]
+    killed = run_python("-c", _KILL_DURING, where, *argv, "--overwrite", env=env, timeout=300)
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    assert set(os.listdir(out)) - {"model"} or os.listdir(tmp)  # it did leave something behind
+    done = run_python("convert_weights.py", *argv, "--overwrite", env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert os.listdir(out) == ["model"] and os.listdir(tmp) == [], (where, os.listdir(out),
+                                                                  os.listdir(tmp))
+
+
+def test_output_under_a_file_says_not_a_directory(tmp_path, capsys):
+  from convert_weights import main
+  base = _tiny_longjax(tmp_path / "base")
+  (tmp_path / "f.txt").write_text("x")
+  assert main(["--longjax_dir", str(base), "--hf_out", str(tmp_path / "f.txt" / "hf")]) == 1
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and "is a file, not a directory" in err[0], err
+
+
+def test_smollm2_out_is_written_all_or_nothing(tmp_path, monkeypatch):
+  import argparse
+  import shutil
+  from longjax.models import smollm2
+  src = tmp_path / "cache_hf"
+  src.mkdir()
+  for n in ("config.json", "model.safetensors", "tokenizer.json"):
+    (src / n).write_text(n)
+  monkeypatch.setattr(smollm2, "get", lambda *a, **k: src)
+  real = shutil.copytree
+
+  def cut(s, d, **kw):  # copies one file, then dies (as a full disk or a kill would)
+    Path(d).mkdir(exist_ok=True)
+    shutil.copyfile(Path(s) / "config.json", Path(d) / "config.json")
+    raise OSError(28, "No space left on device")
+  monkeypatch.setattr(smollm2.shutil, "copytree", cut)
+  args = argparse.Namespace(out=str(tmp_path / "copy"), cache=None)
+  with pytest.raises(OSError, match="No space"):
+    smollm2._main(args)
+  assert sorted(os.listdir(tmp_path)) == ["cache_hf"]  # no partial copy to be taken as complete
+  monkeypatch.setattr(smollm2.shutil, "copytree", real)
+  assert smollm2._main(args) == 0
+  assert sorted(os.listdir(tmp_path / "copy")) == ["config.json", "model.safetensors",
+                                                   "tokenizer.json"]
