@@ -482,3 +482,122 @@ def test_smollm2_out_is_written_all_or_nothing(tmp_path, monkeypatch):
   assert smollm2._main(args) == 0
   assert sorted(os.listdir(tmp_path / "copy")) == ["config.json", "model.safetensors",
                                                    "tokenizer.json"]
+
+
+# ------------------------------------------------------------------------------------------------
+# Config / checkpoint files: one line naming the file and the fix
+def test_bad_hf_configs_are_one_line(tmp_path, capsys):
+  from convert_weights import main
+  from longjax import checkpoint
+  from longjax.convert import save_hf
+  cfg, params, _ = checkpoint.load(_tiny_longjax(tmp_path / "lj"))
+  good = save_hf(tmp_path / "good", cfg, params)
+  hf = json.loads((good / "config.json").read_text())
+  cases = {"list": ([hf], "holds a JSON list"),
+           "str_layers": (dict(hf, num_hidden_layers="2"), "num_hidden_layers is '2'"),
+           "no_hidden": ({k: v for k, v in hf.items() if k != "hidden_size"}, "lacks hidden_size")}
+  for name, (content, words) in cases.items():
+    d = tmp_path / name
+    d.mkdir()
+    (d / "model.safetensors").symlink_to(good / "model.safetensors")
+    (d / "config.json").write_text(json.dumps(content))
+    assert main(["--hf_dir", str(d), "--out", str(tmp_path / f"o_{name}")]) == 1, name
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and words in err[0], (name, err)
+
+
+def test_bad_longjax_checkpoints_are_one_line(tmp_path, capsys):
+  import shutil
+  from convert_weights import main
+  good = _tiny_longjax(tmp_path / "good")
+  meta = json.loads((good / "config.json").read_text())
+
+  def variant(name, edit):
+    d = tmp_path / name
+    shutil.copytree(good, d)
+    edit(d)
+    return d
+  big = max((p for p in (good / "params").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+  cases = {
+      "garbage": (lambda d: (d / "config.json").write_text("{oops"), "not valid JSON"),
+      "unknown_field": (lambda d: (d / "config.json").write_text(json.dumps(
+          {"longjax_model_config": dict(meta["longjax_model_config"], flux_capacitor=3)})),
+          "unknown fields flux_capacitor"),
+      "list": (lambda d: (d / "config.json").write_text("[1, 2]"), "not a longjax checkpoint config"),
+      "cut_params": (lambda d: (d / big.relative_to(good)).write_bytes(big.read_bytes()[:20]),
+                     "truncated or damaged"),
+  }
+  for name, (edit, words) in cases.items():
+    d = variant(name, edit)
+    assert main(["--longjax_dir", str(d), "--hf_out", str(tmp_path / f"o_{name}")]) == 1, name
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and words in err[0], (name, err)
+
+
+def test_latin1_jsonl_names_file_and_line(tmp_path):
+  from longjax.data.sources import DataError, read_source
+  path = tmp_path / "d.jsonl"
+  path.write_bytes(b'{"text": "fine"}\n' + '{"text": "caf\u00e9"}\n'.encode("latin-1"))
+  with pytest.raises(DataError, match=r"d.jsonl:2: not UTF-8 .*re-encode"):
+    list(read_source(f"jsonl:{path}"))
+
+
+def test_config_file_with_a_syntax_error_is_one_line(tmp_path):
+  from longjax.cli import config_problem
+  bad = tmp_path / "cfg.py"
+  bad.write_text("def get_config(:\n  pass\n")
+  msg = config_problem([f"--config={bad}"])
+  assert msg and "syntax error at line 1" in msg, msg
+  r = run_python("train.py", f"--config={bad}", timeout=300)
+  assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr[-3000:]
+  assert "syntax error" in r.stderr
+
+
+def test_truncated_cached_tiny_base_is_one_line(micro_run, tmp_path):
+  import shutil
+  from train_helpers import micro_config
+  from longjax.train import loop
+  w = tmp_path / "w"
+  shutil.copytree(micro_run[0], w)
+  big = max((p for p in (w / "base" / "params").rglob("*") if p.is_file()),
+            key=lambda p: p.stat().st_size)
+  big.write_bytes(big.read_bytes()[:20])
+  with pytest.raises(loop.TrainingError, match=r"cached tiny base .* cannot be read.*delete"):
+    loop.Trainer(micro_config("beacon", w, steps=2, save_every=1)).run()
+
+
+# ------------------------------------------------------------------------------------------------
+# Caches: an unusable compilation-cache path warns and runs without it; a cached program that is
+# valid but of another signature is discarded and exported again
+@pytest.mark.parametrize("kind", ["file", "proc"])
+def test_unusable_compile_cache_warns_and_runs(tmp_path, capsys, kind):
+  from longjax import cli
+  where = {"file": tmp_path / "f.txt", "proc": Path("/proc/longjax-cache")}[kind]
+  (tmp_path / "f.txt").write_text("x")
+  ran = []
+  assert cli.run("prog", lambda: ran.append(1), compile_cache=str(where)) == 0
+  assert ran == [1]
+  err = capsys.readouterr().err
+  assert "compilation cache off" in err and "running without it" in err, err
+
+
+def test_program_cache_discards_a_valid_program_of_another_signature(tmp_path, monkeypatch):
+  import shutil
+  import jax
+  import jax.numpy as jnp
+  from longjax import program_cache
+  monkeypatch.setattr(program_cache, "_LOADED", {})
+  monkeypatch.setattr(program_cache, "_DIR", None)
+  program_cache.enable(tmp_path)
+  f = jax.jit(lambda x: x * 2 + 1)
+  program_cache.call("f", f, {}, jnp.ones(3))
+  (small,) = tmp_path.glob("*" + program_cache.SUFFIX)
+  out = program_cache.call("f", f, {}, jnp.ones((2, 4)))
+  (big,) = set(tmp_path.glob("*" + program_cache.SUFFIX)) - {small}
+  shutil.copyfile(small, big)  # a valid program, of the wrong shapes, under this call's name
+  program_cache._LOADED.clear()
+  again = program_cache.call("f", f, {}, jnp.ones((2, 4)))
+  np.testing.assert_array_equal(np.asarray(again), np.asarray(out))
+  assert big.read_bytes() != small.read_bytes()  # re-exported
+  program_cache._LOADED.clear()
+  np.testing.assert_array_equal(np.asarray(program_cache.call("f", f, {}, jnp.ones((2, 4)))), 3.0)

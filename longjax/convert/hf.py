@@ -48,8 +48,8 @@ def safe_open(path, framework="np"):
 
 def _read_json(path: Path) -> dict:
   try:
-    return json.loads(path.read_text())
-  except json.JSONDecodeError as e:
+    return json.loads(path.read_text(encoding="utf-8"))
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
     raise CheckpointError(f"{path} is not valid JSON ({e})") from None
 
 

@@ -110,7 +110,12 @@ def load_base(c, tokenizer, workdir: Path):
     # every process has looked before process 0 may write it: they all take the same branch
     distributed.sync("longjax tiny base looked up")
     if have:
-      cached, params, extra = ckpt.load(base_dir)
+      try:
+        cached, params, extra = ckpt.load(base_dir)
+      except LongjaxError as e:  # a killed or damaged write of the cache
+        raise TrainingError(f"the cached tiny base {base_dir} cannot be read ({e}); delete "
+                            f"{base_dir} and {base_dir.parent / 'base_run'} to build it again") \
+            from None
       _check_tiny_base(base_dir, cfg, cached, extra.get("recipe"), recipe)
       cfg = cached
     else:
