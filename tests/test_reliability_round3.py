@@ -601,3 +601,56 @@ def test_program_cache_discards_a_valid_program_of_another_signature(tmp_path, m
   assert big.read_bytes() != small.read_bytes()  # re-exported
   program_cache._LOADED.clear()
   np.testing.assert_array_equal(np.asarray(program_cache.call("f", f, {}, jnp.ones((2, 4)))), 3.0)
+
+
+# ------------------------------------------------------------------------------------------------
+# generate arguments: stop_ids, max_new_tokens (host side, before any allocation or model load)
+@pytest.fixture(scope="module")
+def tiny_plain():
+  from longjax.generate import PlainLM
+  from longjax.models import ModelConfig, init_params
+  cfg = ModelConfig(vocab_size=97, hidden_size=32, intermediate_size=48, num_layers=1, num_heads=4,
+                    num_kv_heads=2, head_dim=8)
+  return PlainLM(cfg), init_params(cfg, 0)
+
+
+@pytest.mark.parametrize("stop_ids, words", [
+    ([97], "must be in [0, 97)"), ([2**40], "must be in [0, 97)"), ([-1], "must be in [0, 97)"),
+    (5, "must be a list of token ids"), ("57", "must be a list of token ids"),
+    ([1.5], "integer token ids"), ([True], "integer token ids")])
+def test_bad_stop_ids_are_refused(tiny_plain, stop_ids, words):
+  from longjax.generate import generate
+  lm, params = tiny_plain
+  with pytest.raises(ValueError) as e:
+    generate(lm, params, [3, 4], max_new_tokens=2, stop_ids=stop_ids)
+  assert words in str(e.value)
+
+
+def test_stop_ids_still_stop(tiny_plain):
+  from longjax.generate import generate
+  lm, params = tiny_plain
+  first = generate(lm, params, [3, 4], max_new_tokens=4).tokens[0][0]
+  for stops in ([first], (first,), np.array([first]), range(first, first + 1)):
+    assert generate(lm, params, [3, 4], max_new_tokens=4, stop_ids=stops).tokens[0] == [first]
+
+
+def test_huge_max_new_tokens_is_refused_before_allocating(tiny_plain):
+  from longjax.focus import FocusLLM
+  from focus_helpers import tiny_focus, tiny_model
+  from longjax.generate import GenerateError, generate
+  lm, params = tiny_plain
+  with pytest.raises(GenerateError, match="needs a KV cache of .* lower max_new_tokens"):
+    generate(lm, params, [3, 4], max_new_tokens=10**12)
+  cfg, fparams = tiny_model()
+  with pytest.raises(GenerateError, match="needs a KV cache"):
+    generate(FocusLLM(cfg, tiny_focus()), fparams, [3, 4], max_new_tokens=10**12)
+
+
+def test_beacon_cli_max_new_tokens_0_before_the_model_loads(tmp_path):
+  import argparse
+  from longjax import LongjaxError
+  from longjax.beacon.__main__ import _check_inputs
+  (tmp_path / "t.txt").write_text("hello")
+  args = argparse.Namespace(text=str(tmp_path / "t.txt"), hf_dir="smollm2", max_new_tokens=0)
+  with pytest.raises(LongjaxError, match="--max_new_tokens must be >= 1, got 0"):
+    _check_inputs(args)
