@@ -654,3 +654,28 @@ def test_beacon_cli_max_new_tokens_0_before_the_model_loads(tmp_path):
   args = argparse.Namespace(text=str(tmp_path / "t.txt"), hf_dir="smollm2", max_new_tokens=0)
   with pytest.raises(LongjaxError, match="--max_new_tokens must be >= 1, got 0"):
     _check_inputs(args)
+
+
+# ------------------------------------------------------------------------------------------------
+# Asset export: a truncated newest checkpoint falls back to the previous one (as train.py does,
+# without moving anything in the run); a FocusLLM workdir is one line
+def test_asset_export_falls_back_and_refuses_focus_runs(micro_run, tmp_path, capsys):
+  import shutil
+  from longjax.beacon.asset import main
+  w = tmp_path / "w"
+  shutil.copytree(micro_run[0], w)
+  for f in (w / "checkpoints" / "2").rglob("*"):
+    if f.is_file() and f.stat().st_size > 0 and "state" in str(f):
+      f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+  before = _tree(w)
+  assert main(["--workdir", str(w), "--out", str(tmp_path / "asset")]) == 0, capsys.readouterr()
+  assert json.loads((tmp_path / "asset" / "beacon.json").read_text())["train_step"] == 1
+  assert _tree(w) == before
+  focus = tmp_path / "focus"
+  focus.mkdir()
+  (focus / "config.json").write_text(json.dumps({"method": "focus", "focus": {"stride": 16},
+                                                 "model": {"checkpoint": ""}}))
+  capsys.readouterr()
+  assert main(["--workdir", str(focus), "--out", str(tmp_path / "a2")]) == 1
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and "not an Activation Beacon one" in err[0], err

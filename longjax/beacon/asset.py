@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from pathlib import Path
 from typing import Optional
@@ -19,6 +20,9 @@ import numpy as np
 
 from longjax.atomic_dir import atomic_dir
 from longjax.errors import LongjaxError
+
+log = logging.getLogger("longjax")
+
 
 class AssetError(LongjaxError, ValueError):
   """A beacon asset that does not fit (missing files, another base model, no beacon tensors)."""
@@ -142,7 +146,14 @@ def params_from_workdir(workdir, step=None):
   from longjax.beacon.convert import load_beacon
   from longjax.models.smollm2 import resolve
   workdir = Path(workdir).absolute()
-  c = ml_collections.ConfigDict(json.loads((workdir / "config.json").read_text()))
+  try:
+    c = ml_collections.ConfigDict(json.loads((workdir / "config.json").read_text(encoding="utf-8")))
+  except (ValueError, TypeError, AttributeError) as e:
+    raise AssetError(f"{workdir / 'config.json'} is not a train.py run config ({e})") from None
+  if c.get("method") != "beacon" or "beacon" not in c:
+    raise AssetError(f"{workdir} is a {c.get('method')!r} run, not an Activation Beacon one: a "
+                     "beacon asset holds beacon tensors only; use that run's export_hf (or "
+                     "train.py's export) instead")
   b = c.beacon
   bcfg = BeaconConfig(window=b.window, stride=b.stride, ratios=tuple(b.ratios),
                       ratio_mix=b.ratio_mix, pos=b.pos, attn=b.attn, param=tuple(b.param),
@@ -159,14 +170,30 @@ def params_from_workdir(workdir, step=None):
       _embed(workdir / "base", Path(tmp) / "hf")
       cfg, bcfg, params = load_beacon(Path(tmp) / "hf", init="official", beacon=bcfg,
                                       param_dtype="float32")
+  from longjax.train.checkpointing import _quiet_unraisable, _short
   mgr = ocp.CheckpointManager(workdir / "checkpoints")
+  steps = sorted(mgr.all_steps())
   if step is None:
-    step = mgr.latest_step()
-    if step is None:
+    if not steps:
       raise AssetError(f"{workdir}/checkpoints holds no checkpoint yet")
-  elif step not in mgr.all_steps():
-    raise AssetError(f"{workdir}/checkpoints has no step {step} (kept: {sorted(mgr.all_steps())})")
-  state = mgr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))["state"]
+    tries = steps[::-1]  # the newest readable one, as train.py resumes (nothing is moved here)
+  elif step not in steps:
+    raise AssetError(f"{workdir}/checkpoints has no step {step} (kept: {steps})")
+  else:
+    tries = [step]
+  state = None
+  for s in tries:
+    try:
+      with _quiet_unraisable(f"reading checkpoint step {s}"):
+        state = mgr.restore(s, args=ocp.args.Composite(state=ocp.args.StandardRestore()))["state"]
+      step = s
+      break
+    except Exception as e:  # noqa: BLE001 -- any read failure means "unreadable"
+      log.warning("checkpoint step %d in %s/checkpoints is unreadable (%s: %s)%s", s, workdir,
+                  type(e).__name__, _short(e), "; trying the previous one" if s != tries[-1] else "")
+  if state is None:
+    raise AssetError(f"none of the checkpoints {tries} in {workdir}/checkpoints could be read "
+                     "(truncated or corrupt)")
   _merge(params, state["params"])
   return cfg, bcfg, params, int(step), c.model.checkpoint
 
