@@ -679,3 +679,40 @@ def test_asset_export_falls_back_and_refuses_focus_runs(micro_run, tmp_path, cap
   assert main(["--workdir", str(focus), "--out", str(tmp_path / "a2")]) == 1
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and "not an Activation Beacon one" in err[0], err
+
+
+@pytest.mark.parametrize("config", [None, "{garbage", "[1]"])
+def test_damaged_smollm2_cache_says_delete_it(tmp_path, config):
+  from longjax.models import smollm2
+  hf = tmp_path / "smollm2-135m-instruct" / "hf"
+  hf.mkdir(parents=True)
+  (hf / "model.safetensors").write_bytes(b"x")
+  (hf / "tokenizer.json").write_text("{}")
+  if config is not None:
+    (hf / "config.json").write_text(config)
+  with pytest.raises(smollm2.LongjaxError, match=rf"config.json .*delete {hf}"):
+    smollm2.get(tmp_path, progress=None)
+
+
+# ------------------------------------------------------------------------------------------------
+# The base-weights fingerprint covers every value: one changed value the sampled hash skips is
+# refused on resume
+def test_resume_refuses_a_base_changed_in_one_unsampled_value(micro_run, tmp_path):
+  import shutil
+  from train_helpers import micro_config
+  from longjax import checkpoint
+  from longjax.train import loop
+  from longjax.train.checkpointing import CheckpointMismatch, weights_hash
+  w = tmp_path / "w"
+  shutil.copytree(micro_run[0], w)
+  cfg, params, extra = checkpoint.load(w / "base")
+  params = {k: v for k, v in params.items()}
+  emb = np.array(params["embedding"])
+  assert emb.size > 4096  # the sampled hash reads every 2nd value of it
+  before = weights_hash(params)
+  emb.reshape(-1)[1] += 1.0
+  params["embedding"] = emb
+  assert weights_hash(params) == before  # invisible to the sampled hash
+  checkpoint.save(w / "base", cfg, params, extra=extra, overwrite=True)
+  with pytest.raises(CheckpointMismatch, match="base weights differ"):
+    loop.Trainer(micro_config("beacon", w, steps=3, save_every=1)).run()

