@@ -716,3 +716,20 @@ def test_resume_refuses_a_base_changed_in_one_unsampled_value(micro_run, tmp_pat
   checkpoint.save(w / "base", cfg, params, extra=extra, overwrite=True)
   with pytest.raises(CheckpointMismatch, match="base weights differ"):
     loop.Trainer(micro_config("beacon", w, steps=3, save_every=1)).run()
+
+
+def test_gguf_out_error_names_the_gguf_not_a_vanished_temp_dir(tmp_path, capsys, monkeypatch):
+  import longjax.convert
+  from convert_weights import main
+  from longjax.convert.hf import CheckpointError
+  from test_gguf import tiny_vocab, write_gguf
+  tokens, merges = tiny_vocab()
+  g = write_gguf(tmp_path / "m.gguf", _gguf_state(tokens), tokens, merges, quant={})
+
+  def fail(hf_dir, **kw):  # as load_hf words a mismatch: the directory it read
+    raise CheckpointError(f"checkpoint {hf_dir} does not match a llama model")
+  monkeypatch.setattr(longjax.convert, "load_hf", fail)
+  assert main(["--gguf", str(g), "--out", str(tmp_path / "lj")]) == 1
+  err = capsys.readouterr().err.strip()
+  assert f"checkpoint {g} (as HF) does not match" in err, err
+  assert sorted(os.listdir(tmp_path)) == ["m.gguf"]
