@@ -64,12 +64,8 @@ def enable(where: Optional[str] = None, min_compile_s: float = 0.2) -> Optional[
   import jax
   problem = _unusable(path)
   if problem:  # a cache is an optimisation: never a reason to stop the run
-    import logging
-    logging.getLogger("longjax").warning(
-        "compilation cache off: %s (%s); running without it (set --compile_cache / $%s to a "
-        "writable directory, or 'off')", path, problem, ENV)
-    print(f"warning: compilation cache off: {path} ({problem}); running without it",
-          file=sys.stderr)
+    print(f"warning: compilation cache off: {path} ({problem}); running without it (set "
+          f"--compile_cache or ${ENV} to a writable directory, or 'off')", file=sys.stderr)
     return None
   jax.config.update("jax_compilation_cache_dir", str(path))
   # JAX's defaults skip programs that compile in under a second; a beacon run has many
