@@ -377,12 +377,10 @@ def test_tokenizers_never_trust_remote_code(tmp_path, monkeypatch):
   monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", classmethod(spy))
   get_tokenizer(str(tmp_path / "tok"))
   assert seen == [False]
-  # every other call site (scripts/learn_* belong to another change and are not scanned)
+  # every other call site
   files = [*REPO.glob("longjax/**/*.py"), *REPO.glob("scripts/*.py"), REPO / "eval.py",
            REPO / "train.py"]
   for f in files:
-    if f.name.startswith("learn_"):
-      continue
     text = f.read_text()
     for m in re.finditer(r"AutoTokenizer\.from_pretrained\(", text):
       call = text[m.end():text.find(")", m.end()) + 1]
