@@ -19,6 +19,7 @@ from typing import Optional
 import numpy as np
 
 from longjax.atomic_dir import atomic_dir
+from longjax.beacon import campaign
 from longjax.errors import LongjaxError
 
 log = logging.getLogger("longjax")
@@ -221,7 +222,8 @@ def main(argv=None):
       raise AssetError(f"{args.workdir} is not a train.py run directory (no config.json)")
     cfg, bcfg, params, step, base = params_from_workdir(args.workdir)
     embed = None if str(base or "").strip() else Path(args.workdir) / "base"
-    save_beacon_asset(args.out, cfg, bcfg, params, base=base, info=dict(train_step=step),
+    save_beacon_asset(args.out, cfg, bcfg, params, base=base, info=dict(train_step=step,
+                                campaign=campaign.record(args.workdir, step)),
                       overwrite=args.overwrite, embed_base=embed)
     print(f"wrote {args.out} (step {step})")
   from longjax import cli
