@@ -1,0 +1,38 @@
+"""FocusLLM on frozen SmolLM2-135M-Instruct (the real-model learning campaign, CPU-sized).
+
+Local window and chunk size 256 (the beacon campaign's W, so the two methods compare at the same
+window), candidate q/k/v/o trained from the official init (copies of the base projections),
+frozen base, fp32 master weights. The last <= 128 local tokens (the dynamic prompt) are appended
+to every chunk. Objectives (official, spec focusllm.md §5): continuation or repetition with the
+loss on one target token per sample; passkey documents (input/output records) take the answer
+objective instead: the target is a digit of the answer, the local context ends just before it
+(longjax.data.pipeline.focus_indices). Data: the beacon campaign's offline prose and passkey
+files (configs/smollm2_beacon.py says how to write them).
+
+  python train.py --config=configs/smollm2_focus.py          # rerun the same command to resume
+"""
+import ml_collections
+
+from configs import common
+
+
+def get_config():
+  c = ml_collections.ConfigDict()
+  c.method = "focus"
+  c.workdir = "runs/focus_campaign/run"
+  c.seed = 0
+  c.model = common.real_model("HuggingFaceTB/SmolLM2-135M-Instruct", checkpoint="smollm2",
+                              dtype="float32", param_dtype="float32")
+  c.focus = ml_collections.ConfigDict(dict(local_window=256, stride=256, strides=(256,),
+                                           prompt_cap=128, param=("q", "k", "v", "o"),
+                                           min_len_threshold=0, min_local=30,
+                                           objective="answer"))
+  c.data = common.data_defaults(sources="jsonl:runs/campaign/prose.jsonl,"
+                                        "jsonl:runs/campaign/passkey.jsonl",
+                                min_length=300, max_length=1400)
+  c.train = common.train_defaults(num_steps=1500, global_batch=8, lr=1e-4, warmup_steps=20,
+                                  save_every=50, keep=40, log_every=1, progress=False)
+  c.debug = common.debug_defaults()
+  from longjax.eval.config import eval_config  # noqa: E402
+  c.eval = eval_config("focus", preset="tiny")
+  return c
