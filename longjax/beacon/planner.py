@@ -26,6 +26,7 @@ from typing import List, Optional, Sequence, Tuple
 import jax
 import numpy as np
 
+from longjax import program_cache
 from longjax.beacon.config import BeaconConfig, adapt_ratio
 from longjax.errors import LongjaxError
 from longjax.sizes import next_pow2
@@ -317,6 +318,9 @@ class WindowPlan:
   @property
   def n_steps(self) -> int:
     return int(self.active.shape[0]) if np.ndim(self.active) else 1
+
+
+program_cache.register_pytree(WindowPlan, "longjax.beacon.WindowPlan")
 
 
 def assemble(descs: Sequence[Optional[StepDesc]], q_slots: int, r_slots: int,
