@@ -117,6 +117,23 @@ class PlainLM:
     return self._step(params, state, jnp.asarray(tokens)[:, None])
 
 
+
+class BucketedPlainLM(PlainLM):
+  """``PlainLM`` that pads prompts to a multiple of ``bucket`` tokens (one compile per bucket)."""
+
+  def __init__(self, cfg: ModelConfig, bucket: int = 128):
+    super().__init__(cfg)
+    self.bucket = bucket
+
+  def prefill(self, params, tokens, lengths, max_new_tokens):
+    tokens = np.asarray(tokens)
+    t = tokens.shape[1]
+    pad = round_up(t, self.bucket) - t
+    if pad:
+      tokens = np.pad(tokens, ((0, 0), (0, pad)))
+    return super().prefill(params, tokens, lengths, max_new_tokens)
+
+
 def check_token_ids(rows, vocab_size: int, what: str = "prompt") -> None:
   """Refuse ids the model has no embedding for, host side: under jit the embedding lookup would
   clip them silently (-1 reads row 0, V + 100 reads row V - 1). ``rows``: id arrays / lists."""

@@ -89,7 +89,7 @@ class Beacon:
 
   def make_task(self, config, cfg, settings, *, max_length: int, lm_length=None):
     from longjax.train.tasks import BeaconTask, DistillSettings
-    from longjax.train.loop import remat_mode
+    from longjax.models.config import remat_mode
     tc = config.train
     return BeaconTask(cfg, settings, max_length=max_length, seed=int(config.seed),
                       remat=remat_mode(tc.get("remat", True)),
@@ -160,7 +160,7 @@ class Focus:
 
   def make_task(self, config, cfg, settings, *, max_length: int, lm_length=None):
     from longjax.train.tasks import FocusTask
-    from longjax.train.loop import remat_mode
+    from longjax.models.config import remat_mode
     f, tc = config.focus, config.train
     return FocusTask(cfg, settings, dict(window=f.local_window, strides=tuple(f.strides),
                                          min_local=f.get("min_local", 30),
@@ -233,7 +233,7 @@ class Plain:
                   answer_only=config.data.get("loss_on", "all") == "answer")
 
   def inference_model(self, cfg, settings, *, max_length: Optional[int] = None):
-    from longjax.eval.models import BucketedPlainLM
+    from longjax.generate import BucketedPlainLM
     return BucketedPlainLM(cfg)
 
   def holding(self, model, cfg, settings, total: int):

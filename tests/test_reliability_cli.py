@@ -64,7 +64,7 @@ def test_every_project_exception_is_a_longjax_error():
                "longjax.models.smollm2.FetchError", "longjax.models.kv_cache.CacheFullError",
                "longjax.beacon.config.BeaconConfigError", "longjax.focus.config.FocusError",
                "longjax.eval.errors.EvalError", "longjax.data.sources.DataError",
-               "longjax.train.loop.TrainingError", "longjax.data.tokenizers.TokenizerChoiceError",
+               "longjax.train.errors.TrainingError", "longjax.data.tokenizers.TokenizerChoiceError",
                "longjax.train.checkpointing.CheckpointMismatch", "longjax.train.lock.WorkdirLocked",
                "longjax.train.config_check.ConfigError", "longjax.models.config.ModelConfigError"):
     assert name in found, name
@@ -73,7 +73,7 @@ def test_every_project_exception_is_a_longjax_error():
   assert set(not_yet) <= PENDING, not_yet
   # the old bases stay: existing `except ValueError` / `except RuntimeError` still match
   assert issubclass(found["longjax.convert.hf.CheckpointError"], ValueError)
-  assert issubclass(found["longjax.train.loop.TrainingError"], RuntimeError)
+  assert issubclass(found["longjax.train.errors.TrainingError"], RuntimeError)
   assert issubclass(found["longjax.data.tokenizers.TokenizerFilesError"], FileNotFoundError)
 
 

@@ -37,10 +37,9 @@ from longjax import methods
 from longjax.data.tokenizers import (Tokenizer, TokenizerChoiceError, choose_tokenizer,
                                      get_tokenizer)
 from longjax.eval.errors import EvalError
-from longjax.generate import PlainLM, generate
+from longjax.generate import generate
 from longjax.models.config import ModelConfig
 from longjax.models.decoder import init_params
-from longjax.sizes import round_up
 
 METHODS = methods.NAMES
 
@@ -62,24 +61,6 @@ def truncate_text_middle(tok: Tokenizer, text: str, limit: int) -> str:
     return text
   head = limit // 2
   return tok.decode(ids[:head]) + tok.decode(ids[len(ids) - (limit - head):])
-
-
-# ------------------------------------------------------------------------------------------------
-# The plain model: fewer compiled shapes, and a hidden-state forward for log-likelihoods.
-class BucketedPlainLM(PlainLM):
-  """``PlainLM`` that pads prompts to a multiple of ``bucket`` tokens (one compile per bucket)."""
-
-  def __init__(self, cfg: ModelConfig, bucket: int = 128):
-    super().__init__(cfg)
-    self.bucket = bucket
-
-  def prefill(self, params, tokens, lengths, max_new_tokens):
-    tokens = np.asarray(tokens)
-    t = tokens.shape[1]
-    pad = round_up(t, self.bucket) - t
-    if pad:
-      tokens = np.pad(tokens, ((0, 0), (0, pad)))
-    return super().prefill(params, tokens, lengths, max_new_tokens)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -36,12 +36,10 @@ from longjax.train.config_check import validate
 from longjax.train.metrics import MetricsWriter
 from longjax import methods
 from longjax.errors import LongjaxError
+from longjax.models.config import remat_mode
+from longjax.train.errors import TrainingError
 
 log = logging.getLogger("longjax.train")
-
-
-class TrainingError(LongjaxError, RuntimeError):
-  pass
 
 
 # --------------------------------------------------------------------------------------------
@@ -228,14 +226,6 @@ def params_from_asset(c, settings, params, base_dir):
       flat[k] = np.asarray(new[k], np.float32)
   log.info("train.init_from: beacon tensors from %s", src)
   return traverse_util.unflatten_dict(flat, sep="/")
-
-
-def remat_mode(value):
-  """``train.remat`` / ``model.remat`` as ``ModelConfig.remat``: a bool, or ``"dots"``."""
-  if isinstance(value, str) and value != "dots":
-    raise TrainingError(f"remat={value!r}: use True (least memory), 'dots' (keep matmul outputs: "
-                        "faster, more memory) or False")
-  return value if value == "dots" else bool(value)
 
 
 # --------------------------------------------------------------------------------------------
