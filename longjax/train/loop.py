@@ -268,7 +268,7 @@ def step_functions(task, opt):
 
 class Trainer:
   def __init__(self, c, *, resume: bool = True, base=None, lm_length: Optional[int] = None):
-    validate(c)
+    validate(c, methods.get(c.get("method")))
     self.c = c
     self.resume = resume
     self.workdir = Path(c.workdir).absolute()
