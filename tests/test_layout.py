@@ -11,7 +11,6 @@ from longjax.convert import layout
 from longjax.focus.losses import trainable_mask
 from longjax.models.config import ModelConfig
 from longjax.models.decoder import init_params, param_shapes
-from longjax.train import sharding
 
 # The axes of every leaf (train/sharding's former hand-written suffix list, except that the
 # alternative projections, which matched none of its suffixes and were replicated, are now laid
@@ -55,7 +54,7 @@ def test_logical_axes_of_every_leaf(tied, bias):
   assert ("lm_head/kernel" in flat) == (not tied)
   assert ("layers/attn/q_proj/bias" in flat) == bias
   for path, leaf in flat.items():
-    assert sharding.param_logical_axes(path, leaf.ndim) == EXPECTED_AXES[path], path
+    assert layout.logical_axes(path, leaf.ndim) == EXPECTED_AXES[path], path
     # Under a prefix (an optimizer-state key) the leaf keeps its axes.
     assert layout.logical_axes("mu/" + path, leaf.ndim) == EXPECTED_AXES[path], path
 

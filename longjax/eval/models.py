@@ -1,7 +1,6 @@
 """Models for evaluation: ``build_method(config)`` and what every task needs from a model.
 
-``build_method(config)`` returns a :class:`Built` (it also unpacks as
-``method, params, tokenizer, truncation_limit``):
+``build_method(config)`` returns a :class:`Built`:
 
 * the checkpoint is ``config.eval.checkpoint``, else ``config.model.checkpoint``, else the model
   ``train.py`` exported to ``{workdir}/export_hf`` (if any): a HF directory or a longjax checkpoint
@@ -76,9 +75,6 @@ class Built:
   user_cap: int = 0  # config.eval.model_max_length
   description: str = ""
   extra_eos: tuple = ()  # generation_config.json eos ids of the checkpoint
-
-  def __iter__(self):
-    return iter((self.method, self.params, self.tokenizer, self.truncation_limit))
 
   @property
   def kind(self) -> "methods.Method":

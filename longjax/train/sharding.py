@@ -80,15 +80,10 @@ def logical_to_spec(logical, shape, mesh) -> P:
   return P(*out)
 
 
-def param_logical_axes(path: str, ndim: int):
-  """The logical axes of a parameter leaf ("/"-joined path), from the conversion table."""
-  return logical_axes(path, ndim)
-
-
 def param_shardings(params, mesh):
   """A NamedSharding per leaf of a (nested dict) parameter tree."""
   flat = traverse_util.flatten_dict(params, sep="/")
-  out = {k: NamedSharding(mesh, logical_to_spec(param_logical_axes(k, np.ndim(v)), np.shape(v),
+  out = {k: NamedSharding(mesh, logical_to_spec(logical_axes(k, np.ndim(v)), np.shape(v),
                                                 mesh))
          for k, v in flat.items()}
   return traverse_util.unflatten_dict(out, sep="/")
