@@ -13,6 +13,7 @@ from pathlib import Path
 import jax
 
 from longjax.atomic_dir import atomic_dir
+from longjax.convert.hf import CheckpointError
 from longjax.models.config import ModelConfig, ModelConfigError, hf_json
 
 CONFIG_FILE = "config.json"
@@ -91,7 +92,7 @@ def save(path, cfg: ModelConfig, params, *, extra: dict | None = None, overwrite
   path = Path(path).absolute()
   for name in files or {}:
     if name in (CONFIG_FILE, PARAMS_DIR) or Path(name).name != name:
-      raise ValueError(f"cannot store an extra file named {name!r} in a longjax checkpoint")
+      raise CheckpointError(f"cannot store an extra file named {name!r} in a longjax checkpoint")
   with atomic_dir(path, overwrite) as tmp:
     for name, src in (files or {}).items():
       shutil.copyfile(src, tmp / name)

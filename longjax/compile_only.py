@@ -147,7 +147,7 @@ def _mesh(slice_name: str, shape: dict):
     rest = int(np.prod([s for s in sizes if s != -1]))
     sizes[sizes.index(-1)] = n // rest
   if int(np.prod(sizes)) != n:
-    raise ValueError(f"mesh {sizes} does not match {n} devices of {slice_name}")
+    raise shd.MeshError(f"mesh {sizes} does not match {n} devices of {slice_name}")
   return Mesh(devs.reshape(sizes), shd.MESH_AXES, axis_types=(AxisType.Auto,) * 3)
 
 

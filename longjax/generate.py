@@ -142,18 +142,18 @@ def check_token_ids(rows, vocab_size: int, what: str = "prompt") -> None:
     where = f"{what} {i}" if len(rows) > 1 else f"the {what}"
     if r.size and r.dtype.kind not in "iu":
       # int() would truncate 2.7 to 2: a float id is a caller's bug, not a token.
-      raise ValueError(f"token ids must be integers, got dtype {r.dtype} in {where} "
-                       f"(e.g. {r.reshape(-1)[:5].tolist()})")
+      raise GenerateError(f"token ids must be integers, got dtype {r.dtype} in {where} "
+                          f"(e.g. {r.reshape(-1)[:5].tolist()})")
     bad = r[(r < 0) | (r >= vocab_size)]
     if bad.size:
-      raise ValueError(f"token ids must be in [0, {vocab_size}) (the model's vocab_size); got "
+      raise GenerateError(f"token ids must be in [0, {vocab_size}) (the model's vocab_size); got "
                        f"{bad[:5].tolist()} in {where}")
 
 
 def check_max_new_tokens(n, minimum: int = 1) -> None:
   # 2.5 would be truncated by range() / int() somewhere downstream; True is not a count.
   if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < minimum:
-    raise ValueError(f"max_new_tokens must be an integer >= {minimum}, got {n!r}")
+    raise GenerateError(f"max_new_tokens must be an integer >= {minimum}, got {n!r}")
 
 
 def _as_id_lists(prompts, tokenizer) -> list:
@@ -163,7 +163,7 @@ def _as_id_lists(prompts, tokenizer) -> list:
   if isinstance(prompts, str) or (isinstance(prompts, (list, tuple)) and prompts
                                   and isinstance(prompts[0], str)):
     if tokenizer is None:
-      raise ValueError("text prompts need tokenizer=...; or pass token ids")
+      raise GenerateError("text prompts need tokenizer=...; or pass token ids")
     texts = [prompts] if isinstance(prompts, str) else list(prompts)
     return [np.asarray(tokenizer.encode(t), np.int64) for t in texts]
   # Rows stay arrays of the caller's dtype, so that check_token_ids sees float ids as floats.
@@ -175,8 +175,8 @@ def _as_id_lists(prompts, tokenizer) -> list:
     rows = list(arr) if arr.ndim == 2 else [arr]
   shapes = sorted({r.shape for r in rows if r.ndim != 1})
   if shapes:
-    raise ValueError(f"prompts must be a list of ids, a list of id lists or a [B, T] array; got "
-                     f"rows of shape {shapes}")
+    raise GenerateError(f"prompts must be a list of ids, a list of id lists or a [B, T] array; got "
+                        f"rows of shape {shapes}")
   return rows
 
 
@@ -225,7 +225,7 @@ def generate(method, params, prompts, max_new_tokens: int = 32, *, tokenizer=Non
   ids = _as_id_lists(prompts, tokenizer)
   empty = [i for i, r in enumerate(ids) if not r.size]
   if not ids or empty:
-    raise ValueError(f"empty prompt (rows {empty or [0]}): give at least one token per prompt")
+    raise GenerateError(f"empty prompt (rows {empty or [0]}): give at least one token per prompt")
   # Checked before the int32 cast below, which would wrap ids >= 2**31 into range.
   check_token_ids(ids, method.cfg.vocab_size)
   check_params(params, method.cfg)

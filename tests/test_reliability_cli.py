@@ -63,7 +63,7 @@ def test_every_project_exception_is_a_longjax_error():
   for name in ("longjax.convert.hf.CheckpointError", "longjax.models.gguf.GGUFError",
                "longjax.models.smollm2.FetchError", "longjax.models.kv_cache.CacheFullError",
                "longjax.beacon.config.BeaconConfigError", "longjax.focus.config.FocusError",
-               "longjax.eval.errors.EvalError", "longjax.data.sources.DataError",
+               "longjax.eval.errors.EvalError", "longjax.data.errors.DataError",
                "longjax.train.errors.TrainingError", "longjax.data.tokenizers.TokenizerChoiceError",
                "longjax.train.checkpointing.CheckpointMismatch", "longjax.train.lock.WorkdirLocked",
                "longjax.train.config_check.ConfigError", "longjax.models.config.ModelConfigError",

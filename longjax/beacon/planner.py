@@ -38,6 +38,10 @@ class MemoryFullError(LongjaxError, ValueError):
   """The beacon memory buffers cannot hold what a step would add."""
 
 
+class BeaconInputError(LongjaxError, ValueError):
+  """Input the planner cannot place: token ids outside the vocabulary, labels of another shape."""
+
+
 @dataclasses.dataclass(frozen=True)
 class RowState:
   """Per-row planner state (the official ``Memory`` cursors, as immutable data).
@@ -173,13 +177,13 @@ class Planner:
       return [], st
     if np.any(ids < 0) or np.any(ids >= self.vocab_size):
       bad = ids[(ids < 0) | (ids >= self.vocab_size)][:5].tolist()
-      raise ValueError(f"token ids must be in [0, {self.vocab_size}) (the beacon id "
-                       f"{self.vocab_size} is inserted by the planner); got {bad}")
+      raise BeaconInputError(f"token ids must be in [0, {self.vocab_size}) (the beacon id "
+                             f"{self.vocab_size} is inserted by the planner); got {bad}")
     lab = np.full(ids.shape, IGNORE, np.int64)
     if labels is not None:
       labels = np.asarray(labels, np.int64).reshape(-1)
       if labels.shape != ids.shape:
-        raise ValueError(f"labels {labels.shape} must match ids {ids.shape}")
+        raise BeaconInputError(f"labels {labels.shape} must match ids {ids.shape}")
       lab[:-1] = labels[1:]
     base = st.fed
     total = st.fed + ids.size

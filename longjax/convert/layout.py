@@ -20,7 +20,7 @@ import jax
 import numpy as np
 
 from longjax.convert.table import ROWS
-from longjax.models.config import ModelConfig
+from longjax.models.config import ModelConfig, ModelConfigError
 
 # Full path of every row -> its logical axes (None: replicated).
 _AXES = {"/".join(row.path): row.logical_axes for row in ROWS}
@@ -119,8 +119,8 @@ def add_alt_params(cfg: ModelConfig, params, projections, num_alt_embeddings: in
   if num_alt_embeddings and "alt_embedding" not in params:
     token = embed_init_token(cfg, embed_init)
     if token is None:
-      raise ValueError(f"cannot initialise the beacon embedding from {embed_init}: the model "
-                       f"config has no {embed_init}_token_id")
+      raise ModelConfigError(f"cannot initialise the beacon embedding from {embed_init}: the model "
+                             f"config has no {embed_init}_token_id")
     params["alt_embedding"] = alt_embedding_row(params["embedding"], token)
   new_alt = tuple(sorted(set(cfg.alt_projections) | set(projections), key="qkvo".index))
   cfg = cfg.replace(alt_projections=new_alt,
