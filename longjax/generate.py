@@ -147,7 +147,7 @@ def check_token_ids(rows, vocab_size: int, what: str = "prompt") -> None:
     bad = r[(r < 0) | (r >= vocab_size)]
     if bad.size:
       raise GenerateError(f"token ids must be in [0, {vocab_size}) (the model's vocab_size); got "
-                       f"{bad[:5].tolist()} in {where}")
+                          f"{bad[:5].tolist()} in {where}")
 
 
 def check_max_new_tokens(n, minimum: int = 1) -> None:
