@@ -38,7 +38,7 @@ def _gguf_to_longjax(args, load_kw):
   from longjax import checkpoint
   from longjax.errors import LongjaxError
   from longjax.convert import load_hf
-  from longjax.convert.gguf import gguf_to_hf
+  from longjax.models.gguf import gguf_to_hf
   out = Path(args.out).absolute()
   if out.exists() and not args.overwrite:  # before the (slow) conversion, not after it
     raise FileExistsError(f"{out} exists; pass --overwrite to replace it")
@@ -76,7 +76,7 @@ def convert(args):
       checkpoint.save(args.out, cfg, params, overwrite=args.overwrite)
     print(f"wrote longjax checkpoint {args.out} ({cfg.family}, {cfg.num_layers} layers, {cfg.param_dtype})")
   elif args.gguf:
-    from longjax.convert.gguf import gguf_to_hf
+    from longjax.models.gguf import gguf_to_hf
     gguf_to_hf(args.gguf, args.hf_out, overwrite=args.overwrite)
     print(f"wrote HF checkpoint {args.hf_out} (fp32)")
   else:

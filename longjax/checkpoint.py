@@ -14,6 +14,7 @@ import jax
 
 from longjax.atomic_dir import atomic_dir
 from longjax.errors import LongjaxError
+from longjax.convert.hf import CheckpointError
 from longjax.models.config import ModelConfig, ModelConfigError, hf_json
 
 class CheckpointReadError(LongjaxError, ValueError):
@@ -96,7 +97,7 @@ def save(path, cfg: ModelConfig, params, *, extra: dict | None = None, overwrite
   path = Path(path).absolute()
   for name in files or {}:
     if name in (CONFIG_FILE, PARAMS_DIR) or Path(name).name != name:
-      raise ValueError(f"cannot store an extra file named {name!r} in a longjax checkpoint")
+      raise CheckpointError(f"cannot store an extra file named {name!r} in a longjax checkpoint")
   with atomic_dir(path, overwrite) as tmp:
     for name, src in (files or {}).items():
       shutil.copyfile(src, tmp / name)

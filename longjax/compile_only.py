@@ -147,7 +147,7 @@ def _mesh(slice_name: str, shape: dict):
     rest = int(np.prod([s for s in sizes if s != -1]))
     sizes[sizes.index(-1)] = n // rest
   if int(np.prod(sizes)) != n:
-    raise ValueError(f"mesh {sizes} does not match {n} devices of {slice_name}")
+    raise shd.MeshError(f"mesh {sizes} does not match {n} devices of {slice_name}")
   return Mesh(devs.reshape(sizes), shd.MESH_AXES, axis_types=(AxisType.Auto,) * 3)
 
 
@@ -196,6 +196,7 @@ def beacon_train(slice_name: str, *, config: str = "beacon_qwen2", length: Optio
   import importlib
   from longjax import methods
   from longjax.kernels import flash
+  from longjax.models.config import remat_mode
   from longjax.train import loop, sharding as shd
   c = importlib.import_module(f"configs.{config}").get_config()
   if remat is not None:
@@ -217,7 +218,7 @@ def beacon_train(slice_name: str, *, config: str = "beacon_qwen2", length: Optio
     projections, n_embed, _ = method.extra_params(settings)
     cfg = _model_config(shape, alt_projections=projections, num_alt_embeddings=n_embed,
                         dtype=c.model.dtype, param_dtype=c.model.param_dtype,
-                        remat=loop.remat_mode(c.model.remat))
+                        remat=remat_mode(c.model.remat))
     mesh = _mesh(slice_name, dict(c.train.mesh))
     with flash.target_platform("tpu"):
       task = method.make_task(c, cfg, settings, max_length=length)

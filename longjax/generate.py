@@ -136,6 +136,22 @@ def check_integer_ids(rows, what: str = "prompt") -> None:
                          f"(e.g. {r.reshape(-1)[:5].tolist()}); pass integer ids")
 
 
+class BucketedPlainLM(PlainLM):
+  """``PlainLM`` that pads prompts to a multiple of ``bucket`` tokens (one compile per bucket)."""
+
+  def __init__(self, cfg: ModelConfig, bucket: int = 128):
+    super().__init__(cfg)
+    self.bucket = bucket
+
+  def prefill(self, params, tokens, lengths, max_new_tokens):
+    tokens = np.asarray(tokens)
+    t = tokens.shape[1]
+    pad = round_up(t, self.bucket) - t
+    if pad:
+      tokens = np.pad(tokens, ((0, 0), (0, pad)))
+    return super().prefill(params, tokens, lengths, max_new_tokens)
+
+
 def check_token_ids(rows, vocab_size: int, what: str = "prompt") -> None:
   """Refuse ids the model has no embedding for, host side: under jit the embedding lookup would
   clip them silently (-1 reads row 0, V + 100 reads row V - 1). ``rows``: id arrays / lists."""
@@ -198,7 +214,7 @@ def check_kv_fits(cfg: ModelConfig, rows: int, length: int, max_new_tokens: int)
 def check_max_new_tokens(n, minimum: int = 1) -> None:
   # 2.5 would be truncated by range() / int() somewhere downstream; True is not a count.
   if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < minimum:
-    raise ValueError(f"max_new_tokens must be an integer >= {minimum}, got {n!r}")
+    raise GenerateError(f"max_new_tokens must be an integer >= {minimum}, got {n!r}")
 
 
 def _as_id_lists(prompts, tokenizer) -> list:
@@ -208,7 +224,7 @@ def _as_id_lists(prompts, tokenizer) -> list:
   if isinstance(prompts, str) or (isinstance(prompts, (list, tuple)) and prompts
                                   and isinstance(prompts[0], str)):
     if tokenizer is None:
-      raise ValueError("text prompts need tokenizer=...; or pass token ids")
+      raise GenerateError("text prompts need tokenizer=...; or pass token ids")
     texts = [prompts] if isinstance(prompts, str) else list(prompts)
     return [np.asarray(tokenizer.encode(t), np.int64) for t in texts]
   # Rows stay arrays of the caller's dtype, so that check_token_ids sees float ids as floats.
@@ -220,8 +236,8 @@ def _as_id_lists(prompts, tokenizer) -> list:
     rows = list(arr) if arr.ndim == 2 else [arr]
   shapes = sorted({r.shape for r in rows if r.ndim != 1})
   if shapes:
-    raise ValueError(f"prompts must be a list of ids, a list of id lists or a [B, T] array; got "
-                     f"rows of shape {shapes}")
+    raise GenerateError(f"prompts must be a list of ids, a list of id lists or a [B, T] array; got "
+                        f"rows of shape {shapes}")
   return rows
 
 
@@ -270,7 +286,7 @@ def generate(method, params, prompts, max_new_tokens: int = 32, *, tokenizer=Non
   ids = _as_id_lists(prompts, tokenizer)
   empty = [i for i, r in enumerate(ids) if not r.size]
   if not ids or empty:
-    raise ValueError(f"empty prompt (rows {empty or [0]}): give at least one token per prompt")
+    raise GenerateError(f"empty prompt (rows {empty or [0]}): give at least one token per prompt")
   # Checked before the int32 cast below, which would wrap ids >= 2**31 into range.
   check_token_ids(ids, method.cfg.vocab_size)
   check_params(params, method.cfg)

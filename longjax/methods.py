@@ -62,6 +62,8 @@ def _hf_bos(path) -> Optional[int]:
 class Beacon:
   """Activation Beacon: the ``beacon`` config section, the official ``beacon_*`` tensors."""
   name = "beacon"
+  section = "beacon"  # the run config's section of its settings
+  distills = True  # data.loss_on = "distill" (KL to the full-attention base) is for it
   reads_bos = False  # settings do not depend on the model's BOS
   plan_batch_axis = 1  # WindowPlan leaves are [windows, batch, ...]
   groups_by_windows = True  # batches of equal window counts: one compile per count
@@ -78,8 +80,9 @@ class Beacon:
     return tuple(settings.param), 1, settings.embed_init
 
   def is_trainable(self, path: str) -> bool:
-    from longjax.convert.layout import is_trainable
-    return is_trainable(path, self.name)
+    """Its projections and its beacon embedding (``alt_*``), nothing of the base."""
+    from longjax.convert.layout import is_alt
+    return is_alt(path)
 
   def load_hf(self, path, settings, param_dtype=None):
     """A HF directory: official tensors where present, the official init for the rest."""
@@ -89,7 +92,7 @@ class Beacon:
 
   def make_task(self, config, cfg, settings, *, max_length: int, lm_length=None):
     from longjax.train.tasks import BeaconTask, DistillSettings
-    from longjax.train.loop import remat_mode
+    from longjax.models.config import remat_mode
     tc = config.train
     return BeaconTask(cfg, settings, max_length=max_length, seed=int(config.seed),
                       remat=remat_mode(tc.get("remat", True)),
@@ -133,6 +136,8 @@ class Beacon:
 class Focus:
   """FocusLLM: the ``focus`` config section, candidate projections stored as ``beacon_*``."""
   name = "focus"
+  section = "focus"
+  distills = False
   reads_bos = True  # every chunk starts with the model's BOS
   plan_batch_axis = 0
   groups_by_windows = False
@@ -150,8 +155,9 @@ class Focus:
     return tuple(settings.candidate_projections), 0, "eos"
 
   def is_trainable(self, path: str) -> bool:
-    from longjax.convert.layout import is_trainable
-    return is_trainable(path, self.name)
+    """Only the candidate projections (its beacon embedding is never read)."""
+    from longjax.convert.layout import is_alt_projection
+    return is_alt_projection(path)
 
   def load_hf(self, path, settings, param_dtype=None):
     from longjax.focus import load_focus
@@ -160,7 +166,7 @@ class Focus:
 
   def make_task(self, config, cfg, settings, *, max_length: int, lm_length=None):
     from longjax.train.tasks import FocusTask
-    from longjax.train.loop import remat_mode
+    from longjax.models.config import remat_mode
     f, tc = config.focus, config.train
     return FocusTask(cfg, settings, dict(window=f.local_window, strides=tuple(f.strides),
                                          min_local=f.get("min_local", 30),
@@ -206,6 +212,8 @@ class Plain:
   """The base decoder alone: the truncation baseline of eval.py (``plain``) and the LM
   pretraining of the tiny bases in train.py (``lm``, every parameter trained)."""
   name = "plain"
+  section = None  # no settings of its own
+  distills = False
   reads_bos = False
   plan_batch_axis = 0
   groups_by_windows = False
@@ -220,8 +228,8 @@ class Plain:
     return (), 0, "eos"
 
   def is_trainable(self, path: str) -> bool:
-    from longjax.convert.layout import is_trainable
-    return is_trainable(path, "lm")  # the layout's name for training every parameter
+    """Every parameter (train.py's ``lm`` runs pretrain the tiny bases)."""
+    return True
 
   def load_hf(self, path, settings, param_dtype=None):
     from longjax.checkpoint import load_any
@@ -233,7 +241,7 @@ class Plain:
                   answer_only=config.data.get("loss_on", "all") == "answer")
 
   def inference_model(self, cfg, settings, *, max_length: Optional[int] = None):
-    from longjax.eval.models import BucketedPlainLM
+    from longjax.generate import BucketedPlainLM
     return BucketedPlainLM(cfg)
 
   def holding(self, model, cfg, settings, total: int):

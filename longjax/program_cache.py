@@ -86,27 +86,33 @@ def _sharding(x) -> Optional[str]:
   return repr(sh) if sh is not None and len(sh.device_set) > 1 else None
 
 
-_registered = False
+_TYPES: dict = {}  # pytree type -> serialized name, told by the modules that own the types
+_registered: set = set()
+
+
+def register_pytree(cls, serialized_name: str):
+  """Tell the cache about a pytree type that appears in exported signatures (the type's owner
+  calls this where it defines it): ``jax.export`` needs a serialized name for it (no pickle). A
+  named tuple is serialized as one; a registered dataclass with its static fields as JSON.
+  Registration with ``jax.export`` waits until a program is first exported or loaded."""
+  _TYPES[cls] = serialized_name
+
+
+def _tupled(x):  # JSON turns the static fields' tuples into lists
+  return tuple(_tupled(i) for i in x) if isinstance(x, list) else x
 
 
 def _register_types():
-  """Pytree types that appear in exported signatures need a serialized name (no pickle)."""
-  global _registered
-  if _registered:
-    return
-  _registered = True
-  from longjax.beacon.model import Carry
-  from longjax.beacon.planner import WindowPlan
-  jax.export.register_namedtuple_serialization(Carry, serialized_name="longjax.beacon.Carry")
-
-  def tupled(x):  # JSON turns the static fields' tuples into lists
-    return tuple(tupled(i) for i in x) if isinstance(x, list) else x
-
-  # WindowPlan is a registered dataclass: its auxiliary data is the tuple of its static fields.
-  jax.export.register_pytree_node_serialization(
-      WindowPlan, serialized_name="longjax.beacon.WindowPlan",
-      serialize_auxdata=lambda aux: json.dumps(aux).encode(),
-      deserialize_auxdata=lambda b: tupled(json.loads(b.decode())))
+  for cls, name in _TYPES.items():
+    if cls in _registered:
+      continue
+    _registered.add(cls)
+    if issubclass(cls, tuple) and hasattr(cls, "_fields"):
+      jax.export.register_namedtuple_serialization(cls, serialized_name=name)
+    else:  # a registered dataclass: its auxiliary data is the tuple of its static fields
+      jax.export.register_pytree_node_serialization(
+          cls, serialized_name=name, serialize_auxdata=lambda aux: json.dumps(aux).encode(),
+          deserialize_auxdata=lambda b: _tupled(json.loads(b.decode())))
 
 
 def call(name: str, fn: Callable, static: dict, *args):

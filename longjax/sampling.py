@@ -9,6 +9,12 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
+from longjax.errors import LongjaxError
+
+
+class SamplingError(LongjaxError, ValueError):
+  """A sampling setting that selects nothing sensible (temperature, top_k, top_p)."""
+
 
 @dataclasses.dataclass(frozen=True)
 class SamplingConfig:
@@ -21,11 +27,11 @@ class SamplingConfig:
     # 0 every time; inf flattened them to uniform noise. Only finite numbers are settings.
     t, k, p = self.temperature, self.top_k, self.top_p
     if not _real(t) or not math.isfinite(t) or t < 0:
-      raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {t!r}")
+      raise SamplingError(f"temperature must be a finite number >= 0 (0 = greedy), got {t!r}")
     if k is not None and (isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 1):
-      raise ValueError(f"top_k must be an integer >= 1 (or None), got {k!r}")
+      raise SamplingError(f"top_k must be an integer >= 1 (or None), got {k!r}")
     if p is not None and not (_real(p) and 0 < p <= 1):  # written so that NaN fails
-      raise ValueError(f"top_p must be in (0, 1] (or None), got {p!r}")
+      raise SamplingError(f"top_p must be in (0, 1] (or None), got {p!r}")
 
 
 def _real(x) -> bool:

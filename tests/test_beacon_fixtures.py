@@ -200,32 +200,68 @@ def test_fixture_bf16(hf_dir, case):
 # (``interleave_layout``, itself checked against the official ``steps.json``), the logits from the
 # blockwise attention kernel fed in calls that cut windows anywhere, step by step (no scan); the
 # check runs the default kernel over whole windows with the scan, as for an official case.
-LONG_CASE = dict(name="long500", length=500, n_gen=40, window=64, ratio=4)
+LONG_CASE = dict(name="long500", length=500, n_gen=40, window=64, ratios=[4])
+# The same size with the official default mix: a ratio drawn per window from [2, 4, 8].
+MIXED_CASE = dict(name="mixed500", length=500, n_gen=40, window=64, ratios=[2, 4, 8])
 
 
-def interleave_layout(ids, gen_ids, window: int, ratio: int):
+def step_random_ratios(ratios, window: int, n_windows: int) -> list:
+  """The ratio of each window under ``beacon_ratio_mix = "step-random"``, from the spec's rules
+  (§1), not from the planner: one ratio for a single-entry list; else ratios that do not divide the
+  stride are dropped and each window draws one with ``np.random.default_rng(42).choice``."""
+  if len(ratios) == 1:
+    return [ratios[0]] * n_windows
+  cands = [r for r in ratios if r <= window and (r == 0 or window % r == 0)]
+  g = np.random.default_rng(42)
+  return [int(g.choice(cands)) for _ in range(n_windows)]
+
+
+def recorded_window_ratios(records, window: int) -> list:
+  """The ratio in force in each window, read from an official ``steps.json``: the ratio of the
+  first call that feeds the window (the official code draws only when a window starts)."""
+  ratios, fed = [], 0
+  for rec in records:
+    if fed // window == len(ratios):
+      ratios.append(rec["ratio"])
+    fed += sum(1 for t in rec["ids"] if t != -1)
+  return ratios
+
+
+def interleave_layout(ids, gen_ids, window: int, ratios):
   """The official calls for interleaved beacons, full coverage and no sink, from the README's rules
-  (§1.3-1.4), not from the planner: the forward pass is one call per window, then one call per
-  generated token; a beacon (``-1``) follows every ``ratio``-th raw token of a window; the call that
-  fills a window compresses it (its raw cache goes, its beacons stay); positions are
-  ``arange(memory + input)``. Returns ``(steps.json records, beacons per forward call, memory
-  sizes after the forward pass, after generation)``."""
+  (§1.3-1.4) and the spec's slot rule (§2.1), not from the planner: the forward pass is one call
+  per window, then one call per generated token; window ``k`` compresses at ``ratios[k]`` (an int:
+  every window); a call of ``n`` raw tokens after ``rem`` raw tokens without a beacon holds
+  ``(n + rem) // r`` beacons (``-1``), at the slots ``p % (r + 1) == r - rem``; the call that fills
+  a window compresses it (its raw cache goes, its beacons stay; at ratio 0 its raw entries stay);
+  positions are ``arange(memory + input)``. Returns ``(steps.json records, beacons per forward
+  call, memory sizes after the forward pass, after generation)``."""
+  if isinstance(ratios, int):
+    ratios = [ratios] * ((len(ids) + len(gen_ids)) // window + 1)
   mem = dict(sink=0, beacon=0, raw=0)
-  fill, steps = 0, []
+  fill, rem, windows, steps = 0, 0, 0, []
 
   def call(phase, step, tokens):
-    nonlocal fill
-    rec = []
-    for t in tokens:
-      fill += 1
-      rec += [int(t), -1] if fill % ratio == 0 else [int(t)]
+    nonlocal fill, rem, windows
+    r = ratios[windows]
+    n = len(tokens)
+    if r:
+      p = np.arange(n + (n + rem) // r)
+      slot = p % (r + 1) == r - rem
+      rec = np.full(p.size, -1, np.int64)
+      rec[~slot] = np.asarray(tokens, np.int64)
+      rec, rem = [int(t) for t in rec], (n + rem) % r
+    else:
+      rec = [int(t) for t in tokens]
     size = sum(mem.values())
     steps.append(dict(phase=phase, step=step, ids=rec, position_ids=list(range(size + len(rec))),
-                      mem_size=size, beacon_size=rec.count(-1), ratio=ratio))
+                      mem_size=size, beacon_size=rec.count(-1), ratio=r))
     mem["raw"] += len(rec)
+    fill += n
     if fill == window:
-      mem["beacon"] += window // ratio
+      mem["beacon"] += window // r if r else mem["raw"]
       mem["raw"] = fill = 0
+      windows += 1
     return rec.count(-1)
 
   per_call = [call("forward", k, ids[s:s + window])
@@ -234,6 +270,35 @@ def interleave_layout(ids, gen_ids, window: int, ratio: int):
   for t, tok in enumerate(gen_ids):
     call("generate", t, [tok])
   return steps, per_call, after_prefill, dict(mem)
+
+
+def test_interleave_layout_follows_the_slot_rule_at_every_ratio():
+  """The layout rules on small hand-checked windows: the spec's example (W = 8, r = 4, 10 prompt
+  tokens then generation), mixed ratios window by window, and ratio 0 (raw entries become
+  memory)."""
+  # Spec §2.1: step 1 ``r r r r B r r r r B``; step 2 ``r r``; the 2nd generated token carries a
+  # beacon; the 6th completes the window (16 raw tokens): memory = 2 + 2 beacons.
+  steps, per_call, after_prefill, after_gen = interleave_layout(list(range(10, 20)),
+                                                                list(range(20, 26)), 8, [4, 4])
+  assert steps[0]["ids"] == [10, 11, 12, 13, -1, 14, 15, 16, 17, -1]
+  assert steps[1]["ids"] == [18, 19] and per_call == [2, 0]
+  assert [s["ids"] for s in steps[2:]] == [[20], [21, -1], [22], [23], [24], [25, -1]]
+  assert after_prefill == dict(sink=0, beacon=2, raw=2) and after_gen == dict(sink=0, beacon=4,
+                                                                               raw=0)
+  # Mixed ratios: window 0 at r = 2, window 1 at r = 8, window 2 (partial) at r = 4.
+  steps, per_call, after_prefill, _ = interleave_layout(list(range(20)), [], 8, [2, 8, 4])
+  assert per_call == [4, 1, 1] and [s["ratio"] for s in steps] == [2, 8, 4]
+  assert steps[0]["ids"] == [0, 1, -1, 2, 3, -1, 4, 5, -1, 6, 7, -1]
+  assert steps[1]["ids"] == [8, 9, 10, 11, 12, 13, 14, 15, -1]
+  assert steps[2]["ids"] == [16, 17, 18, 19, -1] and steps[2]["mem_size"] == 5
+  assert after_prefill == dict(sink=0, beacon=5, raw=5)
+  # Ratio 0: no beacons; the whole window stays as memory.
+  steps, per_call, after_prefill, _ = interleave_layout(list(range(12)), [], 8, [0, 2])
+  assert per_call == [0, 2] and steps[1]["mem_size"] == 8
+  assert after_prefill == dict(sink=0, beacon=8, raw=6)
+  # The windows' ratios read back from the records they wrote.
+  steps, *_ = interleave_layout(list(range(20)), list(range(30)), 8, [2, 8, 4, 2, 8, 4, 2])
+  assert recorded_window_ratios(steps, 8) == [2, 8, 4, 2, 8, 4, 2]
 
 
 def _plain_interleave_cases():
@@ -247,27 +312,31 @@ def _plain_interleave_cases():
 
 @pytest.mark.parametrize("case", _plain_interleave_cases())
 def test_interleave_layout_reproduces_official_steps(case):
-  """The rules that write the long case's layout give the official records of the real cases."""
+  """The rules that write the long case's layout give the official records of the real cases, for
+  any ratios the case lists (one, or several drawn window by window: ``steps.json`` records the
+  ratio of every call, and the rules take each window's from its first call)."""
   ref = BEACON / case
   info = json.loads((ref / "case.json").read_text())
   b = info["beacon_config"]
-  (ratio,) = b["beacon_ratio"]
+  records = json.loads((ref / "steps.json").read_text())
+  ratios = recorded_window_ratios(records, b["beacon_window"])
+  assert set(ratios) <= set(b["beacon_ratio"])
   steps, per_call, after_prefill, after_gen = interleave_layout(
-      case_input(ref), np.load(ref / "gen_ids.npy"), b["beacon_window"], ratio)
+      case_input(ref), np.load(ref / "gen_ids.npy"), b["beacon_window"], ratios)
   keys = ("phase", "step", "ids", "position_ids", "mem_size", "beacon_size", "ratio")
-  assert [{k: s[k] for k in keys} for s in json.loads((ref / "steps.json").read_text())] == steps
+  assert [{k: s[k] for k in keys} for s in records] == steps
   assert per_call == info["beacon_sizes_forward"]
   assert after_prefill == info["memory_after_prefill"]
   assert after_gen == info["memory_after_generation"]
 
 
-def write_long_case(beacon: Path, hf_dir: Path, *, name, length, n_gen, window, ratio) -> Path:
+def write_long_case(beacon: Path, hf_dir: Path, *, name, length, n_gen, window, ratios) -> Path:
   """A case folder ``beacon/name`` in the official format: ``length`` random input tokens and
   ``n_gen`` greedy tokens over the shared model, with the settings of ``main`` but this size."""
   ref = beacon / name
   ref.mkdir()
   ids = np.random.default_rng(length).integers(3, 1000, length).astype(np.int64)
-  bconf = dict(beacon_window=window, beacon_stride=window, beacon_ratio=[ratio],
+  bconf = dict(beacon_window=window, beacon_stride=window, beacon_ratio=list(ratios),
                beacon_ratio_mix="step-random", beacon_attn="full-coverage",
                beacon_pos="interleave", beacon_param=["q", "k", "v"], beacon_sink_size=0,
                beacon_attend_prev=True, beacon_embed_init="eos")
@@ -290,7 +359,8 @@ def write_long_case(beacon: Path, hf_dir: Path, *, name, length, n_gen, window, 
   z = raw[:-1].astype(np.float64)
   z -= z.max(-1, keepdims=True)
   loss = np.mean(np.log(np.sum(np.exp(z), -1)) - z[np.arange(length - 1), ids[1:]])
-  steps, per_call, after_prefill, after_gen = interleave_layout(ids, gen_ids, window, ratio)
+  steps, per_call, after_prefill, after_gen = interleave_layout(
+      ids, gen_ids, window, step_random_ratios(ratios, window, (length + n_gen) // window + 1))
   masks = {f"{s['phase']}_{s['step']}": np.tril(np.ones((len(s["ids"]), len(s["position_ids"])),
                                                         bool), k=s["mem_size"]) for s in steps}
   last = (length - 1) // window * window  # the last forward call's raw tokens
@@ -309,10 +379,13 @@ def write_long_case(beacon: Path, hf_dir: Path, *, name, length, n_gen, window, 
   return ref
 
 
-def test_fixture_root_with_a_500_token_case(tmp_path, monkeypatch):
+@pytest.mark.parametrize("case", [LONG_CASE, pytest.param(MIXED_CASE, marks=pytest.mark.slow)],
+                         ids=lambda c: c["name"])
+def test_fixture_root_with_a_500_token_case(tmp_path, monkeypatch, case):
   """A fixture root laid out like the official one, whose case has a 500-token input and 40
   generated tokens (540 in all, past the 512 the tests once hard-coded), is found and checked by
-  the same code as the official cases, unchanged: capacities come from the case's own files."""
+  the same code as the official cases, unchanged: capacities come from the case's own files. The
+  mixed case draws a ratio from [2, 4, 8] per window, as the official default does."""
   if not (BEACON / "weights.safetensors").exists():
     pytest.skip(f"no beacon model files under {BEACON} (set LONGJAX_FIXTURES to a fixtures root)")
   monkeypatch.setenv("LONGJAX_FIXTURES", str(tmp_path / "fixtures"))
@@ -322,6 +395,9 @@ def test_fixture_root_with_a_500_token_case(tmp_path, monkeypatch):
     (beacon / f).symlink_to(BEACON / f)
   (tmp_path / "ckpt").mkdir()
   hf = checkpoint_dir(beacon, tmp_path / "ckpt")
-  write_long_case(beacon, hf, **LONG_CASE)
-  assert beacon_cases(beacon) == [LONG_CASE["name"]]
-  check_case(hf, beacon / LONG_CASE["name"], impl="auto")
+  ref = write_long_case(beacon, hf, **case)
+  assert beacon_cases(beacon) == [case["name"]]
+  if len(case["ratios"]) > 1:  # the case really mixes ratios
+    records = json.loads((ref / "steps.json").read_text())
+    assert len(set(recorded_window_ratios(records, case["window"]))) > 1
+  check_case(hf, ref, impl="auto")

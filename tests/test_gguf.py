@@ -151,7 +151,7 @@ def _finish(writer, path):
 
 
 def _convert(gguf_file, out):
-  from longjax.convert.gguf import gguf_to_hf
+  from longjax.models.gguf import gguf_to_hf
   return gguf_to_hf(gguf_file, out)
 
 
@@ -356,7 +356,7 @@ def test_bad_input_ends_in_one_line(case, bad, capsys):
 
 def test_bad_input_in_a_real_process_and_debug(bad):
   from convert_weights import main
-  from longjax.convert.gguf import GGUFError
+  from longjax.models.gguf import GGUFError
   d, cases = bad
   argv = cases["truncated"][0]
   proc = run_python("convert_weights.py", *argv)

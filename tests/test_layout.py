@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
+from longjax import methods
 from longjax.convert import layout
 from longjax.focus.losses import trainable_mask
 from longjax.models.config import ModelConfig
 from longjax.models.decoder import init_params, param_shapes
-from longjax.train import sharding
 
 # The axes of every leaf (train/sharding's former hand-written suffix list, except that the
 # alternative projections, which matched none of its suffixes and were replicated, are now laid
@@ -54,7 +54,7 @@ def test_logical_axes_of_every_leaf(tied, bias):
   assert ("lm_head/kernel" in flat) == (not tied)
   assert ("layers/attn/q_proj/bias" in flat) == bias
   for path, leaf in flat.items():
-    assert sharding.param_logical_axes(path, leaf.ndim) == EXPECTED_AXES[path], path
+    assert layout.logical_axes(path, leaf.ndim) == EXPECTED_AXES[path], path
     # Under a prefix (an optimizer-state key) the leaf keeps its axes.
     assert layout.logical_axes("mu/" + path, leaf.ndim) == EXPECTED_AXES[path], path
 
@@ -74,10 +74,10 @@ def test_trainable_sets():
       "focus": {"layers/attn/alt_q_proj/kernel", "layers/attn/alt_v_proj/bias"},
       "lm": set(paths),
   }
-  for method, trained in want.items():
-    assert {p for p in paths if layout.is_trainable(p, method)} == trained, method
-  with pytest.raises(ValueError, match="unknown method 'plain'"):
-    layout.is_trainable("embedding", "plain")
+  for name, trained in want.items():  # each method object says what it trains
+    assert {p for p in paths if methods.get(name).is_trainable(p)} == trained, name
+  with pytest.raises(ValueError, match="unknown method 'llm'"):
+    methods.get("llm")
 
 
 def test_focus_trainable_mask_is_the_focus_rule():

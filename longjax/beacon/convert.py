@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from longjax.beacon.config import BeaconConfig
+from longjax.beacon.config import BeaconConfig, BeaconConfigError
 from longjax.convert.hf import (METHOD_KEY, CheckpointError, check_method, load_hf, read_hf_config,
                                 save_hf, shard_map)
 from longjax.convert.table import ALT_EMBEDDING_NAME, alt_proj_name
@@ -34,7 +34,7 @@ def load_beacon(hf_dir, *, init: Optional[str] = None, param_dtype: Optional[str
       ``ratio_mix="adapt-1024"``); official ``beacon_*`` names are accepted too.
   """
   if init not in (None,) + INITS:
-    raise ValueError(f"init must be None or one of {INITS}, got {init!r}")
+    raise BeaconConfigError(f"init must be None or one of {INITS}, got {init!r}")
   hf = read_hf_config(hf_dir)
   check_method(hf, "beacon", hf_dir)
   bcfg = beacon if beacon is not None else BeaconConfig.from_hf(hf, **beacon_overrides)
@@ -58,5 +58,5 @@ def save_beacon(out_dir, cfg, bcfg: BeaconConfig, params, **kw) -> Path:
   """Export with the official tensor names and ``beacon_*`` config fields (and ``longjax_method``,
   so that load_focus refuses it)."""
   if tuple(sorted(cfg.alt_projections)) != tuple(sorted(bcfg.param)):
-    raise ValueError(f"model alt projections {cfg.alt_projections} != beacon param {bcfg.param}")
+    raise BeaconConfigError(f"model alt projections {cfg.alt_projections} != beacon param {bcfg.param}")
   return save_hf(out_dir, cfg, params, extra_config={**bcfg.to_hf(), METHOD_KEY: "beacon"}, **kw)

@@ -83,6 +83,9 @@ class Carry(NamedTuple):
   loss_count: jax.Array  # [B] int32 labelled tokens
 
 
+program_cache.register_pytree(Carry, "longjax.beacon.Carry")
+
+
 def _token_nll(cfg: ModelConfig, params, h, labels, frozen_head: bool):
   """Next-token NLL ``[B, L]`` of hidden states ``h [B, L, H]`` (IGNORE labels: 0)."""
   return _frozen_head_nll(cfg, params, h, labels) if frozen_head else _nll(cfg, params, h, labels)

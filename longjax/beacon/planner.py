@@ -26,6 +26,7 @@ from typing import List, Optional, Sequence, Tuple
 import jax
 import numpy as np
 
+from longjax import program_cache
 from longjax.beacon.config import BeaconConfig, adapt_ratio
 from longjax.errors import LongjaxError
 from longjax.sizes import next_pow2
@@ -35,6 +36,10 @@ IGNORE = -100
 
 class MemoryFullError(LongjaxError, ValueError):
   """The beacon memory buffers cannot hold what a step would add."""
+
+
+class BeaconInputError(LongjaxError, ValueError):
+  """Input the planner cannot place: token ids outside the vocabulary, labels of another shape."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,13 +177,13 @@ class Planner:
       return [], st
     if np.any(ids < 0) or np.any(ids >= self.vocab_size):
       bad = ids[(ids < 0) | (ids >= self.vocab_size)][:5].tolist()
-      raise ValueError(f"token ids must be in [0, {self.vocab_size}) (the beacon id "
-                       f"{self.vocab_size} is inserted by the planner); got {bad}")
+      raise BeaconInputError(f"token ids must be in [0, {self.vocab_size}) (the beacon id "
+                             f"{self.vocab_size} is inserted by the planner); got {bad}")
     lab = np.full(ids.shape, IGNORE, np.int64)
     if labels is not None:
       labels = np.asarray(labels, np.int64).reshape(-1)
       if labels.shape != ids.shape:
-        raise ValueError(f"labels {labels.shape} must match ids {ids.shape}")
+        raise BeaconInputError(f"labels {labels.shape} must match ids {ids.shape}")
       lab[:-1] = labels[1:]
     base = st.fed
     total = st.fed + ids.size
@@ -317,6 +322,9 @@ class WindowPlan:
   @property
   def n_steps(self) -> int:
     return int(self.active.shape[0]) if np.ndim(self.active) else 1
+
+
+program_cache.register_pytree(WindowPlan, "longjax.beacon.WindowPlan")
 
 
 def assemble(descs: Sequence[Optional[StepDesc]], q_slots: int, r_slots: int,

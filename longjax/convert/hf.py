@@ -172,11 +172,11 @@ def load_hf(hf_dir, *, param_dtype: Optional[str] = None, alt_init: Optional[str
   if alt_init == "copy":
     initialisable |= {n for n, (row, _) in expected.items() if is_alt_projection(row.path)}
   elif alt_init is not None:
-    raise ValueError(f"alt_init must be 'copy' or None, got {alt_init!r}")
+    raise CheckpointError(f"alt_init must be 'copy' or None, got {alt_init!r}")
   if alt_embed_init in ("eos", "bos"):
     initialisable.add(ALT_EMBEDDING_NAME)
   elif alt_embed_init is not None:
-    raise ValueError(f"alt_embed_init must be 'eos', 'bos' or None, got {alt_embed_init!r}")
+    raise CheckpointError(f"alt_embed_init must be 'eos', 'bos' or None, got {alt_embed_init!r}")
   missing = set(expected) - names - initialisable
   extra = {n for n in names - set(expected) if not n.endswith(IGNORED_SUFFIXES)}
   if missing or extra:

@@ -4,7 +4,9 @@ The table (:mod:`longjax.convert.table`) names every tensor; this module answers
 rest of the code asks about those tensors, so that no other file spells a parameter path:
 
 * :func:`logical_axes`: how a parameter is laid out on the mesh (``train/sharding``);
-* :func:`is_trainable` / :func:`trainable_mask`: which parameters each method trains;
+* :func:`is_alt` / :func:`is_alt_projection`: the parameters the methods add (each method object
+  in :mod:`longjax.methods` says which of them it trains); :func:`trainable_mask` applies such a
+  rule to a parameter tree;
 * :func:`add_alt_params` and its pieces: the alternative (beacon / candidate) parameters of a
   plain checkpoint, initialised as the official ``from_pretrained`` does.
 
@@ -12,13 +14,13 @@ Paths are ``"/"``-joined keys of the nested parameter dict, e.g. ``"layers/attn/
 """
 from __future__ import annotations
 
-from typing import Mapping, Optional
+from typing import Callable, Mapping, Optional
 
 import jax
 import numpy as np
 
 from longjax.convert.table import ROWS
-from longjax.models.config import ModelConfig
+from longjax.models.config import ModelConfig, ModelConfigError
 
 # Full path of every row -> its logical axes (None: replicated).
 _AXES = {"/".join(row.path): row.logical_axes for row in ROWS}
@@ -52,26 +54,13 @@ def is_alt_projection(path) -> bool:
   return any(k.startswith("alt_") and k.endswith("_proj") for k in _keys(path))
 
 
-# Activation Beacon trains its projections and embedding; FocusLLM only the candidate projections
-# (its beacon embedding is never read); "lm" (pretraining the tiny bases) trains everything.
-_TRAINABLE = {"beacon": is_alt, "focus": is_alt_projection, "lm": lambda path: True}
-
-
-def is_trainable(path: str, method: str) -> bool:
-  """Whether ``method`` ("beacon", "focus" or "lm") trains the parameter at ``path``."""
-  try:
-    rule = _TRAINABLE[method]
-  except KeyError:
-    raise ValueError(f"unknown method {method!r}") from None
-  return rule(path)
-
-
-def trainable_mask(params, method: str):
-  """``params``' nesting (plain dicts) with a bool leaf: :func:`is_trainable` of that leaf."""
+def trainable_mask(params, is_trainable: Callable[[str], bool]):
+  """``params``' nesting (plain dicts) with a bool leaf: ``is_trainable`` of that leaf's path (a
+  method's rule, e.g. ``longjax.methods.get("focus").is_trainable``)."""
   def walk(tree, path):
     if isinstance(tree, Mapping):
       return {k: walk(v, path + (k,)) for k, v in tree.items()}
-    return is_trainable("/".join(path), method)
+    return is_trainable("/".join(path))
   return walk(params, ())
 
 
@@ -130,8 +119,8 @@ def add_alt_params(cfg: ModelConfig, params, projections, num_alt_embeddings: in
   if num_alt_embeddings and "alt_embedding" not in params:
     token = embed_init_token(cfg, embed_init)
     if token is None:
-      raise ValueError(f"cannot initialise the beacon embedding from {embed_init}: the model "
-                       f"config has no {embed_init}_token_id")
+      raise ModelConfigError(f"cannot initialise the beacon embedding from {embed_init}: the model "
+                             f"config has no {embed_init}_token_id")
     params["alt_embedding"] = alt_embedding_row(params["embedding"], token)
   new_alt = tuple(sorted(set(cfg.alt_projections) | set(projections), key="qkvo".index))
   cfg = cfg.replace(alt_projections=new_alt,

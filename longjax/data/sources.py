@@ -21,13 +21,9 @@ from pathlib import Path
 from typing import Iterator, List, Sequence, Tuple
 
 from longjax.data import synthetic
-from longjax.errors import LongjaxError
+from longjax.data.errors import DataError
 
 Segments = List[Tuple[str, bool]]
-
-
-class DataError(LongjaxError, ValueError):
-  """Missing files, unreadable records, an empty dataset: a clear message for the user."""
 
 
 def parse_specs(sources) -> list:

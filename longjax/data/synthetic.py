@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from longjax.data.errors import DataError
+
 GARBAGE = ("The grass is green. The sky is blue. The sun is yellow. Here we go. "
            "There and back again. ")
 QUESTION = "What is the pass key? The pass key is "
@@ -54,7 +56,7 @@ def passkey_segments(rng: np.random.Generator, n_chars: int, *, digits: int = 5,
   Segments: garbage, needle, garbage, question, answer (``is_answer=True``), ".".
   """
   if style not in STYLES:
-    raise ValueError(f"unknown passkey style {style!r}; choose one of {STYLES}")
+    raise DataError(f"unknown passkey style {style!r}; choose one of {STYLES}")
   if key is None:
     if style == "marker":
       key = "".join(MARKER_SLOTS[i % len(MARKER_SLOTS)][int(rng.integers(10))]
@@ -98,7 +100,7 @@ KINDS = ("passkey", "pattern")
 def generate(kind: str, count: int, min_chars: int, max_chars: int, seed: int, **kw) -> list:
   """``count`` documents (lists of segments), deterministic in ``seed``."""
   if kind not in KINDS:
-    raise ValueError(f"unknown synthetic data kind {kind!r}; choose one of {KINDS}")
+    raise DataError(f"unknown synthetic data kind {kind!r}; choose one of {KINDS}")
   rng = np.random.default_rng([seed, KINDS.index(kind)])
   docs = []
   for _ in range(count):

@@ -9,6 +9,8 @@ from __future__ import annotations
 import ml_collections
 import numpy as np
 
+from longjax.eval.errors import EvalError
+
 TASKS = ("passkey", "needle", "perplexity", "longbench", "infbench")
 
 # beacon.md §8: the needle string and question of eval_needle.py.
@@ -26,7 +28,7 @@ def eval_config(method: str = "beacon", preset: str = "official", task: str = "p
   """``method``: beacon | focus | plain (chooses the paper's protocol defaults);
   ``preset``: ``official`` (the papers' grids) or ``tiny`` (CPU-sized grids for the tiny models)."""
   if preset not in ("official", "tiny"):
-    raise ValueError(f"preset must be 'official' or 'tiny', got {preset!r}")
+    raise EvalError(f"preset must be 'official' or 'tiny', got {preset!r}")
   focus = method == "focus"
   tiny = preset == "tiny"
   c = ml_collections.ConfigDict()

@@ -1,7 +1,6 @@
 """Models for evaluation: ``build_method(config)`` and what every task needs from a model.
 
-``build_method(config)`` returns a :class:`Built` (it also unpacks as
-``method, params, tokenizer, truncation_limit``):
+``build_method(config)`` returns a :class:`Built`:
 
 * the checkpoint is ``config.eval.checkpoint``, else ``config.model.checkpoint``, else the model
   ``train.py`` exported to ``{workdir}/export_hf`` (if any): a HF directory or a longjax checkpoint
@@ -37,10 +36,9 @@ from longjax import methods
 from longjax.data.tokenizers import (Tokenizer, TokenizerChoiceError, choose_tokenizer,
                                      get_tokenizer)
 from longjax.eval.errors import EvalError
-from longjax.generate import PlainLM, generate
+from longjax.generate import generate
 from longjax.models.config import ModelConfig
 from longjax.models.decoder import init_params
-from longjax.sizes import round_up
 
 METHODS = methods.NAMES
 
@@ -65,24 +63,6 @@ def truncate_text_middle(tok: Tokenizer, text: str, limit: int) -> str:
 
 
 # ------------------------------------------------------------------------------------------------
-# The plain model: fewer compiled shapes, and a hidden-state forward for log-likelihoods.
-class BucketedPlainLM(PlainLM):
-  """``PlainLM`` that pads prompts to a multiple of ``bucket`` tokens (one compile per bucket)."""
-
-  def __init__(self, cfg: ModelConfig, bucket: int = 128):
-    super().__init__(cfg)
-    self.bucket = bucket
-
-  def prefill(self, params, tokens, lengths, max_new_tokens):
-    tokens = np.asarray(tokens)
-    t = tokens.shape[1]
-    pad = round_up(t, self.bucket) - t
-    if pad:
-      tokens = np.pad(tokens, ((0, 0), (0, pad)))
-    return super().prefill(params, tokens, lengths, max_new_tokens)
-
-
-# ------------------------------------------------------------------------------------------------
 @dataclasses.dataclass
 class Built:
   name: str  # beacon | focus | plain
@@ -95,9 +75,6 @@ class Built:
   user_cap: int = 0  # config.eval.model_max_length
   description: str = ""
   extra_eos: tuple = ()  # generation_config.json eos ids of the checkpoint
-
-  def __iter__(self):
-    return iter((self.method, self.params, self.tokenizer, self.truncation_limit))
 
   @property
   def kind(self) -> "methods.Method":

@@ -38,6 +38,8 @@ import string
 from collections import Counter
 from typing import Iterable, Optional, Sequence
 
+from longjax.eval.errors import EvalError
+
 _PUNCT = frozenset(string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _INT = re.compile(r"\d+")
@@ -156,7 +158,7 @@ def fuzz_ratio(a: str, b: str, method: str = "difflib") -> float:
     return int(round(100 * difflib.SequenceMatcher(None, a, b).ratio()))
   if method == "indel":
     return 100.0 * 2 * lcs_length(a, b) / (len(a) + len(b))
-  raise ValueError(f"fuzz_ratio method must be 'difflib' or 'indel', got {method!r}")
+  raise EvalError(f"fuzz_ratio method must be 'difflib' or 'indel', got {method!r}")
 
 
 def code_sim(prediction: str, reference: str, **_) -> float:
@@ -180,7 +182,7 @@ def classification(prediction: str, reference: str, all_classes: Optional[Iterab
   iterating over), does not examine the entry that follows a removed one.
   """
   if all_classes is None:
-    raise ValueError("classification scoring needs all_classes (the dataset's 'all_classes')")
+    raise EvalError("classification scoring needs all_classes (the dataset's 'all_classes')")
   matched = [c for c in all_classes if c in prediction]
   kept, skip = [], False
   for name in matched:

@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
+from longjax.focus.config import FocusError
 from longjax.kernels import TokenMeta
 from longjax.models.decoder import Decoder, KVPrefix
 
@@ -80,7 +81,7 @@ def condense(model: Decoder, params, tokens, positions, valid, lengths, *, batch
   n, t = tokens.shape
   cap = t if capacity is None else int(capacity)
   if cap < t:
-    raise ValueError(f"capacity {cap} is shorter than the chunk rows ({t} tokens)")
+    raise FocusError(f"capacity {cap} is shorter than the chunk rows ({t} tokens)")
   b = n if batch_size is None else max(1, min(int(batch_size), n))
   if b >= n:  # one forward over every row
     ck, cv, k, v = _condense_rows(model, params, tokens, positions, valid, lengths)

@@ -33,8 +33,8 @@ INDEX_KEYS = ("memory_len", "local_start", "local_size", "stride")
 
 def trainable_mask(params):
   """True for the candidate projections (``layers/attn/alt_*_proj``), False elsewhere: the
-  parameters FocusLLM trains (:func:`longjax.convert.layout.is_trainable`)."""
-  return layout.trainable_mask(params, "focus")
+  parameters FocusLLM trains (``longjax.methods.Focus.is_trainable``)."""
+  return layout.trainable_mask(params, layout.is_alt_projection)
 
 
 def freeze_base(params):

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from longjax.focus.config import FocusError
+
 OFFICIAL_STRIDES = (64, 128, 256, 512, 1024, 2048)
 
 
@@ -22,7 +24,7 @@ def sample_indices(rng: np.random.Generator, length: int, *, window: int = 3072,
   Returns ``dict(objective, memory_len, local_start, local_size, stride, target_index)``.
   """
   if length < window or window - 2 < min_local:
-    raise ValueError(f"a training sample needs length >= window ({window}) > min_local + 1; "
+    raise FocusError(f"a training sample needs length >= window ({window}) > min_local + 1; "
                      f"got length {length}, min_local {min_local}")
   if objective == "random":
     objective = ("continuation", "repetition")[int(rng.integers(2))]
@@ -36,6 +38,6 @@ def sample_indices(rng: np.random.Generator, length: int, *, window: int = 3072,
     a = int(rng.integers(n)) * window + int(rng.integers(0, window - ls))
     memory_len = length
   else:
-    raise ValueError(f"objective must be continuation, repetition or random, got {objective!r}")
+    raise FocusError(f"objective must be continuation, repetition or random, got {objective!r}")
   return dict(objective=objective, memory_len=memory_len, local_start=a, local_size=ls,
               stride=stride, target_index=a + ls)

@@ -37,6 +37,7 @@ from longjax.kernels import decode as decode_lib
 from longjax.kernels import flash, pallas_gpu, pallas_tpu
 from longjax.kernels.blockwise import blockwise_attention
 from longjax.kernels.chunked import chunked_attention
+from longjax.kernels.errors import KernelError
 from longjax.kernels.mask import MaskRule, TokenMeta, NO_WINDOW, kernel_meta
 from longjax.kernels.reference import dense_attention
 from longjax.sizes import round_up
@@ -105,7 +106,7 @@ def explain(q_shape, k_shape, dtype, *, impl: str = "auto", interpret=None,
   """``(choice, reason)`` with choice in
   ``dense | chunked | blockwise | pallas_flash | pallas_decode``."""
   if impl not in IMPLS:
-    raise ValueError(f"unknown attention impl {impl!r}; choose one of {IMPLS}")
+    raise KernelError(f"unknown attention impl {impl!r}; choose one of {IMPLS}")
   b, tq, hq, _ = q_shape
   tk, hkv = k_shape[1], k_shape[2]
   long_seq = tq * tk > DENSE_MAX_SCORES
@@ -118,7 +119,7 @@ def explain(q_shape, k_shape, dtype, *, impl: str = "auto", interpret=None,
   if impl == "pallas":
     reason = pallas_unsupported_reason(q_shape, k_shape, dtype, interpret=interpret, backend=backend)
     if reason:
-      raise ValueError(f"impl='pallas' cannot run: {reason}")
+      raise KernelError(f"impl='pallas' cannot run: {reason}")
     return pallas_kind, "impl='pallas' requested"
   # auto
   plat = flash.platform()
@@ -155,10 +156,10 @@ def attention(q, k, v, q_meta: TokenMeta, k_meta: TokenMeta, rule: MaskRule = Ma
   give zeros (and ``lse = -inf``), never NaN.
   """
   if q.ndim != 4 or k.ndim != 4 or v.shape != k.shape:
-    raise ValueError(f"attention expects q [B,Tq,Hq,D] and k/v [B,Tk,Hkv,D]; got q {q.shape}, "
-                     f"k {k.shape}, v {v.shape}")
+    raise KernelError(f"attention expects q [B,Tq,Hq,D] and k/v [B,Tk,Hkv,D]; got q {q.shape}, "
+                      f"k {k.shape}, v {v.shape}")
   if q.shape[2] % k.shape[2]:
-    raise ValueError(f"query heads ({q.shape[2]}) must be a multiple of KV heads ({k.shape[2]})")
+    raise KernelError(f"query heads ({q.shape[2]}) must be a multiple of KV heads ({k.shape[2]})")
   choice, reason = explain(q.shape, k.shape, q.dtype, impl=impl, interpret=interpret,
                            backend=pallas_backend)
   if "fell back" in reason:

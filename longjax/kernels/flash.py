@@ -37,6 +37,7 @@ import numpy as np
 
 from longjax.kernels import pallas_gpu, pallas_tpu
 from longjax.kernels.blockwise import attention_with_vjp, blockwise_bwd
+from longjax.kernels.errors import KernelError
 from longjax.kernels.mask import (KernelMeta, block_lists, block_visits, is_concrete,
                                   pad_kernel_meta)
 from longjax.sizes import next_pow2, round_up
@@ -65,7 +66,7 @@ def target_platform(name: str):
   only: trace the function inside the block (jit caches a trace by function and shapes, so a
   function already traced for the host is not re-traced)."""
   if name not in PLATFORMS:
-    raise ValueError(f"unknown target platform {name!r}; choose one of {PLATFORMS}")
+    raise KernelError(f"unknown target platform {name!r}; choose one of {PLATFORMS}")
   token = _TARGET.set(name)
   try:
     yield
@@ -88,7 +89,7 @@ def resolve_backend(backend: Optional[str] = None) -> str:
     plat = platform()
     backend = "tpu" if plat == "tpu" else "gpu"
   if backend not in BACKENDS:
-    raise ValueError(f"unknown Pallas backend {backend!r}; choose one of {BACKENDS}")
+    raise KernelError(f"unknown Pallas backend {backend!r}; choose one of {BACKENDS}")
   return backend
 
 

@@ -27,6 +27,7 @@ import numpy as np
 from longjax.kernels import flash
 from longjax.kernels.attention import attention
 from longjax.kernels.decode import decode_attention
+from longjax.kernels.errors import KernelError
 from longjax.kernels.mask import KernelMeta, MaskRule, TokenMeta, kernel_meta
 
 # Device kinds as jax reports them, by the short names used for topologies (v5e:2x2, ...).
@@ -76,7 +77,7 @@ def lower(fn: Callable, args: Sequence, platform: str, *, device_kind: str = TPU
   if platform == "cuda":
     with flash.target_platform("gpu"):
       return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
-  raise ValueError(f"unknown platform {platform!r}; choose one of {PLATFORMS}")
+  raise KernelError(f"unknown platform {platform!r}; choose one of {PLATFORMS}")
 
 
 def kernel_names(platform: str) -> tuple:

@@ -46,6 +46,7 @@ try:
 except Exception:  # pragma: no cover - backend removed in a future jax
   plt = None
 
+from longjax.kernels.errors import KernelError, KernelUnavailable
 from longjax.kernels.mask import kernel_allowed
 from longjax.kernels.pallas_common import flash_cost
 from longjax.sizes import is_pow2, next_pow2
@@ -117,12 +118,12 @@ def flash_fwd(q, k, v, q_fields, k_fields, blocks, counts, *, scale: float, kind
   Returns ``(out [B, Hq, Tq, D], lse [B, Hq, Tq])``.
   """
   if not available():
-    raise RuntimeError("the Pallas Triton backend (jax.experimental.pallas.triton) is not available")
+    raise KernelUnavailable("the Pallas Triton backend (jax.experimental.pallas.triton) is not available")
   bsz, hq, tq, d = q.shape
   hkv, tk = k.shape[1], k.shape[2]
   reason = supported(d, block_q, block_k)
   if reason:
-    raise ValueError(reason)
+    raise KernelError(reason)
   g = hq // hkv
   n_q = tq // block_q
   lists = jnp.concatenate([counts[..., None], blocks], axis=-1).astype(jnp.int32)  # [B, nQ, 1+W]

@@ -32,6 +32,7 @@ try:  # Pallas TPU may be missing from some jaxlib builds.
 except Exception:  # pragma: no cover
   pltpu = None
 
+from longjax.kernels.errors import KernelError, KernelUnavailable
 from longjax.kernels.mask import kernel_allowed
 from longjax.kernels.pallas_common import flash_cost
 
@@ -125,13 +126,13 @@ def flash_fwd(q, k, v, q_fields, k_fields, blocks, counts, *, n_steps: int, scal
   Returns ``(out [B, Hq, Tq, D], lse [B, Hq, Tq, 1])``.
   """
   if not available():
-    raise RuntimeError("Pallas TPU (jax.experimental.pallas.tpu) is not available in this jax")
+    raise KernelUnavailable("Pallas TPU (jax.experimental.pallas.tpu) is not available in this jax")
   bsz, hq, tq, d = q.shape
   hkv = k.shape[1]
   if not interpret:
     reason = supported(d, tq, k.shape[2], block_q, block_k)
     if reason:
-      raise ValueError(reason)
+      raise KernelError(reason)
   g = hq // hkv
   n_q = tq // block_q
   width = blocks.shape[-1]

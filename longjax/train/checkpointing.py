@@ -21,6 +21,7 @@ import jax
 import numpy as np
 
 from longjax.errors import LongjaxError
+from longjax.train.errors import TrainingError
 
 log = logging.getLogger("longjax.train")
 
@@ -144,7 +145,6 @@ class Checkpointer:
       self.set_aside(bad)
       return step, r.state, r.data
     if steps:
-      from longjax.train.loop import TrainingError
       raise TrainingError(f"none of the checkpoints {steps} in {self.dir} could be read "
                           "(truncated or corrupt); remove the directory (or use a new "
                           "--config.workdir) to start afresh")

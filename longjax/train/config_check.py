@@ -30,7 +30,6 @@ SCHEMA = {
     "train.cluster": {"coordinator_address", "num_processes", "process_id"},
     "debug": {"kill_after_step", "nan_at_step"},
 }
-METHODS = ("beacon", "focus", "lm")
 LAYOUTS = ("official", "inference")  # train.layout (beacon): see longjax.train.tasks.BeaconTask
 
 
@@ -42,7 +41,9 @@ def _keys(d):
   return list(d.keys()) if hasattr(d, "keys") else []
 
 
-def validate(c):
+def validate(c, method):
+  """Refuse a run config with unknown keys or impossible values. ``method`` is the method object
+  of ``c.method`` (``longjax.methods.get``): it names its config section and whether it distills."""
   def walk(d, prefix):
     allowed = SCHEMA.get(prefix)
     if allowed is None:
@@ -59,21 +60,21 @@ def validate(c):
       if hasattr(v, "keys") and sub in SCHEMA:
         walk(v, sub)
   walk(c, "")
-  if c.get("method") not in METHODS:
-    raise ConfigError(f"config.method must be one of {METHODS}, got {c.get('method')!r}")
   for sec in ("model", "data", "train"):
     if sec not in c:
       raise ConfigError(f"config has no {sec!r} section")
-  if c.method in ("beacon", "focus") and c.method not in c:
-    raise ConfigError(f"config.method is {c.method!r} but the config has no {c.method!r} section")
+  if method.section is not None and method.section not in c:
+    raise ConfigError(f"config.method is {c.method!r} but the config has no {method.section!r} "
+                      "section")
   if int(c.train.global_batch) < 1:
     raise ConfigError("train.global_batch must be >= 1")
   loss_on = c.data.get("loss_on", "all")
   if loss_on not in ("all", "answer", "distill"):
     raise ConfigError(f"data.loss_on={loss_on!r}: use 'all' (every token), 'answer' (the answer "
                       "spans) or 'distill' (beacon: KL to the full-attention base)")
-  if loss_on == "distill" and c.method != "beacon":
-    raise ConfigError("data.loss_on='distill' is for method 'beacon' only")
+  if loss_on == "distill" and not method.distills:
+    raise ConfigError(f"data.loss_on='distill' is not for method {c.method!r} (it does not "
+                      "distill)")
   d = c.train.get("distill", None)
   if d is not None and (int(d.get("top_k", 32)) < 1 or float(d.get("alpha", 0.0)) < 0):
     raise ConfigError("train.distill needs top_k >= 1 and alpha >= 0")

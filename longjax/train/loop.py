@@ -36,12 +36,10 @@ from longjax.train.config_check import validate
 from longjax.train.metrics import MetricsWriter
 from longjax import methods
 from longjax.errors import LongjaxError
+from longjax.models.config import remat_mode
+from longjax.train.errors import TrainingError
 
 log = logging.getLogger("longjax.train")
-
-
-class TrainingError(LongjaxError, RuntimeError):
-  pass
 
 
 # --------------------------------------------------------------------------------------------
@@ -235,14 +233,6 @@ def params_from_asset(c, settings, params, base_dir):
   return traverse_util.unflatten_dict(flat, sep="/")
 
 
-def remat_mode(value):
-  """``train.remat`` / ``model.remat`` as ``ModelConfig.remat``: a bool, or ``"dots"``."""
-  if isinstance(value, str) and value != "dots":
-    raise TrainingError(f"remat={value!r}: use True (least memory), 'dots' (keep matmul outputs: "
-                        "faster, more memory) or False")
-  return value if value == "dots" else bool(value)
-
-
 # --------------------------------------------------------------------------------------------
 def step_functions(task, opt):
   """``(grad_fn, apply, fused)``: the training step's pure functions (jitted by the Trainer; the
@@ -283,7 +273,7 @@ def step_functions(task, opt):
 
 class Trainer:
   def __init__(self, c, *, resume: bool = True, base=None, lm_length: Optional[int] = None):
-    validate(c)
+    validate(c, methods.get(c.get("method")))
     self.c = c
     self.resume = resume
     self.workdir = Path(c.workdir).absolute()

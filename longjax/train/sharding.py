@@ -17,6 +17,7 @@ from flax import traverse_util
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 from longjax.convert.layout import logical_axes
+from longjax.errors import LongjaxError
 
 MESH_AXES = ("data", "fsdp", "tensor")
 
@@ -43,21 +44,25 @@ def maybe_initialize_distributed(enabled="auto", cluster=None):
   return distributed.maybe_initialize(enabled, cluster)
 
 
+class MeshError(LongjaxError, ValueError):
+  """A ``train.mesh`` that the devices cannot form."""
+
+
 def make_mesh(shape: Mapping[str, int]) -> jax.sharding.Mesh:
   """A mesh over all devices; one axis size may be -1 (= whatever is left)."""
   n = jax.device_count()
   sizes = [int(shape.get(a, 1)) for a in MESH_AXES]
   if sizes.count(-1) > 1:
-    raise ValueError(f"at most one mesh axis may be -1, got {dict(zip(MESH_AXES, sizes))}")
+    raise MeshError(f"at most one mesh axis may be -1, got {dict(zip(MESH_AXES, sizes))}")
   if -1 in sizes:
     rest = int(np.prod([s for s in sizes if s != -1]))
     if n % rest:
-      raise ValueError(f"{n} devices are not divisible by the fixed mesh axes "
-                       f"{dict(zip(MESH_AXES, sizes))}")
+      raise MeshError(f"{n} devices are not divisible by the fixed mesh axes "
+                      f"{dict(zip(MESH_AXES, sizes))}")
     sizes[sizes.index(-1)] = n // rest
   if int(np.prod(sizes)) != n:
-    raise ValueError(f"mesh {dict(zip(MESH_AXES, sizes))} needs {int(np.prod(sizes))} devices, "
-                     f"{n} are available")
+    raise MeshError(f"mesh {dict(zip(MESH_AXES, sizes))} needs {int(np.prod(sizes))} devices, "
+                    f"{n} are available")
   return jax.make_mesh(tuple(sizes), MESH_AXES, axis_types=(AxisType.Auto,) * 3)
 
 
@@ -80,15 +85,10 @@ def logical_to_spec(logical, shape, mesh) -> P:
   return P(*out)
 
 
-def param_logical_axes(path: str, ndim: int):
-  """The logical axes of a parameter leaf ("/"-joined path), from the conversion table."""
-  return logical_axes(path, ndim)
-
-
 def param_shardings(params, mesh):
   """A NamedSharding per leaf of a (nested dict) parameter tree."""
   flat = traverse_util.flatten_dict(params, sep="/")
-  out = {k: NamedSharding(mesh, logical_to_spec(param_logical_axes(k, np.ndim(v)), np.shape(v),
+  out = {k: NamedSharding(mesh, logical_to_spec(logical_axes(k, np.ndim(v)), np.shape(v),
                                                 mesh))
          for k, v in flat.items()}
   return traverse_util.unflatten_dict(out, sep="/")

@@ -35,7 +35,6 @@ from longjax.train.config_check import LAYOUTS, ConfigError
 
 # --------------------------------------------------------------------------------------------
 class BeaconTask:
-  method = "beacon"
 
   def __init__(self, cfg: ModelConfig, bcfg: BeaconConfig, *, max_length: int, seed: int,
                remat: bool = True, step_bucket: int = 1, impl: str = "auto",
@@ -176,7 +175,6 @@ def distill_targets(task: "BeaconTask", base, plans):
 
 # --------------------------------------------------------------------------------------------
 class FocusTask:
-  method = "focus"
 
   def __init__(self, cfg: ModelConfig, fcfg: FocusConfig, train_cfg: dict, *, seed: int,
                impl: str = "auto", remat: bool = False):
@@ -238,7 +236,6 @@ class FocusTask:
 # --------------------------------------------------------------------------------------------
 class LMTask:
   """Plain next-token LM over random crops (pretraining the tiny base of the proof)."""
-  method = "lm"
 
   def __init__(self, cfg: ModelConfig, *, length: int, seed: int, answer_only: bool = False):
     from longjax.models.decoder import Decoder
