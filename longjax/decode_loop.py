@@ -1,12 +1,13 @@
 """The decode loop on device: sampling, stop ids and the method's step inside one ``lax.while_loop``.
 
 A method opts in by exposing ``device_plan(state, n_feeds) -> DevicePlan`` (host side, after
-``prefill``): the fixed-shape device state to carry (``carry``), per-feed inputs planned on the
-host (``xs``, leaves ``[n_feeds, ...]``; e.g. beacon window plans, whose layout depends only on
-positions, never on token values), and the pure step function(s) that feed one token per row.
+``prefill``): the fixed-shape device state to carry (``carry``), and segments of feeds, each
+with the pure step function that feeds one token per row and optional per-feed inputs planned on
+the host (``xs``; e.g. beacon window plans, whose layout depends only on positions, never on token
+values).
 ``run`` then samples every token on device; it returns to the host only
 
-* at the end of a segment of ``DevicePlan.steps`` (a method switching step programs, e.g. a beacon
+* at the end of a ``Segment`` of the plan (a method switching step programs, e.g. a beacon
   memory-size bucket), or
 * every ``chunk`` tokens when streaming (the callback then sees that chunk's tokens),
 
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable, Optional, Sequence, Tuple
+from typing import Any, Callable, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -33,19 +34,25 @@ BUFFER_MULTIPLE = 32
 
 
 @dataclasses.dataclass
-class DevicePlan:
-  """What a method hands the device loop for ``n_feeds`` fed tokens (host side).
+class Segment:
+  """Feeds ``[previous segment's end, end)`` run ``step(params, carry, x, tokens [B]) ->
+  (logits [B, V], carry)``: a pure jittable function, hashable by value (a static argument: equal
+  steps share one compiled loop). Feed ``f`` reads ``x = xs[f - first]`` (``None`` without xs)."""
+  end: int
+  step: Callable
+  xs: Any = None  # leaves [n, ...]: per-feed inputs planned on the host
+  first: int = 0  # the feed xs[0] belongs to
 
-  ``steps``: ``(end, step)`` pairs covering feeds ``[0, n_feeds)`` in order: feeds before ``end``
-  (and after the previous ``end``) run ``step(params, carry, x, tokens [B]) -> (logits [B, V],
-  carry)``, a pure jittable function that must be hashable by value (it is a static argument:
-  equal steps share one compiled loop). ``x`` is feed ``f``'s slice of ``xs`` (``None`` when
-  ``xs`` is). ``finish(carry, feeds)`` turns the carry after ``feeds`` fed tokens back into the
-  method's state (default: the carry itself).
-  """
+
+@dataclasses.dataclass
+class DevicePlan:
+  """What a method hands the device loop for ``n_feeds`` fed tokens (host side): the device
+  state to carry, the segments covering feeds ``[0, n_feeds)`` in order, and ``finish(carry,
+  feeds)``, which turns the carry after ``feeds`` fed tokens back into the method's state
+  (default: the carry itself). Segments whose ``xs`` start at feed 0 are padded to the token
+  buffer's size, so that nearby ``max_new_tokens`` share one compiled loop."""
   carry: Any
-  steps: Sequence[Tuple[int, Callable]]
-  xs: Any = None
+  segments: Sequence[Segment]
   finish: Optional[Callable[[Any, int], Any]] = None
 
 
@@ -77,11 +84,12 @@ def _start(logits, carry, key, stops, *, sampling: SamplingConfig, buffer: int,
   return LoopState(jnp.ones((), jnp.int32), tokens, buf, _is_stop(nxt, stops), carry)
 
 
-def _advance(params, s: LoopState, xs, key, stops, n_end, *, step, sampling: SamplingConfig):
+def _advance(params, s: LoopState, xs, first, key, stops, n_end, *, step,
+             sampling: SamplingConfig):
   """Feed and sample until ``n_end`` tokens are sampled or every row is done."""
   def body(s: LoopState) -> LoopState:
     f = s.n - 1  # the feed index: token f goes in
-    x = jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, f, keepdims=False), xs)
+    x = jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, f - first, keepdims=False), xs)
     prev = jax.lax.dynamic_index_in_dim(s.tokens, f, axis=1, keepdims=False)
     logits, carry = step(params, s.carry, x, prev)
     nxt = select_next(logits, jax.random.fold_in(key, s.n), sampling)
@@ -110,11 +118,19 @@ def run(plan: DevicePlan, params, logits, max_new_tokens: int, sampling: Samplin
   method's state after ``n - 1`` fed tokens.
   """
   n_feeds = max_new_tokens - 1
-  ends = [int(e) for e, _ in plan.steps]
+  ends = [int(g.end) for g in plan.segments]
   if n_feeds and (not ends or ends[-1] != n_feeds or ends != sorted(ends)):
-    raise AssertionError(f"device plan steps end at {ends}, not at the {n_feeds} feeds")
+    raise AssertionError(f"device plan segments end at {ends}, not at the {n_feeds} feeds")
   buffer = round_up(max_new_tokens, BUFFER_MULTIPLE)
-  xs = _pad_feeds(plan.xs, buffer - 1)
+  on_device = {}  # id(xs) -> the xs on device: moved once, however many calls read it
+
+  def device_xs(g: Segment):
+    if g.xs is None:
+      return None
+    if id(g.xs) not in on_device:
+      on_device[id(g.xs)] = jax.device_put(_pad_feeds(g.xs, buffer - 1) if g.first == 0 else g.xs)
+    return on_device[id(g.xs)]
+
   n_stops = round_up(max(len(stop_ids), 1), 8)
   stops = np.full(n_stops, -1, np.int32)
   stops[:len(stop_ids)] = np.asarray(stop_ids, np.int32)
@@ -133,10 +149,12 @@ def run(plan: DevicePlan, params, logits, max_new_tokens: int, sampling: Samplin
     seen = n
 
   report(1)
-  for end, step in plan.steps:
-    while not all_done and n - 1 < end:  # feeds n - 1 .. end - 1 run with this step
-      n_end = end + 1 if chunk is None else min(end + 1, n + chunk)
-      s = advance(params, s, xs, key, stops, np.int32(n_end), step=step, sampling=sampling)
+  for g in plan.segments:
+    xs = device_xs(g)
+    while not all_done and n - 1 < g.end:  # feeds n - 1 .. end - 1 run with this step
+      n_end = g.end + 1 if chunk is None else min(g.end + 1, n + chunk)
+      s = advance(params, s, xs, np.int32(g.first), key, stops, np.int32(n_end), step=g.step,
+                  sampling=sampling)
       n, all_done = int(s.n), bool(np.all(np.asarray(s.done)))
       report(n)
     if all_done:

@@ -121,7 +121,7 @@ class PlainLM:
   def device_plan(self, state: KVCache, n_feeds: int) -> decode_loop.DevicePlan:
     # prefill sized the cache for max_new_tokens: the n_feeds tokens fit.
     check_room(state, n_feeds)
-    return decode_loop.DevicePlan(carry=state, steps=[(n_feeds, PlainStep(self.model))])
+    return decode_loop.DevicePlan(state, [decode_loop.Segment(n_feeds, PlainStep(self.model))])
 
 
 @dataclasses.dataclass(frozen=True)

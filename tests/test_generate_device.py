@@ -81,13 +81,22 @@ def test_plain_greedy_and_sampled(plain):
   _both(lm, params, prompts, max_new_tokens=1)
 
 
-def test_plain_is_one_device_call_and_streams_in_chunks(plain, monkeypatch):
-  lm, params = plain
+def _count_calls(monkeypatch, what):
+  """Record ``what(args, kwargs)`` of every device-loop call (a list, filled as calls happen)."""
   calls = []
   advance = decode_loop._advance_jit
-  monkeypatch.setattr(decode_loop, "_advance_jit",
-                      lambda *a, **k: calls.append(1) or advance(*a, **k))
-  monkeypatch.setattr(decode_loop, "_advance_donating", decode_loop._advance_jit)
+
+  def counted(*a, **k):
+    calls.append(what(a, k))
+    return advance(*a, **k)
+  monkeypatch.setattr(decode_loop, "_advance_jit", counted)
+  monkeypatch.setattr(decode_loop, "_advance_donating", counted)
+  return calls
+
+
+def test_plain_is_one_device_call_and_streams_in_chunks(plain, monkeypatch):
+  lm, params = plain
+  calls = _count_calls(monkeypatch, lambda a, k: 1)
   p = _ids(9, 3)
   longjax.generate(lm, params, p, max_new_tokens=10, loop="device")
   assert len(calls) == 1
@@ -135,23 +144,24 @@ def test_beacon_sampled_and_runs_per_memory_bucket(beacon_params, monkeypatch):
   lm = BeaconLM(cfg, BCFG, max_length=512, memory_bucket_min=8)
   p = _ids(40, 10)
   _both(lm, params, p, max_new_tokens=30, temperature=0.9, top_k=50, seed=2)
-  calls = []
-  advance = decode_loop._advance_jit
-  monkeypatch.setattr(decode_loop, "_advance_jit",
-                      lambda *a, **k: calls.append(k["step"].mem_size) or advance(*a, **k))
-  monkeypatch.setattr(decode_loop, "_advance_donating", decode_loop._advance_jit)
+  calls = _count_calls(monkeypatch, lambda a, k: k["step"].mem_size)
   longjax.generate(lm, params, p, max_new_tokens=30, loop="device")
   # One device call per run of steps in one memory bucket; the buckets grow with the memory.
   assert len(calls) >= 2 and calls == sorted(calls) and len(set(calls)) == len(calls)
 
 
-def test_beacon_append_layout_and_resume(beacon_params):
+def test_beacon_append_layout_and_resume(beacon_params, monkeypatch):
   cfg, params = beacon_params
-  # append: a completing window adds 1 raw token + 8 beacons, more than the 8 decode slots.
-  lm = BeaconLM(cfg, BeaconConfig(window=16, stride=16, ratios=(2,), pos="append", sink_size=0),
-                max_length=256)
+  # append (+ step-expansion, the campaign's layout): a completing window adds 1 raw token + 8
+  # beacons, more than the 8 decode slots.
+  lm = BeaconLM(cfg, BeaconConfig(window=16, stride=16, ratios=(2,), pos="append",
+                                  attn="step-expansion", sink_size=1), max_length=256)
+  slots = _count_calls(monkeypatch, lambda a, k: a[2].tokens.shape[-1])
   host, dev = _both(lm, params, [_ids(10, 11), _ids(21, 12)], max_new_tokens=20)
   assert dev.state.rows == host.state.rows
+  # Only the window-completing steps (row 0 at 16, row 1 at 32) run with all query slots.
+  assert slots.count(lm.q_slots) == 2 and set(slots) == {lm.decode_slots, lm.q_slots}
+  monkeypatch.undo()
   # Multi-turn: a resumed state decodes on device too.
   lm = BeaconLM(cfg, BCFG, max_length=256)
   first = longjax.generate(lm, params, _ids(20, 13), max_new_tokens=6, loop="host")

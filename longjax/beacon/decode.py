@@ -11,11 +11,14 @@ placeholder id; the device step writes the sampled token into the step's one raw
 
 The steps are grouped into runs of one memory-size bucket (as prefill's scan chunks are): each run
 is one device call of the loop compiled for that bucket; a bucket never shrinks inside a run
-(a completing window shrinks the memory need, and the run keeps its larger bucket).
+(a completing window shrinks the memory need, and the run keeps its larger bucket). A step with
+more slots than the decode bucket (append layout: a completing window's beacons) runs alone with
+all query slots, as the host step runs it.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax.numpy as jnp
 import numpy as np
@@ -23,7 +26,7 @@ import numpy as np
 from longjax.beacon.memory import BeaconState
 from longjax.beacon.model import BeaconLM, Carry, _chunks, run_step
 from longjax.beacon.planner import assemble, stack
-from longjax.decode_loop import DevicePlan
+from longjax.decode_loop import DevicePlan, Segment
 from longjax.models.decoder import Decoder
 
 
@@ -51,7 +54,7 @@ def device_plan(lm: BeaconLM, state: BeaconState, n_feeds: int) -> DevicePlan:
   carry = Carry(state.k, state.v, np.zeros((b, lm.cfg.vocab_size), np.float32),
                 np.zeros((b,), np.float32), np.zeros((b,), np.int32))
   rows_after = [state.rows]  # rows_after[f]: the planner's rows after f feeds
-  step_descs, needs, small = [], [], True
+  step_descs, needs = [], []
   placeholder = np.zeros((b, 1), np.int64)  # any valid id: the plan does not depend on it
   for _ in range(n_feeds):
     descs, rows, sd, _, need, _ = lm._plan(placeholder, None, None, rows_after[-1], False, None, 0)
@@ -60,21 +63,40 @@ def device_plan(lm: BeaconLM, state: BeaconState, n_feeds: int) -> DevicePlan:
     rows_after.append(rows)
     step_descs.append(sd[0])
     needs.append(need[0])
-    small = small and all(d.n <= lm.decode_slots for d in sd[0])
 
   def finish(carry: Carry, feeds: int) -> BeaconState:
     return BeaconState(carry.k, carry.v, rows_after[feeds])
 
-  if not n_feeds:
-    return DevicePlan(carry=carry, steps=[], finish=finish)
-  # The host step runs a step that inserts many beacons (append layout, a completing window) with
-  # all query slots; the stacked plan has one shape, so such a generation runs every step so.
-  q = lm.decode_slots if small else lm.q_slots
-  plans = [assemble(sd, q, lm.r_slots, lm.alt_slots(q)) for sd in step_descs]
-  # segments=() : the loop indexes one step at a time, and the plan's static fields must not
-  # depend on n_feeds (they key the compiled loop).
-  xs = dataclasses.replace(stack(plans, [(n_feeds, 0)], state.capacity), segments=())
+  # Each step runs with the query slots the host step gives it: the decode bucket, or all slots
+  # for a step that inserts many beacons (append layout: a completing window) in its own segment.
+  q_small, q_big = lm.decode_slots, lm.q_slots
+  small = [all(d.n <= q_small for d in sd) for sd in step_descs]
+  shared = None
+  if any(small):
+    noop = assemble([None] * b, q_small, lm.r_slots, lm.alt_slots(q_small))
+    plans = [assemble(sd, q_small, lm.r_slots, lm.alt_slots(q_small)) if ok else noop
+             for sd, ok in zip(step_descs, small)]
+    shared = _stacked(plans, state.capacity)
   buckets = [lm.memory_bucket(n, state.capacity) for n in needs]
-  steps = [(c1, BeaconDecodeStep(lm.model, lm.sink_cap, buckets[c0]))
-           for c0, c1 in _chunks(buckets, n_feeds)]
-  return DevicePlan(carry=carry, steps=steps, xs=xs, finish=finish)
+  step = functools.partial(BeaconDecodeStep, lm.model, lm.sink_cap)
+  segments, f = [], 0
+  while f < n_feeds:
+    if not small[f]:
+      one = _stacked([assemble(step_descs[f], q_big, lm.r_slots, lm.alt_slots(q_big))],
+                     state.capacity)
+      segments.append(Segment(f + 1, step(buckets[f]), one, first=f))
+      f += 1
+      continue
+    g = f
+    while g < n_feeds and small[g]:
+      g += 1
+    segments += [Segment(f + c1, step(buckets[f + c0]), shared)
+                 for c0, c1 in _chunks(buckets[f:g], g - f)]
+    f = g
+  return DevicePlan(carry, segments, finish)
+
+
+def _stacked(plans, capacity: int):
+  # segments=(): the loop indexes one step at a time, and the plan's static fields must not
+  # depend on the number of steps (they key the compiled loop).
+  return dataclasses.replace(stack(plans, [(len(plans), 0)], capacity), segments=())

@@ -31,7 +31,7 @@ from longjax.focus import condense as C
 from longjax.focus.config import FocusConfig, FocusError, check_model
 from longjax.focus.planner import (ChunkBatch, LocalBatch, RowPlan, pack_chunks, pack_local,
                                    split_prompt)
-from longjax.decode_loop import DevicePlan
+from longjax.decode_loop import DevicePlan, Segment
 from longjax.generate import check_max_new_tokens, check_token_ids
 from longjax.models.config import ModelConfig
 from longjax.models.decoder import Decoder
@@ -221,7 +221,7 @@ class FocusLLM:
         or int(np.max(np.asarray(state.cache_len))) + n_feeds > state.cache_capacity):
       raise FocusError(f"FocusLLM decode buffers hold {state.local_capacity} local tokens, too few "
                        f"for {n_feeds} more; prefill with a larger max_new_tokens")
-    return DevicePlan(carry=state, steps=[(n_feeds, FocusStep(self))])
+    return DevicePlan(state, [Segment(n_feeds, FocusStep(self))])
 
   # -------------------------------------------------------------------------------------------
   # Whole-prompt forwards (tests, fixtures, the closed-form decode path).
