@@ -137,6 +137,8 @@ def test_beacon_crosses_windows_and_stops_mid_way(beacon_params):
   assert [len(t) for t in host.tokens] == [w + 1 for w in when]
   assert dev.state.rows == host.state.rows  # every row fed until the last one stopped
   np.testing.assert_allclose(dev.state.v, host.state.v, atol=1e-5)
+  host, dev = _both(lm, params, prompts, max_new_tokens=1)  # nothing fed back
+  assert dev.state.rows == host.state.rows
 
 
 def test_beacon_sampled_and_runs_per_memory_bucket(beacon_params, monkeypatch):
@@ -181,6 +183,7 @@ def test_focus_greedy_sampled_and_stop_ids():
   host, dev = _both(m, params, prompts, max_new_tokens=8, stop_ids=stops)
   assert [len(t) for t in host.tokens] == [w + 1 for w in when]
   np.testing.assert_array_equal(dev.state.local_len, host.state.local_len)
+  _both(m, params, prompts, max_new_tokens=1)
 
 
 # ------------------------------------------------------------------------------------------------
