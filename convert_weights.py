@@ -24,6 +24,7 @@ A bad input (missing file, unsupported architecture or quant type, truncated fil
 output...) ends with one line on stderr and exit status 1; --debug shows the traceback instead.
 """
 import argparse
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -35,17 +36,26 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jin
 
 def _gguf_to_longjax(args, load_kw):
   from longjax import checkpoint
+  from longjax.errors import LongjaxError
   from longjax.convert import load_hf
   from longjax.convert.gguf import gguf_to_hf
   out = Path(args.out).absolute()
   if out.exists() and not args.overwrite:  # before the (slow) conversion, not after it
     raise FileExistsError(f"{out} exists; pass --overwrite to replace it")
-  out.parent.mkdir(parents=True, exist_ok=True)
+  from longjax.atomic_dir import _host, _partial_prefix, clean_stale_partials, make_parent
+  make_parent(out)
+  clean_stale_partials(out)
   # The fp32 HF copy can be GBs: build it next to the target (same disk as the output, not /tmp),
-  # and remove it whatever happens.
-  with tempfile.TemporaryDirectory(prefix=f".{out.name}.gguf-", dir=out.parent) as tmp:
-    hf_dir = gguf_to_hf(args.gguf, Path(tmp) / "hf")
-    cfg, params = load_hf(hf_dir, param_dtype=args.dtype, **load_kw)
+  # and remove it whatever happens. Named as atomic_dir's partials are, so that the copy a kill -9
+  # leaves behind is removed by the next write of the same output.
+  with tempfile.TemporaryDirectory(prefix=f"{_partial_prefix(out.name)}{os.getpid()}@{_host()}.",
+                                   dir=out.parent) as tmp:
+    hf_dir = Path(tmp) / "hf"
+    try:
+      gguf_to_hf(args.gguf, hf_dir)
+      cfg, params = load_hf(hf_dir, param_dtype=args.dtype, **load_kw)
+    except LongjaxError as e:  # name the user's file, not a temporary directory about to vanish
+      raise type(e)(str(e).replace(str(hf_dir), f"{args.gguf} (as HF)")) from None
     files = {n: hf_dir / n for n in TOKENIZER_FILES if (hf_dir / n).exists()}
     checkpoint.save(out, cfg, params, overwrite=args.overwrite, files=files)
   return cfg
@@ -132,6 +142,13 @@ def _check_inputs(args):
       raise FileNotFoundError(f"--{flag} {p}: no such {'directory' if want_dir else 'file'}")
     if want_dir and not Path(p).is_dir():
       raise NotADirectoryError(f"--{flag} {p}: not a directory")
+  # An output that is, holds or lies inside an input would delete it when replaced (--overwrite).
+  from longjax.atomic_dir import check_output_apart, check_parent
+  inputs = {f"--{f}": getattr(args, f) for f in ("hf_dir", "longjax_dir", "gguf")}
+  for flag in ("out", "hf_out"):
+    if getattr(args, flag):
+      check_output_apart(getattr(args, flag), f"--{flag}", inputs)
+      check_parent(getattr(args, flag))
 
 
 if __name__ == "__main__":

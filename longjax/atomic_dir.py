@@ -20,7 +20,30 @@ import socket
 import tempfile
 from pathlib import Path
 
+from longjax.errors import LongjaxError
+
 log = logging.getLogger("longjax")
+
+
+class OutputOverlapsInput(LongjaxError, ValueError):
+  """An output directory that is, lies inside, or contains an input (writing it would replace or
+  delete the input)."""
+
+
+def check_output_apart(out, out_flag: str, inputs) -> None:
+  """Refuse an output that is, lies inside or contains one of ``inputs`` (``{flag: path}``), before
+  anything is written: replacing the output (``--overwrite``) would delete that input, and files
+  written inside an input mix with it. Symlinks are resolved."""
+  o = Path(out).expanduser().resolve()
+  for flag, p in inputs.items():
+    if not p:
+      continue
+    i = Path(p).expanduser().resolve()
+    how = ("is" if o == i else "contains" if o in i.parents else
+           "is inside" if i in o.parents else None)
+    if how:
+      raise OutputOverlapsInput(f"{out_flag} {out} {how} the input {flag} {p}: writing it would "
+                                f"replace or mix with that input; choose an {out_flag} outside it")
 
 
 def current_umask() -> int:
@@ -96,13 +119,29 @@ def _readable_files(root: Path):
       os.chmod(f, (f.stat().st_mode & 0o111) | mode)
 
 
+def make_parent(path) -> None:
+  """Create ``path``'s parent directories; a parent that is a file is one clear error (mkdir's
+  own says "File exists", which reads as if the output existed)."""
+  check_parent(path)
+  Path(path).absolute().parent.mkdir(parents=True, exist_ok=True)
+
+
+def check_parent(path) -> None:
+  """Refuse an output under a file (``out.txt/model``), before any work is done."""
+  path = Path(path).absolute()
+  for p in reversed(path.parents):
+    if p.exists() and not p.is_dir():
+      raise NotADirectoryError(f"cannot write {path}: {p} is a file, not a directory; choose an "
+                               "output whose parent is a directory")
+
+
 @contextlib.contextmanager
 def atomic_dir(path, overwrite: bool = False):
   """Yield a temporary directory that becomes ``path`` when the block finishes without error."""
   path = Path(path).absolute()
   if path.exists() and not overwrite:
     raise FileExistsError(f"{path} exists; pass overwrite=True (--overwrite) to replace it")
-  path.parent.mkdir(parents=True, exist_ok=True)
+  make_parent(path)
   clean_stale_partials(path)
   tmp = Path(tempfile.mkdtemp(prefix=f"{_partial_prefix(path.name)}{os.getpid()}@{_host()}.",
                               dir=path.parent))

@@ -13,7 +13,12 @@ from pathlib import Path
 import jax
 
 from longjax.atomic_dir import atomic_dir
+from longjax.errors import LongjaxError
 from longjax.models.config import ModelConfig, ModelConfigError, hf_json
+
+class CheckpointReadError(LongjaxError, ValueError):
+  """A longjax checkpoint whose files cannot be read (truncated or damaged)."""
+
 
 CONFIG_FILE = "config.json"
 PARAMS_DIR = "params"
@@ -122,10 +127,29 @@ def load(path):
   if not is_longjax_checkpoint(path):
     raise FileNotFoundError(f"{path} is not a longjax checkpoint (expected {CONFIG_FILE} and "
                             f"{PARAMS_DIR}/); convert a HF directory with convert_weights.py first")
-  meta = json.loads((path / CONFIG_FILE).read_text())
-  cfg = config_from_json(meta)
-  with ocp.StandardCheckpointer() as ckptr:
-    params = ckptr.restore(path / PARAMS_DIR)
+  try:
+    meta = json.loads((path / CONFIG_FILE).read_text(encoding="utf-8"))
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise ModelConfigError(f"{path / CONFIG_FILE} is not valid JSON ({e}): the checkpoint is "
+                           "damaged; convert or save it again") from None
+  if not isinstance(meta, dict) or not isinstance(meta.get(FORMAT_KEY, {}), dict):
+    raise ModelConfigError(f"{path / CONFIG_FILE} is not a longjax checkpoint config (a JSON "
+                           "object with a 'longjax_model_config' object); convert or save it again")
+  try:
+    cfg = config_from_json(meta)
+  except TypeError as e:  # unknown or missing ModelConfig fields
+    known = sorted(f.name for f in dataclasses.fields(ModelConfig))
+    unknown = sorted(set(meta[FORMAT_KEY]) - set(known))
+    raise ModelConfigError(f"{path / CONFIG_FILE} does not fit this version's model config "
+                           f"({'unknown fields ' + ', '.join(unknown) if unknown else e}); it was "
+                           "written by another longjax version or edited: convert it again") from None
+  try:
+    with ocp.StandardCheckpointer() as ckptr:
+      params = ckptr.restore(path / PARAMS_DIR)
+  except Exception as e:  # noqa: BLE001 -- orbax / tensorstore raise many kinds for a cut file
+    raise CheckpointReadError(f"cannot read the parameters in {path / PARAMS_DIR} "
+                              f"({type(e).__name__}: {' '.join(str(e).split())[:300]}): truncated "
+                              "or damaged; convert or save the checkpoint again") from None
   return cfg, params, meta.get("extra", {})
 
 

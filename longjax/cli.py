@@ -130,14 +130,16 @@ def config_problem(argv: List[str], name: str = "config") -> Optional[str]:
   if not Path(file).is_file():
     return f"--{name}={path}: no such config file"
   overrides = _overrides(argv, name)
-  if not overrides:
-    return None
   from ml_collections.config_flags import config_flags
   try:
     config = config_flags.ConfigFileFlagParser(name=name).parse(path)
     keys = config.keys()  # an _ErrorConfig (the file failed to load) raises here
-  except Exception:  # noqa: BLE001 -- absl reports a config file that does not load
-    return None
+  except SyntaxError as e:  # absl would show a traceback through its flag parser
+    return (f"--{name}={path}: the config file has a syntax error at line {e.lineno} "
+            f"({e.msg}); fix {e.filename or file}")
+  except Exception as e:  # noqa: BLE001 -- the file's own code failed
+    return (f"--{name}={path}: the config file fails to load: {type(e).__name__}: {one_line(e)}; "
+            "fix the file")
   del keys
   for o in overrides:
     problem = unknown_key(config, o)

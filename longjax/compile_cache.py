@@ -14,6 +14,7 @@ turns on :mod:`longjax.program_cache`, which keeps the Beacon window programs al
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Optional
 
@@ -40,6 +41,19 @@ def resolve(where: Optional[str] = None) -> Optional[Path]:
   return cache_home() / "jax_compile" if where == "auto" else Path(where).expanduser()
 
 
+def _unusable(path: Path) -> Optional[str]:
+  """Why ``path`` cannot hold the cache (a file, not creatable, not writable), or ``None``."""
+  import tempfile
+  try:
+    path.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryFile(dir=path):
+      pass
+    (path / "programs").mkdir(exist_ok=True)
+  except OSError as e:
+    return f"{e.strerror or type(e).__name__}" + (f": {e.filename}" if e.filename else "")
+  return None
+
+
 def enable(where: Optional[str] = None, min_compile_s: float = 0.2) -> Optional[Path]:
   """Point JAX's persistent compilation cache at :func:`resolve` ``(where)``, for programs that
   take at least ``min_compile_s`` to compile; returns the directory (``None``: left off). Call
@@ -48,7 +62,11 @@ def enable(where: Optional[str] = None, min_compile_s: float = 0.2) -> Optional[
   if path is None:
     return None
   import jax
-  path.mkdir(parents=True, exist_ok=True)
+  problem = _unusable(path)
+  if problem:  # a cache is an optimisation: never a reason to stop the run
+    print(f"warning: compilation cache off: {path} ({problem}); running without it (set "
+          f"--compile_cache or ${ENV} to a writable directory, or 'off')", file=sys.stderr)
+    return None
   jax.config.update("jax_compilation_cache_dir", str(path))
   # JAX's defaults skip programs that compile in under a second; a beacon run has many
   # programs of 0.2-1 s each (decode steps, small buckets), which add up.

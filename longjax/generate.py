@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import numbers
+import os
 import time
 from typing import Callable, Optional, Sequence
 
@@ -25,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from longjax import decode_loop, program_cache
+from longjax.errors import LongjaxError
 from longjax.models.config import ModelConfig
 from longjax.errors import LongjaxError
 from longjax.models.decoder import Decoder, param_shapes
@@ -108,6 +110,7 @@ class PlainLM:
     lengths = np.asarray(lengths)
     check_token_ids([r[:int(n)] for r, n in zip(tokens, lengths)], self.cfg.vocab_size)
     b, t = tokens.shape
+    check_kv_fits(self.cfg, b, round_up(t + max_new_tokens, 64), max_new_tokens)
     cache = KVCache.create(self.cfg, b, round_up(t + max_new_tokens, 64))
     valid = np.arange(t)[None] < np.asarray(lengths)[:, None]
     return self._prefill(params, cache, jnp.asarray(tokens), jnp.asarray(valid))
@@ -115,6 +118,7 @@ class PlainLM:
   def step(self, params, state, tokens):
     # Host side: under jit cache_forward cannot see the lengths (a state stepped past the
     # max_new_tokens it was prefilled for would otherwise overwrite its last entries).
+    check_token_ids([tokens], self.cfg.vocab_size, what="step tokens")
     check_room(state, 1)
     return self._step(params, state, jnp.asarray(tokens)[:, None])
 
@@ -134,20 +138,78 @@ class PlainStep:
     return cache_forward(self.model, params, cache, tokens[:, None], last_only=True)
 
 
-def check_token_ids(rows, vocab_size: int, what: str = "prompt") -> None:
-  """Refuse ids the model has no embedding for, host side: under jit the embedding lookup would
-  clip them silently (-1 reads row 0, V + 100 reads row V - 1). ``rows``: id arrays / lists."""
+class TokenIdError(LongjaxError, ValueError):
+  """Token ids that are not integers, or that the model has no embedding for."""
+
+
+def check_integer_ids(rows, what: str = "prompt") -> None:
+  """Refuse float (or bool, or object) ids before anything casts them: ``int`` / ``astype``
+  would truncate 1.5 to 1 silently. ``rows``: id arrays / lists."""
   for i, r in enumerate(rows):
     r = np.asarray(r)
     where = f"{what} {i}" if len(rows) > 1 else f"the {what}"
     if r.size and r.dtype.kind not in "iu":
-      # int() would truncate 2.7 to 2: a float id is a caller's bug, not a token.
-      raise ValueError(f"token ids must be integers, got dtype {r.dtype} in {where} "
-                       f"(e.g. {r.reshape(-1)[:5].tolist()})")
+      raise TokenIdError(f"token ids must be integers, got dtype {r.dtype} in {where} "
+                         f"(e.g. {r.reshape(-1)[:5].tolist()}); pass integer ids")
+
+
+def check_token_ids(rows, vocab_size: int, what: str = "prompt") -> None:
+  """Refuse ids the model has no embedding for, host side: under jit the embedding lookup would
+  clip them silently (-1 reads row 0, V + 100 reads row V - 1). ``rows``: id arrays / lists."""
+  check_integer_ids(rows, what)
+  for i, r in enumerate(rows):
+    r = np.asarray(r)
+    where = f"{what} {i}" if len(rows) > 1 else f"the {what}"
     bad = r[(r < 0) | (r >= vocab_size)]
     if bad.size:
-      raise ValueError(f"token ids must be in [0, {vocab_size}) (the model's vocab_size); got "
-                       f"{bad[:5].tolist()} in {where}")
+      raise TokenIdError(f"token ids must be in [0, {vocab_size}) (the model's vocab_size); got "
+                         f"{bad[:5].tolist()} in {where}")
+
+
+def check_stop_ids(stop_ids, vocab_size: int) -> np.ndarray:
+  """``stop_ids`` as an int array: a list / tuple / array of integer ids in the vocabulary. A bare
+  int or a string ("57" would stop on 5 and 7), floats and out-of-range ids are refused."""
+  if stop_ids is None:
+    return np.zeros((0,), np.int64)
+  if isinstance(stop_ids, (str, bytes)) or not isinstance(stop_ids, (list, tuple, set, frozenset,
+                                                                      range, np.ndarray)):
+    raise GenerateError(f"stop_ids must be a list of token ids (e.g. [{stop_ids!r}] for one), got "
+                        f"{type(stop_ids).__name__} {stop_ids!r}")
+  ids = list(stop_ids.reshape(-1)) if isinstance(stop_ids, np.ndarray) else list(stop_ids)
+  bad = [x for x in ids if isinstance(x, (bool, np.bool_)) or not isinstance(x, numbers.Integral)]
+  if bad:
+    raise GenerateError(f"stop_ids must be integer token ids, got {bad[:5]}")
+  out = [int(x) for x in ids if not 0 <= int(x) < vocab_size]
+  if out:
+    raise GenerateError(f"stop_ids must be in [0, {vocab_size}) (the model's vocab_size), got "
+                        f"{out[:5]}")
+  return np.asarray([int(x) for x in ids], np.int64)
+
+
+def memory_limit_bytes() -> int:
+  """What one device can hold: its allocator's limit (accelerators) or the host's RAM (CPU)."""
+  try:
+    stats = jax.devices()[0].memory_stats() or {}
+    if stats.get("bytes_limit"):
+      return int(stats["bytes_limit"])
+  except Exception:  # noqa: BLE001 -- backends without memory stats
+    pass
+  try:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+  except (ValueError, OSError, AttributeError):
+    return 1 << 62
+
+
+def check_kv_fits(cfg: ModelConfig, rows: int, length: int, max_new_tokens: int) -> None:
+  """Host side, before allocating: a KV cache of ``rows x length`` positions must fit the device
+  (``max_new_tokens=10**12`` would otherwise exhaust memory inside the allocation)."""
+  per_pos = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * np.dtype(
+      cfg.compute_dtype).itemsize
+  need, have = per_pos * rows * length, memory_limit_bytes()
+  if need > have:
+    raise GenerateError(f"max_new_tokens={max_new_tokens} needs a KV cache of {rows} x {length} "
+                        f"positions ({need / 2**30:.1f} GiB), more than this device holds "
+                        f"({have / 2**30:.1f} GiB): lower max_new_tokens")
 
 
 def check_max_new_tokens(n, minimum: int = 1) -> None:
@@ -240,6 +302,7 @@ def generate(method, params, prompts, max_new_tokens: int = 32, *, tokenizer=Non
   # Checked before the int32 cast below, which would wrap ids >= 2**31 into range.
   check_token_ids(ids, method.cfg.vocab_size)
   check_params(params, method.cfg)
+  check_stop_ids(stop_ids, method.cfg.vocab_size)  # before the (slow) prefill
   lengths = np.array([len(r) for r in ids], np.int32)
   tokens = np.zeros((len(ids), int(lengths.max())), np.int32)
   for i, r in enumerate(ids):
@@ -250,15 +313,15 @@ def generate(method, params, prompts, max_new_tokens: int = 32, *, tokenizer=Non
   logits = jax.block_until_ready(logits)
   t1 = time.perf_counter()
   key = jax.random.PRNGKey(seed)
+  stops = check_stop_ids(stop_ids, method.cfg.vocab_size)
   if use_device:
     plan = method.device_plan(state, max_new_tokens - 1)
     samples, lg, state = decode_loop.run(plan, params, logits, max_new_tokens, sampling, key,
-                                         [int(x) for x in stop_ids], return_logits=return_logits,
+                                         stops.tolist(), return_logits=return_logits,
                                          callback=callback, chunk=chunk)
     out = list(samples.T)
     out_logits = None if lg is None else list(lg.transpose(1, 0, 2))
-    return _output(out, out_logits, state, tokenizer, stop_ids, t0, t1, compile0)
-  stops = np.asarray(list(stop_ids), np.int32)
+    return _output(out, out_logits, state, tokenizer, stops, t0, t1, compile0)
   out, out_logits = [], []
   done = np.zeros(len(ids), bool)
   select = _selector(sampling)
@@ -273,15 +336,16 @@ def generate(method, params, prompts, max_new_tokens: int = 32, *, tokenizer=Non
     if done.all() or t == max_new_tokens - 1:
       break
     logits, state = method.step(params, state, nxt)
-  return _output(out, out_logits if return_logits else None, state, tokenizer, stop_ids, t0, t1,
+  return _output(out, out_logits if return_logits else None, state, tokenizer, stops, t0, t1,
                  compile0)
 
 
-def _output(out, out_logits, state, tokenizer, stop_ids, t0, t1, compile0) -> GenerateOutput:
-  """``out``: per step the ``[B]`` samples (-1 or any value after a row's stop id)."""
+def _output(out, out_logits, state, tokenizer, stops, t0, t1, compile0) -> GenerateOutput:
+  """``out``: per step the ``[B]`` samples (-1 or any value after a row's stop id); ``stops``:
+  the checked stop ids."""
   timings = Timings(prefill_s=t1 - t0, decode_s=time.perf_counter() - t1,
                     decode_steps=len(out) - 1, compile_s=_CompileClock.now() - compile0)
-  stops = set(int(x) for x in stop_ids)
+  stops = set(int(x) for x in stops)
   rows = []
   for row in np.stack(out, axis=1):
     kept = []

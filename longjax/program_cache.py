@@ -121,9 +121,20 @@ def call(name: str, fn: Callable, static: dict, *args):
     _register_types()
     path = _DIR / f"{name}-{key[:40]}{SUFFIX}"
     exported = _load(path)
-    if exported is None:
-      exported = jax.export.export(jax.jit(functools.partial(fn, **static)))(*args)
-      _save(path, exported.serialize())
+    if exported is not None:
+      run = jax.jit(exported.call)
+      try:
+        out = run(*args)
+      except Exception as e:  # noqa: BLE001 -- a valid program of another signature (a file
+        # copied or renamed into the cache): discarded and exported afresh
+        _log.warning("discarding cached program %s: it does not fit this call (%s: %s)", path,
+                     type(e).__name__, " ".join(str(e).split())[:200])
+        exported = None
+      else:
+        _LOADED[key] = run
+        return out
+    exported = jax.export.export(jax.jit(functools.partial(fn, **static)))(*args)
+    _save(path, exported.serialize())
     run = _LOADED[key] = jax.jit(exported.call)
   return run(*args)
 

@@ -33,7 +33,7 @@ def main():
 
   if args.hf_dir:
     from transformers import AutoTokenizer
-    tokenizer = AutoTokenizer.from_pretrained(args.hf_dir)
+    tokenizer = AutoTokenizer.from_pretrained(args.hf_dir, trust_remote_code=False)
     cfg, params = load_hf(args.hf_dir)
     params = jax.tree.map(jax.numpy.asarray, params)
   else:

@@ -42,7 +42,7 @@ def _tok():
   from longjax.data.tokenizers import Tokenizer
   from longjax.models import smollm2
   hf = smollm2.get()
-  return hf, Tokenizer(AutoTokenizer.from_pretrained(hf))
+  return hf, Tokenizer(AutoTokenizer.from_pretrained(hf, trust_remote_code=False))
 
 
 def _bcfg(**kw):

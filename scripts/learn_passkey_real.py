@@ -117,7 +117,7 @@ class Models:
     from longjax.models import smollm2
     self.args = args
     self.hf_dir = smollm2.get()
-    self.tok = Tokenizer(AutoTokenizer.from_pretrained(self.hf_dir))
+    self.tok = Tokenizer(AutoTokenizer.from_pretrained(self.hf_dir, trust_remote_code=False))
     self._base = None
     self._beacon = {}
 

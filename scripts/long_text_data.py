@@ -75,7 +75,7 @@ def _tok():
   from transformers import AutoTokenizer
   from longjax.data.tokenizers import Tokenizer
   from longjax.models import smollm2
-  return Tokenizer(AutoTokenizer.from_pretrained(smollm2.get()))
+  return Tokenizer(AutoTokenizer.from_pretrained(smollm2.get(), trust_remote_code=False))
 
 
 def pieces(tok, texts, rng, count, lo, hi):

@@ -80,7 +80,8 @@ def main(argv=None):
   from transformers import AutoTokenizer
   from longjax.data.tokenizers import Tokenizer
   from longjax.models import smollm2
-  tok = Tokenizer(AutoTokenizer.from_pretrained(smollm2.resolve(args.tokenizer)))
+  tok = Tokenizer(AutoTokenizer.from_pretrained(smollm2.resolve(args.tokenizer),
+                                                trust_remote_code=False))
   rng = np.random.default_rng(args.seed)
   out = Path(args.out)
   out.parent.mkdir(parents=True, exist_ok=True)

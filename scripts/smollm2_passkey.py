@@ -21,9 +21,14 @@ About 3-4 minutes on 2 CPU cores after the one-off fetch.
 """
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
+
+# transformers is used for the tokenizer only: its "PyTorch was not found. Models won't be
+# available" advice is noise here (torch is not needed).
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -102,7 +107,7 @@ def main(argv=None):
   from transformers import AutoTokenizer
   t0 = time.time()
   hf_dir = smollm2.get()
-  tok = Tokenizer(AutoTokenizer.from_pretrained(hf_dir))
+  tok = Tokenizer(AutoTokenizer.from_pretrained(hf_dir, trust_remote_code=False))
   which = [m.strip() for m in args.methods.split(",") if m.strip()]
   cfg, methods = build_methods(hf_dir, args.window, args.beacon_asset, which, args.beacon_workdir)
   lengths = [int(x) for x in args.lengths.split(",")]

@@ -51,8 +51,8 @@ def _check_inputs(args) -> str:
                             f"--text {args.text}: not a file")
   if str(args.hf_dir).lower() != NAME and not Path(args.hf_dir).is_dir():
     raise FileNotFoundError(f"--hf_dir {args.hf_dir}: no such directory")
-  if args.max_new_tokens < 0:
-    raise LongjaxError(f"--max_new_tokens must be >= 0, got {args.max_new_tokens}")
+  if args.max_new_tokens < 1:  # generate() needs one; checked before the model loads
+    raise LongjaxError(f"--max_new_tokens must be >= 1, got {args.max_new_tokens}")
   try:
     return text.read_text(encoding="utf-8")
   except UnicodeDecodeError as e:
@@ -72,7 +72,7 @@ def _main(args):
   cfg, bcfg, params = load_beacon(args.hf_dir, init="official" if args.init_official else None,
                                   param_dtype=args.dtype, **over)
   cfg = cfg.replace(dtype=args.dtype)
-  tok = AutoTokenizer.from_pretrained(args.hf_dir)
+  tok = AutoTokenizer.from_pretrained(args.hf_dir, trust_remote_code=False)
   if args.chat:
     ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
     ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)  # transformers 5: a BatchEncoding
@@ -83,6 +83,7 @@ def _main(args):
   print(f"{len(ids)} prompt tokens, window {bcfg.window}, ratios {bcfg.ratios} ({bcfg.ratio_mix})")
   t0 = time.time()
   stops = cfg.eos_token_id if isinstance(cfg.eos_token_id, (list, tuple)) else [cfg.eos_token_id]
+  stops = [int(s) for s in stops if s is not None]
   out = longjax.generate(lm, params, [ids], max_new_tokens=args.max_new_tokens, stop_ids=stops,
                          tokenizer=tok)
   print(out.text[0])

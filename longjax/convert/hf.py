@@ -48,8 +48,8 @@ def safe_open(path, framework="np"):
 
 def _read_json(path: Path) -> dict:
   try:
-    return json.loads(path.read_text())
-  except json.JSONDecodeError as e:
+    return json.loads(path.read_text(encoding="utf-8"))
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
     raise CheckpointError(f"{path} is not valid JSON ({e})") from None
 
 
@@ -63,8 +63,7 @@ def shard_map(hf_dir) -> dict:
   """HF tensor name -> shard file path, for single-file and sharded checkpoints."""
   hf_dir = Path(hf_dir)
   if (hf_dir / INDEX_FILE).exists():
-    weight_map = _read_json(hf_dir / INDEX_FILE)["weight_map"]
-    return {name: hf_dir / f for name, f in weight_map.items()}
+    return _index_shards(hf_dir, _read_json(hf_dir / INDEX_FILE))
   if (hf_dir / SINGLE_FILE).exists():
     with safe_open(hf_dir / SINGLE_FILE, framework="np") as f:
       return {name: hf_dir / SINGLE_FILE for name in f.keys()}
@@ -72,6 +71,30 @@ def shard_map(hf_dir) -> dict:
     raise CheckpointError(f"{hf_dir} holds only pickle checkpoints (.bin/.pt); longjax loads "
                           "safetensors only. Re-save it with save_pretrained(safe_serialization=True).")
   raise CheckpointError(f"no {SINGLE_FILE} or {INDEX_FILE} in {hf_dir}")
+
+
+def _index_shards(hf_dir: Path, index) -> dict:
+  """The index's ``weight_map`` checked: a JSON object of tensor name -> shard file name, each
+  shard inside ``hf_dir`` (an absolute name or ``..`` would read files from elsewhere into the
+  output)."""
+  path = hf_dir / INDEX_FILE
+  weight_map = index.get("weight_map") if isinstance(index, dict) else None
+  if not isinstance(weight_map, dict):
+    got = (f"a JSON {type(index).__name__}" if not isinstance(index, dict) else
+           "no 'weight_map'" if "weight_map" not in index else
+           f"a 'weight_map' that is a JSON {type(weight_map).__name__}")
+    raise CheckpointError(f"{path} holds {got}, not an object with a 'weight_map' of tensor name -> "
+                          "shard file; re-save the checkpoint with save_pretrained")
+  out = {}
+  for name, f in weight_map.items():
+    if not isinstance(f, str) or not f:
+      raise CheckpointError(f"{path}: tensor {name!r} maps to {f!r}, not a shard file name")
+    p = Path(f)
+    if p.is_absolute() or ".." in p.parts:
+      raise CheckpointError(f"{path}: tensor {name!r} names the shard {f!r}, outside the "
+                            f"checkpoint directory; shard names must be files inside {hf_dir}")
+    out[name] = hf_dir / p
+  return out
 
 
 def read_hf_config(hf_dir) -> dict:

@@ -74,8 +74,16 @@ def _jsonl(path: str, limit, text_field: str) -> Iterator[Segments]:
   if not p.is_file():
     raise DataError(f"data file {p} does not exist (source 'jsonl:{path}')")
   n = 0
-  with p.open("r", encoding="utf-8") as f:
-    for lineno, line in enumerate(f, 1):
+  with p.open("rb") as f:
+    for lineno, raw in enumerate(f, 1):
+      if limit is not None and n >= limit:
+        break
+      try:
+        line = raw.decode("utf-8")
+      except UnicodeDecodeError as e:
+        raise DataError(f"{p}:{lineno}: not UTF-8 (byte 0x{raw[e.start]:02x} at column "
+                        f"{e.start + 1}); jsonl sources are UTF-8: re-encode the file (e.g. "
+                        f"iconv -f latin1 -t utf-8)") from None
       if limit is not None and n >= limit:
         break
       line = line.strip()

@@ -148,7 +148,7 @@ def get_tokenizer(spec: str) -> Tokenizer:
   check_tokenizer_dir(spec)
   from transformers import AutoTokenizer
   try:
-    t = AutoTokenizer.from_pretrained(spec, local_files_only=True)
+    t = AutoTokenizer.from_pretrained(spec, local_files_only=True, trust_remote_code=False)
   except Exception as e:
     raise FileNotFoundError(f"cannot load a HF tokenizer from {spec}: {type(e).__name__}: {e}; "
                             "put the tokenizer files there or set --config.data.tokenizer "

@@ -32,7 +32,7 @@ from longjax.focus.config import FocusConfig, FocusError, check_model
 from longjax.focus.planner import (ChunkBatch, LocalBatch, RowPlan, pack_chunks, pack_local,
                                    split_prompt)
 from longjax.decode_loop import DevicePlan, Segment
-from longjax.generate import check_max_new_tokens, check_token_ids
+from longjax.generate import check_kv_fits, check_max_new_tokens, check_token_ids
 from longjax.models.config import ModelConfig
 from longjax.models.decoder import Decoder
 from longjax.models.head import lm_head
@@ -200,6 +200,9 @@ class FocusLLM:
       raise FocusError(f"prefill expects tokens [B, T] and lengths [B], got {tokens.shape} and "
                        f"{lengths.shape}")
     check_max_new_tokens(max_new_tokens, minimum=0)  # token ids: checked by plan
+    # the local cache alone holds every row's prompt + max_new_tokens: checked before packing
+    check_kv_fits(self.cfg, tokens.shape[0], tokens.shape[1] + int(max_new_tokens),
+                  max_new_tokens)
     rows = [self.plan(tokens[b, :int(lengths[b])]) for b in range(tokens.shape[0])]
     cb, lb, cap = self._pack(rows, int(max_new_tokens))
     return self._prefill_jit(params, cb, lb, cache_cap=cap, all_logits=False)

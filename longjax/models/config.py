@@ -6,6 +6,7 @@ exactly (unknown ``model_type``, unsupported ``rope_scaling`` types) instead of 
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import json
 from typing import Any, Optional
 
@@ -30,6 +31,12 @@ def dtype_of(name: str):
     return _DTYPES[name]
   except KeyError:
     raise ModelConfigError(f"unsupported dtype {name!r}; choose one of {sorted(_DTYPES)}") from None
+
+
+_SIZE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+                "num_kv_heads", "head_dim", "max_position_embeddings")
+_HF_SIZE_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                 "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +81,11 @@ class ModelConfig:
   hf_extra: Optional[str] = None
 
   def __post_init__(self):
+    for name in _SIZE_FIELDS:
+      v = getattr(self, name)
+      if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v <= 0:
+        raise ModelConfigError(f"model config field {name} must be a positive integer, got {v!r}; "
+                               "fix the config")
     if self.remat not in REMAT_MODES:
       raise ModelConfigError(f"remat must be one of {REMAT_MODES}, got {self.remat!r}")
     if self.family not in FAMILIES:
@@ -130,6 +142,17 @@ class ModelConfig:
   # HF config.json <-> ModelConfig
   @classmethod
   def from_hf(cls, hf: dict, **overrides) -> "ModelConfig":
+    if not isinstance(hf, dict):
+      raise ModelConfigError(f"config.json holds a JSON {type(hf).__name__}, not an object of "
+                             "model settings; use the model's own config.json")
+    for key in _HF_SIZE_KEYS:
+      v = hf.get(key)
+      if key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                 "num_attention_heads") and v is None:
+        raise ModelConfigError(f"config.json lacks {key}; is this a LLaMA/Qwen2/Mistral config?")
+      if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v <= 0):
+        raise ModelConfigError(f"config.json field {key} is {v!r} ({type(v).__name__}); it must be "
+                               f"a positive integer (e.g. {key}: 2, not \"2\"): fix config.json")
     hf = dict(hf)
     source = hf_json(hf)
     model_type = hf.get("model_type")

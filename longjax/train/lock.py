@@ -1,6 +1,8 @@
 """One training run per workdir: ``<workdir>/train.lock``, created with O_EXCL, holds the owner's
 pid, host and start time. A lock whose pid is dead on this host (kill -9, a crash) is stale and
-taken over; anything else refuses the second run with the holder named."""
+taken over; anything else refuses the second run with the holder named. Judging and taking the
+lock happen under an ``flock`` of the workdir, so two processes never both take over one stale
+lock."""
 from __future__ import annotations
 
 import contextlib
@@ -41,8 +43,35 @@ def _alive(pid: int, proc_start) -> bool:
   return proc_start is None or now is None or now == proc_start
 
 
+@contextlib.contextmanager
+def _serialized(workdir: Path):
+  """Hold an exclusive ``flock`` on the workdir itself while the lock file is judged and taken: a
+  stale lock is then taken over by one process only (without it, two that read the same stale
+  lock within milliseconds could each delete the other's fresh one and both win). The kernel
+  drops it when the holder dies; a filesystem without flock falls back to the unguarded path."""
+  try:
+    import fcntl
+    fd = os.open(workdir, os.O_RDONLY)
+  except (ImportError, OSError):
+    yield
+    return
+  try:
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX)
+    except OSError:
+      pass
+    yield
+  finally:
+    os.close(fd)  # releases the flock
+
+
 def acquire(workdir) -> Path:
   """Take the workdir's lock (``WorkdirLocked`` if another live run holds it); returns its path."""
+  with _serialized(Path(workdir)):
+    return _acquire(workdir)
+
+
+def _acquire(workdir) -> Path:
   path = Path(workdir) / LOCK_FILE
   me = dict(pid=os.getpid(), host=socket.gethostname(), proc_start=_proc_start(os.getpid()),
             started=time.strftime("%Y-%m-%d %H:%M:%S"))

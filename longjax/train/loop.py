@@ -110,7 +110,12 @@ def load_base(c, tokenizer, workdir: Path):
     # every process has looked before process 0 may write it: they all take the same branch
     distributed.sync("longjax tiny base looked up")
     if have:
-      cached, params, extra = ckpt.load(base_dir)
+      try:
+        cached, params, extra = ckpt.load(base_dir)
+      except LongjaxError as e:  # a killed or damaged write of the cache
+        raise TrainingError(f"the cached tiny base {base_dir} cannot be read ({e}); delete "
+                            f"{base_dir} and {base_dir.parent / 'base_run'} to build it again") \
+            from None
       _check_tiny_base(base_dir, cfg, cached, extra.get("recipe"), recipe)
       cfg = cached
     else:
@@ -476,6 +481,8 @@ class Trainer:
         finite_out = bool(m.pop("finite_out"))
         if not (finite_in and finite_out):
           _stop_nonfinite(ck, step, m, finite_in)
+        if step == self.num_steps:  # no next step will judge these weights: judge them now
+          self._check_final(ck, step, trainable, opt_state, preps)
         rec = dict(step=step, loss=m["loss"], lr=m["lr"], grad_norm=m["grad_norm"],
                    label_tokens=int(m["label_tokens"]), tokens=ntok, step_time_s=round(dt, 4),
                    epoch=self.batches.epoch)
@@ -512,6 +519,31 @@ class Trainer:
     if bool(tc.get("export", True)):
       result["export"] = str(self.export())
     return result
+
+  def _check_final(self, ck, step, trainable, opt_state, preps):
+    """The last update's weights, before they are saved or exported: every other step's weights
+    are judged by the next step's loss and gradient (a finite but poisoned update, e.g. ~1e38
+    after a too-large lr, gives a non-finite one). Here the same check runs on copies, over the
+    step's own batch, with the already compiled step functions."""
+    plans = self._device_plans(preps[0]["plans"])
+    if self.accum == 1:
+      copy = lambda t: jax.tree.map(jnp.copy, t)  # noqa: E731 -- _fused donates its inputs
+      _, _, m = self._fused(copy(trainable), copy(opt_state), self.frozen, plans)
+      loss, gnorm = m["loss"], m["grad_norm"]
+    else:
+      (loss, _), grads = self._grad(trainable, self.frozen, plans)
+      gnorm = optax.tree.norm(grads)
+    loss, gnorm = float(loss), float(gnorm)
+    if math.isfinite(loss) and math.isfinite(gnorm):
+      return
+    ck.wait()
+    kept = ck.all_steps()
+    kept = (f"the last good checkpoint (step {kept[-1]}) in {ck.dir} is kept" if kept else
+            f"no checkpoint is left in {ck.dir}")
+    raise TrainingError(
+        f"the last update (step {step}) gave weights whose loss ({loss}) or gradient norm "
+        f"({gnorm}) on its own batch is non-finite: they are neither saved nor exported; {kept}; "
+        "lower train.lr or check the data before rerunning")
 
   # ------------------------------------------------------------------------------------------
   def trained_params(self):

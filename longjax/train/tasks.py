@@ -100,7 +100,8 @@ class BeaconTask:
         tok = np.where(ok, ids[np.clip(t, 0, None)], IGNORE)
         soft[:, b] = ok
       labels[:, b] = np.where(ok, tok, IGNORE)
-    width = round_up(max(len(r) for r in rows_ids), 64)
+    # whole windows: one teacher width per window count (batches hold one count), one compile
+    width = round_up(max(len(r) for r in rows_ids), self.bcfg.window)
     teacher_ids = np.zeros((1, len(rows_ids), width), np.int32)
     for b, r in enumerate(rows_ids):
       teacher_ids[0, b, :len(r)] = r
