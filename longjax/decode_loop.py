@@ -49,8 +49,9 @@ class DevicePlan:
   """What a method hands the device loop for ``n_feeds`` fed tokens (host side): the device
   state to carry, the segments covering feeds ``[0, n_feeds)`` in order, and ``finish(carry,
   feeds)``, which turns the carry after ``feeds`` fed tokens back into the method's state
-  (default: the carry itself). Segments whose ``xs`` start at feed 0 are padded to the token
-  buffer's size, so that nearby ``max_new_tokens`` share one compiled loop."""
+  (default: the carry itself). ``segments`` may be a generator: the loop draws the next one when
+  it reaches it, so a method can plan lazily (a generation that stops early plans no further).
+  Shapes of ``xs`` key the compiled loop: keep them independent of ``max_new_tokens``."""
   carry: Any
   segments: Sequence[Segment]
   finish: Optional[Callable[[Any, int], Any]] = None
@@ -118,19 +119,8 @@ def run(plan: DevicePlan, params, logits, max_new_tokens: int, sampling: Samplin
   method's state after ``n - 1`` fed tokens.
   """
   n_feeds = max_new_tokens - 1
-  ends = [int(g.end) for g in plan.segments]
-  if n_feeds and (not ends or ends[-1] != n_feeds or ends != sorted(ends)):
-    raise AssertionError(f"device plan segments end at {ends}, not at the {n_feeds} feeds")
   buffer = round_up(max_new_tokens, BUFFER_MULTIPLE)
-  on_device = {}  # id(xs) -> the xs on device: moved once, however many calls read it
-
-  def device_xs(g: Segment):
-    if g.xs is None:
-      return None
-    if id(g.xs) not in on_device:
-      on_device[id(g.xs)] = jax.device_put(_pad_feeds(g.xs, buffer - 1) if g.first == 0 else g.xs)
-    return on_device[id(g.xs)]
-
+  xs_host, xs = None, None  # the last segment's xs and its device copy (segments share them)
   n_stops = round_up(max(len(stop_ids), 1), 8)
   stops = np.full(n_stops, -1, np.int32)
   stops[:len(stop_ids)] = np.asarray(stop_ids, np.int32)
@@ -149,8 +139,14 @@ def run(plan: DevicePlan, params, logits, max_new_tokens: int, sampling: Samplin
     seen = n
 
   report(1)
-  for g in plan.segments:
-    xs = device_xs(g)
+  end = 0
+  for g in plan.segments:  # may be a generator: planned as the loop reaches them
+    if g.end < end or g.end > n_feeds:
+      raise AssertionError(f"a device plan segment ends at feed {g.end} (after {end}, of "
+                           f"{n_feeds})")
+    end = g.end
+    if g.xs is not xs_host:
+      xs_host, xs = g.xs, (None if g.xs is None else jax.device_put(g.xs))
     while not all_done and n - 1 < g.end:  # feeds n - 1 .. end - 1 run with this step
       n_end = g.end + 1 if chunk is None else min(g.end + 1, n + chunk)
       s = advance(params, s, xs, np.int32(g.first), key, stops, np.int32(n_end), step=g.step,
@@ -159,17 +155,10 @@ def run(plan: DevicePlan, params, logits, max_new_tokens: int, sampling: Samplin
       report(n)
     if all_done:
       break
+  if not all_done and end != n_feeds:
+    raise AssertionError(f"the device plan's segments end at feed {end}, not {n_feeds}")
   samples = np.asarray(s.tokens)[:, :n]
   out_logits = None if s.logits is None else np.asarray(s.logits)[:, :n]
   state = s.carry if plan.finish is None else plan.finish(s.carry, n - 1)
   return samples, out_logits, state
 
-
-def _pad_feeds(xs, length: int):
-  """``xs`` leaves ``[n, ...]`` padded to ``[length, ...]`` by repeating the last feed (padding
-  feeds never run: only the buffer size, hence the compiled program, is shared)."""
-  def pad(a):
-    a = np.asarray(a)
-    extra = length - a.shape[0]
-    return a if extra <= 0 else np.concatenate([a, np.repeat(a[-1:], extra, axis=0)])
-  return None if xs is None else jax.tree.map(pad, xs)

@@ -12,6 +12,7 @@ import pytest
 import longjax
 from longjax import decode_loop
 from longjax.beacon import BeaconConfig, BeaconLM
+from longjax.beacon import decode as beacon_decode
 from longjax.focus import FocusLLM
 from longjax.generate import GenerateError, PlainLM
 
@@ -139,6 +140,23 @@ def test_beacon_crosses_windows_and_stops_mid_way(beacon_params):
   np.testing.assert_allclose(dev.state.v, host.state.v, atol=1e-5)
   host, dev = _both(lm, params, prompts, max_new_tokens=1)  # nothing fed back
   assert dev.state.rows == host.state.rows
+
+
+def test_beacon_plans_in_blocks_as_the_loop_reaches_them(beacon_params, monkeypatch):
+  cfg, params = beacon_params
+  monkeypatch.setattr(beacon_decode, "PLAN_BLOCK", 5)  # 23 feeds: 5 blocks, the last partial
+  lm = BeaconLM(cfg, BCFG.replace(sink_size=1), max_length=256)
+  prompts = [_ids(13, 7), _ids(30, 8)]
+  host, _ = _both(lm, params, prompts, max_new_tokens=24)
+  stops, when = _stops_at(host.tokens, [3, 6])
+  _both(lm, params, prompts, max_new_tokens=24, stop_ids=stops)
+  planned = []
+  plan = lm._plan
+  lm._plan = lambda *a: planned.append(1) or plan(*a)
+  longjax.generate(lm, params, prompts, max_new_tokens=24, stop_ids=stops, loop="device")
+  # prefill plans once; decoding plans whole blocks up to the one holding the last feed (the
+  # max(when) - 1'th: the last row's stop id is sampled after it, and never fed).
+  assert len(planned) - 1 == 5 * ((max(when) - 1) // 5 + 1) < 23
 
 
 def test_beacon_sampled_and_runs_per_memory_bucket(beacon_params, monkeypatch):

@@ -48,27 +48,49 @@ class BeaconDecodeStep:
     return carry.last, carry
 
 
+# Decode steps planned (and stacked) at a time: the stacked plan's shape, hence the compiled loop,
+# does not depend on max_new_tokens, and a generation that stops early plans no further than the
+# block it stopped in (planning costs host time per step: a max_new_tokens of thousands with an
+# early stop id would otherwise be planned in full first).
+PLAN_BLOCK = 128
+
+
 def device_plan(lm: BeaconLM, state: BeaconState, n_feeds: int) -> DevicePlan:
-  """Plan ``n_feeds`` decode steps after ``state`` for the device loop (host side)."""
+  """The decode steps after ``state`` for the device loop (host side), planned lazily."""
   b = state.batch
   carry = Carry(state.k, state.v, np.zeros((b, lm.cfg.vocab_size), np.float32),
                 np.zeros((b,), np.float32), np.zeros((b,), np.int32))
-  rows_after = [state.rows]  # rows_after[f]: the planner's rows after f feeds
-  step_descs, needs = [], []
-  placeholder = np.zeros((b, 1), np.int64)  # any valid id: the plan does not depend on it
-  for _ in range(n_feeds):
-    descs, rows, sd, _, need, _ = lm._plan(placeholder, None, None, rows_after[-1], False, None, 0)
-    if len(sd) != 1 or any(len(d) != 1 for d in descs):
-      raise AssertionError("a one-token decode step planned as more than one official call")
-    rows_after.append(rows)
-    step_descs.append(sd[0])
-    needs.append(need[0])
+  rows_after = [state.rows]  # rows_after[f]: the planner's rows after f feeds (grows lazily)
 
   def finish(carry: Carry, feeds: int) -> BeaconState:
     return BeaconState(carry.k, carry.v, rows_after[feeds])
 
-  # Each step runs with the query slots the host step gives it: the decode bucket, or all slots
-  # for a step that inserts many beacons (append layout: a completing window) in its own segment.
+  return DevicePlan(carry, _segments(lm, state.capacity, rows_after, n_feeds), finish)
+
+
+def _segments(lm: BeaconLM, capacity: int, rows_after: list, n_feeds: int):
+  """Yield the loop's segments, planning ``PLAN_BLOCK`` feeds at a time."""
+  b = len(rows_after[0])
+  placeholder = np.zeros((b, 1), np.int64)  # any valid id: the plan does not depend on it
+  for f0 in range(0, n_feeds, PLAN_BLOCK):
+    step_descs, needs = [], []
+    for _ in range(f0, min(f0 + PLAN_BLOCK, n_feeds)):
+      descs, rows, sd, _, need, _ = lm._plan(placeholder, None, None, rows_after[-1], False, None,
+                                             0)
+      if len(sd) != 1 or any(len(d) != 1 for d in descs):
+        raise AssertionError("a one-token decode step planned as more than one official call")
+      rows_after.append(rows)
+      step_descs.append(sd[0])
+      needs.append(need[0])
+    yield from _block_segments(lm, capacity, f0, step_descs, needs)
+
+
+def _block_segments(lm: BeaconLM, capacity: int, f0: int, step_descs, needs):
+  """Segments of the feeds ``f0 + [0, len(step_descs))``: runs of one memory bucket.
+
+  Each step runs with the query slots the host step gives it: the decode bucket, or all slots for
+  a step that inserts many beacons (append layout: a completing window), alone in its segment."""
+  b, n = len(step_descs[0]), len(step_descs)
   q_small, q_big = lm.decode_slots, lm.q_slots
   small = [all(d.n <= q_small for d in sd) for sd in step_descs]
   shared = None
@@ -76,24 +98,22 @@ def device_plan(lm: BeaconLM, state: BeaconState, n_feeds: int) -> DevicePlan:
     noop = assemble([None] * b, q_small, lm.r_slots, lm.alt_slots(q_small))
     plans = [assemble(sd, q_small, lm.r_slots, lm.alt_slots(q_small)) if ok else noop
              for sd, ok in zip(step_descs, small)]
-    shared = _stacked(plans, state.capacity)
-  buckets = [lm.memory_bucket(n, state.capacity) for n in needs]
+    shared = _stacked(plans + [noop] * (PLAN_BLOCK - n), capacity)  # one shape for every block
+  buckets = [lm.memory_bucket(x, capacity) for x in needs]
   step = functools.partial(BeaconDecodeStep, lm.model, lm.sink_cap)
-  segments, f = [], 0
-  while f < n_feeds:
-    if not small[f]:
-      one = _stacked([assemble(step_descs[f], q_big, lm.r_slots, lm.alt_slots(q_big))],
-                     state.capacity)
-      segments.append(Segment(f + 1, step(buckets[f]), one, first=f))
-      f += 1
+  i = 0
+  while i < n:
+    if not small[i]:
+      one = _stacked([assemble(step_descs[i], q_big, lm.r_slots, lm.alt_slots(q_big))], capacity)
+      yield Segment(f0 + i + 1, step(buckets[i]), one, first=f0 + i)
+      i += 1
       continue
-    g = f
-    while g < n_feeds and small[g]:
-      g += 1
-    segments += [Segment(f + c1, step(buckets[f + c0]), shared)
-                 for c0, c1 in _chunks(buckets[f:g], g - f)]
-    f = g
-  return DevicePlan(carry, segments, finish)
+    j = i
+    while j < n and small[j]:
+      j += 1
+    for c0, c1 in _chunks(buckets[i:j], j - i):
+      yield Segment(f0 + i + c1, step(buckets[i + c0]), shared, first=f0)
+    i = j
 
 
 def _stacked(plans, capacity: int):
