@@ -103,10 +103,9 @@ def _advance(params, s: LoopState, xs, first, key, stops, n_end, *, step,
   return jax.lax.while_loop(lambda s: (s.n < n_end) & ~jnp.all(s.done), body, s)
 
 
-# The loop state is donated where the backend reuses donated buffers (the KV buffers are updated
-# in place instead of copied per call); the CPU backend would only warn.
-_advance_jit = jax.jit(_advance, static_argnames=("step", "sampling"))
-_advance_donating = jax.jit(_advance, static_argnames=("step", "sampling"), donate_argnums=(1,))
+# The loop state is donated: its KV buffers are updated in place across calls (chunks, segments)
+# instead of copied.
+_advance_jit = jax.jit(_advance, static_argnames=("step", "sampling"), donate_argnums=(1,))
 
 
 def run(plan: DevicePlan, params, logits, max_new_tokens: int, sampling: SamplingConfig, key,
@@ -126,7 +125,6 @@ def run(plan: DevicePlan, params, logits, max_new_tokens: int, sampling: Samplin
   stops[:len(stop_ids)] = np.asarray(stop_ids, np.int32)
   s = _start(logits, plan.carry, key, stops, sampling=sampling, buffer=buffer,
              want_logits=return_logits)
-  advance = _advance_jit if jax.default_backend() == "cpu" else _advance_donating
   seen = 0  # tokens already handed to the callback
   n, all_done = 1, bool(np.all(np.asarray(s.done)))
 
@@ -140,7 +138,11 @@ def run(plan: DevicePlan, params, logits, max_new_tokens: int, sampling: Samplin
 
   report(1)
   end = 0
-  for g in plan.segments:  # may be a generator: planned as the loop reaches them
+  segments = iter(plan.segments)  # may be a generator: drawn (planned) as the loop reaches them
+  while not all_done:
+    g = next(segments, None)
+    if g is None:
+      break
     if g.end < end or g.end > n_feeds:
       raise AssertionError(f"a device plan segment ends at feed {g.end} (after {end}, of "
                            f"{n_feeds})")
@@ -149,12 +151,10 @@ def run(plan: DevicePlan, params, logits, max_new_tokens: int, sampling: Samplin
       xs_host, xs = g.xs, (None if g.xs is None else jax.device_put(g.xs))
     while not all_done and n - 1 < g.end:  # feeds n - 1 .. end - 1 run with this step
       n_end = g.end + 1 if chunk is None else min(g.end + 1, n + chunk)
-      s = advance(params, s, xs, np.int32(g.first), key, stops, np.int32(n_end), step=g.step,
+      s = _advance_jit(params, s, xs, np.int32(g.first), key, stops, np.int32(n_end), step=g.step,
                   sampling=sampling)
       n, all_done = int(s.n), bool(np.all(np.asarray(s.done)))
       report(n)
-    if all_done:
-      break
   if not all_done and end != n_feeds:
     raise AssertionError(f"the device plan's segments end at feed {end}, not {n_feeds}")
   samples = np.asarray(s.tokens)[:, :n]

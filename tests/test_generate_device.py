@@ -91,7 +91,6 @@ def _count_calls(monkeypatch, what):
     calls.append(what(a, k))
     return advance(*a, **k)
   monkeypatch.setattr(decode_loop, "_advance_jit", counted)
-  monkeypatch.setattr(decode_loop, "_advance_donating", counted)
   return calls
 
 
