@@ -189,6 +189,19 @@ def test_beacon_append_layout_and_resume(beacon_params, monkeypatch):
   assert dev.state.rows == host.state.rows
 
 
+@pytest.mark.parametrize("pos, ratios", [("interleave", (2, 4, 8)), ("append", (2, 4))])
+def test_beacon_random_ratio_draws(beacon_params, pos, ratios):
+  """Each completed window draws its ratio from the row's RNG (step-random): planning ahead
+  draws the same ratios in the same order as the host steps."""
+  cfg, params = beacon_params
+  bcfg = BeaconConfig(window=16, stride=16, ratios=ratios, ratio_mix="step-random", pos=pos,
+                      sink_size=1)
+  lm = BeaconLM(cfg, bcfg, max_length=256)
+  host, dev = _both(lm, params, [_ids(9, 16), _ids(24, 17)], max_new_tokens=40)
+  assert dev.state.rows == host.state.rows  # RowState holds the ratio RNG's state
+  assert host.state.rows[0].windows_done >= 2
+
+
 # ------------------------------------------------------------------------------------------------
 def test_focus_greedy_sampled_and_stop_ids():
   cfg, params = tiny_model()
