@@ -5,7 +5,9 @@ A *method* is any object with
 * ``cfg``: its ``ModelConfig``;
 * ``prefill(params, tokens [B, T] int32 right-padded, lengths [B], max_new_tokens)``
   ``-> (next_logits [B, V], state)``;
-* ``step(params, state, tokens [B]) -> (next_logits [B, V], state)``.
+* ``step(params, state, tokens [B]) -> (next_logits [B, V], state)``;
+* optionally ``device_plan(state, n_feeds) -> decode_loop.DevicePlan``: the decode loop then runs
+  on device (``longjax.decode_loop``), sampling and stop ids included.
 
 ``state`` is a pytree owned by the method (KV cache, beacon memory, chunk caches). ``generate``
 handles prompts (ids or text), batching, sampling, stop ids and streaming once for all of them.
@@ -23,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from longjax import program_cache
+from longjax import decode_loop, program_cache
 from longjax.errors import LongjaxError
 from longjax.models.config import ModelConfig
 from longjax.errors import LongjaxError
@@ -119,6 +121,21 @@ class PlainLM:
     check_token_ids([tokens], self.cfg.vocab_size, what="step tokens")
     check_room(state, 1)
     return self._step(params, state, jnp.asarray(tokens)[:, None])
+
+  def device_plan(self, state: KVCache, n_feeds: int) -> decode_loop.DevicePlan:
+    # prefill sized the cache for max_new_tokens: the n_feeds tokens fit.
+    check_room(state, n_feeds)
+    return decode_loop.DevicePlan(state, [decode_loop.Segment(n_feeds, PlainStep(self.model))])
+
+
+@dataclasses.dataclass(frozen=True)
+class PlainStep:
+  """``PlainLM``'s decode step as a pure function, hashable by its decoder (a static argument of
+  the device loop: equal decoders share one compiled loop)."""
+  model: Decoder
+
+  def __call__(self, params, cache, x, tokens):
+    return cache_forward(self.model, params, cache, tokens[:, None], last_only=True)
 
 
 class TokenIdError(LongjaxError, ValueError):
@@ -271,7 +288,8 @@ def check_params(params, cfg: ModelConfig):
 def generate(method, params, prompts, max_new_tokens: int = 32, *, tokenizer=None,
              temperature: float = 0.0, top_k: Optional[int] = None, top_p: Optional[float] = None,
              seed: int = 0, stop_ids: Sequence[int] = (), return_logits: bool = False,
-             callback: Optional[Callable[[int, np.ndarray], None]] = None) -> GenerateOutput:
+             callback: Optional[Callable[[int, np.ndarray], None]] = None,
+             loop: str = "auto", chunk: Optional[int] = None) -> GenerateOutput:
   """Generate continuations of one prompt or a batch of prompts of different lengths.
 
   Args:
@@ -279,10 +297,20 @@ def generate(method, params, prompts, max_new_tokens: int = 32, *, tokenizer=Non
     prompts: text (with ``tokenizer``), a list of ids, or a list of id lists / a 2-D array.
     temperature / top_k / top_p / seed: sampling; ``temperature=0`` is greedy.
     stop_ids: a row stops after emitting any of these ids (the stop id is kept in the output).
-    callback: called as ``callback(step, tokens [B])`` after each generated token (streaming).
+    callback: called as ``callback(step, tokens [B])`` for each generated token (streaming; on
+      the device loop, after each chunk of ``chunk`` tokens).
+    loop: ``"device"``: the decode loop runs on device (one ``lax.while_loop``: sampling, stop
+      ids, the method's step); ``"host"``: one jitted step per token from Python, sampled on the
+      host (the reference); ``"auto"``: device when the method has ``device_plan``.
+    chunk: device loop only: return to the host every ``chunk`` tokens (streaming granularity);
+      default: only where the method switches programs, or every 8 tokens with a ``callback``.
+  Both loops give the same tokens for the same seed (greedy or sampled; logits can differ in the
+  last float bits where a method's device plan runs a larger memory bucket than its host step).
   """
   sampling = SamplingConfig(temperature, top_k, top_p)
   check_max_new_tokens(max_new_tokens)
+  use_device = _choose_loop(method, loop)
+  chunk = _check_chunk(chunk, use_device, callback)
   ids = _as_id_lists(prompts, tokenizer)
   empty = [i for i, r in enumerate(ids) if not r.size]
   if not ids or empty:
@@ -302,6 +330,14 @@ def generate(method, params, prompts, max_new_tokens: int = 32, *, tokenizer=Non
   t1 = time.perf_counter()
   key = jax.random.PRNGKey(seed)
   stops = check_stop_ids(stop_ids, method.cfg.vocab_size)
+  if use_device:
+    plan = method.device_plan(state, max_new_tokens - 1)
+    samples, lg, state = decode_loop.run(plan, params, logits, max_new_tokens, sampling, key,
+                                         stops.tolist(), return_logits=return_logits,
+                                         callback=callback, chunk=chunk)
+    out = list(samples.T)
+    out_logits = None if lg is None else list(lg.transpose(1, 0, 2))
+    return _output(out, out_logits, state, tokenizer, stops, t0, t1, compile0)
   out, out_logits = [], []
   done = np.zeros(len(ids), bool)
   select = _selector(sampling)
@@ -316,18 +352,55 @@ def generate(method, params, prompts, max_new_tokens: int = 32, *, tokenizer=Non
     if done.all() or t == max_new_tokens - 1:
       break
     logits, state = method.step(params, state, nxt)
+  return _output(out, out_logits if return_logits else None, state, tokenizer, stops, t0, t1,
+                 compile0)
 
+
+def _output(out, out_logits, state, tokenizer, stops, t0, t1, compile0) -> GenerateOutput:
+  """``out``: per step the ``[B]`` samples (-1 or any value after a row's stop id); ``stops``:
+  the checked stop ids."""
   timings = Timings(prefill_s=t1 - t0, decode_s=time.perf_counter() - t1,
                     decode_steps=len(out) - 1, compile_s=_CompileClock.now() - compile0)
-  gen = np.stack(out, axis=1)
-  rows = [[int(x) for x in row if x >= 0] for row in gen]
+  stops = set(int(x) for x in stops)
+  rows = []
+  for row in np.stack(out, axis=1):
+    kept = []
+    for x in row:  # up to and including the first stop id
+      kept.append(int(x))
+      if kept[-1] in stops:
+        break
+    rows.append(kept)
   result = GenerateOutput(tokens=rows, state=state, timings=timings)
-  if return_logits:
+  if out_logits is not None:
     lg = np.stack(out_logits, axis=1)
     result.logits = [lg[i, :len(r)] for i, r in enumerate(rows)]
   if tokenizer is not None:
     result.text = [tokenizer.decode(r) for r in rows]
   return result
+
+
+LOOPS = ("auto", "device", "host")
+
+
+def _choose_loop(method, loop) -> bool:
+  """True: run the device loop."""
+  if loop not in LOOPS:
+    raise GenerateError(f"loop must be one of {LOOPS}, got {loop!r}")
+  has = callable(getattr(method, "device_plan", None))
+  if loop == "device" and not has:
+    raise GenerateError(f"loop='device' needs a method with device_plan(state, n_feeds); "
+                        f"{type(method).__name__} has none: pass loop='host' (or 'auto')")
+  return has if loop == "auto" else loop == "device"
+
+
+def _check_chunk(chunk, use_device: bool, callback) -> Optional[int]:
+  if chunk is None:
+    return 8 if (use_device and callback is not None) else None
+  if isinstance(chunk, bool) or not isinstance(chunk, numbers.Integral) or chunk < 1:
+    raise GenerateError(f"chunk must be an integer >= 1 (tokens per device call), got {chunk!r}")
+  if not use_device:
+    raise GenerateError("chunk applies to the device loop only: drop it, or pass loop='device'")
+  return int(chunk)
 
 
 @functools.lru_cache(maxsize=16)

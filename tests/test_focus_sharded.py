@@ -3,7 +3,8 @@
 The pytest process already initialised JAX with one CPU device, so the 8-device run happens in a
 subprocess (XLA_FLAGS set before JAX is imported). Both sides run the same checkpoint (written here
 by save_focus) on a batch of prompts whose chunk counts (5 and 2, plus an unchunked one) do not
-divide the device count: prefill, 3 cached decode steps, the closed form and the training loss.
+divide the device count: prefill, 3 cached decode steps, the closed form, generation (host and
+device decode loops) and the training loss.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import numpy as np
 
 from longjax.focus import FocusLLM, load_focus, save_focus
 from longjax.focus.losses import FocusLoss
+from longjax.generate import generate
 
 from conftest import REPO, run_python
 from focus_helpers import EIGHT_DEVICE_PREAMBLE, prompt, tiny_focus, tiny_model
@@ -49,6 +51,11 @@ def run(ckpt, mesh=None):
     logits, state = m.step(params, state, g)
     res[f"step{t}"] = np.asarray(logits)
   res["closed"] = m.recompute(params, prompts, FEED)
+  for loop in ("host", "device"):  # the device decode loop runs the sharded step too
+    out = generate(m, params, [p.tolist() for p in prompts], max_new_tokens=4, loop=loop,
+                   return_logits=True)
+    res[f"generate_{loop}"] = np.stack(out.logits)
+    res[f"generate_{loop}_tokens"] = np.asarray(out.tokens)
   res["forward"] = m.forward(params, prompts[0]).logits
   fl = FocusLoss(cfg, fcfg, mesh=mesh, bucket=16)
   batch = fl.plan([prompt(120, 3), prompt(120, 4)], LOSS_IX)
@@ -72,6 +79,9 @@ def test_eight_devices_equal_one(tmp_path):
   assert proc.returncode == 0, proc.stderr[-4000:]
   sharded = dict(np.load(out))
   single = run(tmp_path / "ckpt")
+  for res in (sharded, single):
+    np.testing.assert_array_equal(res["generate_device_tokens"], res["generate_host_tokens"])
+    np.testing.assert_allclose(res["generate_device"], res["generate_host"], atol=1e-5, rtol=0)
   # 5 + 2 chunk rows: padded to 8 on the mesh, 7 on one device.
   assert int(sharded["n_rows"]) == 8 and int(single["n_rows"]) == 7
   diffs = {k: float(np.abs(sharded[k] - ref).max()) for k, ref in single.items() if k != "n_rows"}

@@ -662,6 +662,11 @@ class BeaconLM:
     out = self.forward(params, tokens, state=state, training=False)
     return out.next_logits, out.state
 
+  def device_plan(self, state: BeaconState, n_feeds: int):
+    """The decode steps planned for ``longjax.generate``'s device loop (``beacon/decode.py``)."""
+    from longjax.beacon.decode import device_plan
+    return device_plan(self, state, n_feeds)
+
   def resume(self, state: BeaconState, carry_tokens=None) -> "Resumed":
     """A method for ``longjax.generate`` that continues from ``state`` (multi-turn): the new
     prompt is fed after the memory without re-encoding earlier turns. ``carry_tokens`` (per row)
@@ -695,6 +700,9 @@ class Resumed:
 
   def step(self, params, state, tokens):
     return self.lm.step(params, state, tokens)
+
+  def device_plan(self, state, n_feeds):
+    return self.lm.device_plan(state, n_feeds)
 
 
 def params_hidden(params) -> int:

@@ -31,6 +31,7 @@ from longjax.focus import condense as C
 from longjax.focus.config import FocusConfig, FocusError, check_model
 from longjax.focus.planner import (ChunkBatch, LocalBatch, RowPlan, pack_chunks, pack_local,
                                    split_prompt)
+from longjax.decode_loop import DevicePlan, Segment
 from longjax.generate import check_kv_fits, check_max_new_tokens, check_token_ids
 from longjax.models.config import ModelConfig
 from longjax.models.decoder import Decoder
@@ -215,6 +216,16 @@ class FocusLLM:
                        f"{state.local_capacity}); prefill with a larger max_new_tokens")
     return self._step_jit(params, state, jnp.asarray(tokens, jnp.int32))
 
+  def device_plan(self, state: FocusState, n_feeds: int) -> DevicePlan:
+    """The cached decode step for ``longjax.generate``'s device loop: the state already has fixed
+    shapes (prefill sized the local context and chunk caches for max_new_tokens)."""
+    # The host step's checks, for the last of the n_feeds steps.
+    if (int(np.max(np.asarray(state.local_len))) + n_feeds > state.local_capacity
+        or int(np.max(np.asarray(state.cache_len))) + n_feeds > state.cache_capacity):
+      raise FocusError(f"FocusLLM decode buffers hold {state.local_capacity} local tokens, too few "
+                       f"for {n_feeds} more; prefill with a larger max_new_tokens")
+    return DevicePlan(state, [Segment(n_feeds, FocusStep(self))])
+
   # -------------------------------------------------------------------------------------------
   # Whole-prompt forwards (tests, fixtures, the closed-form decode path).
   def forward(self, params, prompt, generated: Sequence[int] = ()) -> FocusOutput:
@@ -235,3 +246,13 @@ class FocusLLM:
     cb, lb, cap = self._pack(rows, 0)
     logits, _ = self._prefill_jit(params, cb, lb, cache_cap=cap, all_logits=False)
     return np.asarray(logits)
+
+
+@dataclasses.dataclass(frozen=True)
+class FocusStep:
+  """``FocusLLM``'s cached decode step as a static argument of the device loop (hashed by the
+  model object: one compiled loop per FocusLLM, as its jitted step)."""
+  focus: FocusLLM
+
+  def __call__(self, params, state: FocusState, x, tokens):
+    return self.focus._step_impl(params, state, tokens)

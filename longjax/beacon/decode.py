@@ -1,0 +1,123 @@
+"""Activation Beacon's decode steps for the device loop (``longjax.decode_loop``).
+
+Generated tokens are fed one per row per step, and what the planner does with a token (its RoPE
+position, the beacons inserted after it, whether it completes a window and which raw-region
+entries the memory keeps) depends only on how many tokens each row has been fed, never on the
+token's value: ``Planner.plan_row`` reads the ids only to copy them into the step's input slots
+(``tok[~isb] = raw_ids``; labels are absent in generation, and the ratio draws follow the row's
+own RNG state and positions). So the decode steps are planned here with a placeholder id,
+``PLAN_BLOCK`` steps at a time before the loop reaches them; the device step writes the sampled
+token into the step's one raw slot (``last_slot``). Windows completing inside the loop are planned
+steps like any other.
+
+The steps are grouped into runs of one memory-size bucket (as prefill's scan chunks are): each run
+is one device call of the loop compiled for that bucket; a bucket never shrinks inside a run
+(a completing window shrinks the memory need, and the run keeps its larger bucket). A step with
+more slots than the decode bucket (append layout: a completing window's beacons) runs alone with
+all query slots, as the host step runs it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax.numpy as jnp
+import numpy as np
+
+from longjax.beacon.memory import BeaconState
+from longjax.beacon.model import BeaconLM, Carry, _chunks, run_step
+from longjax.beacon.planner import assemble, stack
+from longjax.decode_loop import DevicePlan, Segment
+from longjax.models.decoder import Decoder
+
+
+@dataclasses.dataclass(frozen=True)
+class BeaconDecodeStep:
+  """One planned decode step with the sampled tokens filled in: pure, hashable by value."""
+  model: Decoder
+  sink_cap: int
+  mem_size: int  # the memory-size bucket this run of steps attends over
+
+  def __call__(self, params, carry: Carry, plan, tokens):
+    b = tokens.shape[0]
+    # Every row feeds exactly one raw token per decode step: it sits at the step's last raw slot.
+    ids = plan.tokens.at[jnp.arange(b), plan.last_slot].set(tokens.astype(plan.tokens.dtype),
+                                                            mode="drop")
+    plan = dataclasses.replace(plan, tokens=ids)
+    carry, _ = run_step(self.model, self.sink_cap, params, carry, plan, mem_size=self.mem_size,
+                        want_loss=False, want_hidden=False)
+    return carry.last, carry
+
+
+# Decode steps planned (and stacked) at a time: the stacked plan's shape, hence the compiled loop,
+# does not depend on max_new_tokens, and a generation that stops early plans no further than the
+# block it stopped in (planning costs host time per step: a max_new_tokens of thousands with an
+# early stop id would otherwise be planned in full first).
+PLAN_BLOCK = 128
+
+
+def device_plan(lm: BeaconLM, state: BeaconState, n_feeds: int) -> DevicePlan:
+  """The decode steps after ``state`` for the device loop (host side), planned lazily."""
+  b = state.batch
+  carry = Carry(state.k, state.v, np.zeros((b, lm.cfg.vocab_size), np.float32),
+                np.zeros((b,), np.float32), np.zeros((b,), np.int32))
+  rows_after = [state.rows]  # rows_after[f]: the planner's rows after f feeds (grows lazily)
+
+  def finish(carry: Carry, feeds: int) -> BeaconState:
+    return BeaconState(carry.k, carry.v, rows_after[feeds])
+
+  return DevicePlan(carry, _segments(lm, state.capacity, rows_after, n_feeds), finish)
+
+
+def _segments(lm: BeaconLM, capacity: int, rows_after: list, n_feeds: int):
+  """Yield the loop's segments, planning ``PLAN_BLOCK`` feeds at a time."""
+  b = len(rows_after[0])
+  placeholder = np.zeros((b, 1), np.int64)  # any valid id: the plan does not depend on it
+  for f0 in range(0, n_feeds, PLAN_BLOCK):
+    step_descs, needs = [], []
+    for _ in range(f0, min(f0 + PLAN_BLOCK, n_feeds)):
+      descs, rows, sd, _, need, _ = lm._plan(placeholder, None, None, rows_after[-1], False, None,
+                                             0)
+      if len(sd) != 1 or any(len(d) != 1 for d in descs):
+        raise AssertionError("a one-token decode step planned as more than one official call")
+      rows_after.append(rows)
+      step_descs.append(sd[0])
+      needs.append(need[0])
+    yield from _block_segments(lm, capacity, f0, step_descs, needs)
+
+
+def _block_segments(lm: BeaconLM, capacity: int, f0: int, step_descs, needs):
+  """Segments of the feeds ``f0 + [0, len(step_descs))``: runs of one memory bucket.
+
+  Each step runs with the query slots the host step gives it: the decode bucket, or all slots for
+  a step that inserts many beacons (append layout: a completing window), alone in its segment."""
+  b, n = len(step_descs[0]), len(step_descs)
+  q_small, q_big = lm.decode_slots, lm.q_slots
+  small = [all(d.n <= q_small for d in sd) for sd in step_descs]
+  shared = None
+  if any(small):
+    noop = assemble([None] * b, q_small, lm.r_slots, lm.alt_slots(q_small))
+    plans = [assemble(sd, q_small, lm.r_slots, lm.alt_slots(q_small)) if ok else noop
+             for sd, ok in zip(step_descs, small)]
+    shared = _stacked(plans + [noop] * (PLAN_BLOCK - n), capacity)  # one shape for every block
+  buckets = [lm.memory_bucket(x, capacity) for x in needs]
+  step = functools.partial(BeaconDecodeStep, lm.model, lm.sink_cap)
+  i = 0
+  while i < n:
+    if not small[i]:
+      one = _stacked([assemble(step_descs[i], q_big, lm.r_slots, lm.alt_slots(q_big))], capacity)
+      yield Segment(f0 + i + 1, step(buckets[i]), one, first=f0 + i)
+      i += 1
+      continue
+    j = i
+    while j < n and small[j]:
+      j += 1
+    for c0, c1 in _chunks(buckets[i:j], j - i):
+      yield Segment(f0 + i + c1, step(buckets[i + c0]), shared, first=f0)
+    i = j
+
+
+def _stacked(plans, capacity: int):
+  # segments=(): the loop indexes one step at a time, and the plan's static fields must not
+  # depend on the number of steps (they key the compiled loop).
+  return dataclasses.replace(stack(plans, [(len(plans), 0)], capacity), segments=())
