@@ -8,8 +8,8 @@ tokens), in the official Activation Beacon prompt format (chat template, greedy)
               the upper bound;
   truncated   the plain model given only the last W tokens (what a W-token model can read);
   beacon      Activation Beacon: the trained beacon tensors of --beacon_asset (default
-              assets/smollm2_beacon, settings from its beacon.json: W = 256, ratio 2; see the
-              README "Does it learn? On SmolLM2" for what they reach), else window W, ratio 4 with
+              assets/smollm2_beacon, settings and training record in its beacon.json; see
+              docs/learning.md for what they reach), else window W, ratio 4 with
               the official untrained init (copies of q/k/v, embedding from EOS), which
               degenerates: untrained beacons are not a method;
   focus       FocusLLM with local window W and chunks of W, untrained candidates (copies of q/k/v/o).
