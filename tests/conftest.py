@@ -18,6 +18,18 @@ jax.config.update("jax_compilation_cache_dir",
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+  """Drop JAX's in-memory compiled programs after each test file. Every loaded XLA:CPU executable
+  holds its own memory mappings; one pytest process compiling the whole suite's programs went past
+  the kernel's per-process limit (vm.max_map_count, 65530) and XLA then crashed (SIGSEGV) inside a
+  later compile. The persistent compilation cache keeps the suite fast all the same."""
+  yield
+  jax.clear_caches()
+  import gc
+  gc.collect()
+
+
 def pytest_configure(config):
   config.addinivalue_line("markers", "slow: long-running test (run with -m slow)")
 
