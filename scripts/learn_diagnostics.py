@@ -54,6 +54,20 @@ def _bcfg(**kw):
   return BeaconConfig(**base)
 
 
+def prose_ppl(lm, params, docs) -> float:
+  """Perplexity of every token after the first window of ``docs`` (the beacon model's own
+  inference layout): what the memory adds to a model that reads W tokens."""
+  nll = cnt = 0.0
+  for ids in docs:
+    ids = np.asarray(ids, np.int64)
+    labels = ids.copy()
+    labels[:W] = -100
+    o = lm.forward(params, ids, labels=labels, training=False)
+    nll += float(np.asarray(o.loss_sum)[0])
+    cnt += float(np.asarray(o.loss_count)[0])
+  return math.exp(nll / cnt)
+
+
 # ------------------------------------------------------------------------------------------------
 def cmd_start(args, res, out):
   import jax
@@ -82,15 +96,7 @@ def cmd_start(args, res, out):
     cfg, bcfg, params = load_beacon(hf, init="official", beacon=_bcfg(**kw), param_dtype="float32")
     params = jax.tree.map(jnp.asarray, params)
     lm = BeaconLM(cfg, bcfg, max_length=args.doc_tokens + W, progress=False)
-    nll = cnt = 0.0
-    for ids in docs:
-      ids = np.asarray(ids, np.int64)
-      labels = ids.copy()
-      labels[:W] = -100
-      o = lm.forward(params, ids, labels=labels, training=False)
-      nll += float(np.asarray(o.loss_sum)[0])
-      cnt += float(np.asarray(o.loss_count)[0])
-    table[name] = dict(ppl=math.exp(nll / cnt), **{k: (list(v) if isinstance(v, tuple) else v)
+    table[name] = dict(ppl=prose_ppl(lm, params, docs), **{k: (list(v) if isinstance(v, tuple) else v)
                                                    for k, v in kw.items()})
     lpr.save(out, res, ("start_point", name), ("start_point_protocol",))
     print(f"{name:45s} ppl {table[name]['ppl']:9.2f} ({time.time() - t0:.0f} s)", flush=True)
@@ -224,14 +230,7 @@ def cmd_curve(args, res, out):
     t0 = time.time()
     lm, params, desc, _ = models.beacon("trained" if step else "untrained", step or None)
     c = probe(lm, params, models.tok, recs)
-    nll = cnt = 0.0
-    for ids in prose:
-      ids = np.asarray(ids, np.int64)
-      labels = ids.copy()
-      labels[:W] = -100
-      o = lm.forward(params, ids, labels=labels, training=False)
-      nll, cnt = nll + float(np.asarray(o.loss_sum)[0]), cnt + float(np.asarray(o.loss_count)[0])
-    c["ppl"] = math.exp(nll / cnt)
+    c["ppl"] = prose_ppl(lm, params, prose)
     curve[str(step)] = c
     lpr.save(out, res, ("campaign_curve", str(step)), ("campaign_curve_protocol",))
     print(f"step {step:5d}: delta {c['delta']:+.3f}, digit NLL {c['digit_nll_inference_layout']:.3f}"
