@@ -44,6 +44,10 @@ HOST = {"v4": "v4:2x2x1", "v5e": "v5e:2x2", "v5p": "v5p:2x2x1", "v6e": "v6e:2x2"
 QWEN2_7B = dict(family="qwen2", hidden_size=3584, intermediate_size=18944, num_layers=28,
                 num_heads=28, num_kv_heads=4, head_dim=128, vocab_size=152064, attention_bias=True,
                 rope_theta=1e6, rms_norm_eps=1e-6, max_position_embeddings=131072)
+LLAMA3_8B = dict(family="llama", hidden_size=4096, intermediate_size=14336, num_layers=32,
+                 num_heads=32, num_kv_heads=8, head_dim=128, vocab_size=128256,
+                 rope_theta=5e5, rms_norm_eps=1e-5, max_position_embeddings=8192)
+SHAPES = {"beacon_qwen2": QWEN2_7B, "beacon_llama3": LLAMA3_8B}  # each training config's model
 LLAMA2_7B = dict(family="llama", hidden_size=4096, intermediate_size=11008, num_layers=32,
                  num_heads=32, num_kv_heads=32, head_dim=128, vocab_size=32000,
                  max_position_embeddings=4096)
@@ -188,7 +192,7 @@ def kernel_results(chip: str) -> list:
 
 
 def beacon_train(slice_name: str, *, config: str = "beacon_qwen2", length: Optional[int] = None,
-                 shape: dict = QWEN2_7B, remat=None, global_batch: Optional[int] = None,
+                 shape: Optional[dict] = None, remat=None, global_batch: Optional[int] = None,
                  impl: Optional[str] = None, mesh: Optional[dict] = None) -> Result:
   """The training step of ``configs/<config>.py`` at ``shape``: global batch of the config, each
   sample ``length`` tokens (default the config's ``data.max_length``), on ``slice_name`` with the
@@ -199,6 +203,7 @@ def beacon_train(slice_name: str, *, config: str = "beacon_qwen2", length: Optio
   from longjax.models.config import remat_mode
   from longjax.train import loop, sharding as shd
   c = importlib.import_module(f"configs.{config}").get_config()
+  shape = shape or SHAPES[config]
   if remat is not None:
     c.model.remat = remat
   if global_batch is not None:

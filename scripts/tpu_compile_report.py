@@ -5,6 +5,7 @@ Needs ``libtpu`` (``pip install -r requirements-tpu.txt``). From the repository 
 
     JAX_PLATFORMS=cpu python scripts/tpu_compile_report.py --kernels v4,v5e,v5p,v6e
     JAX_PLATFORMS=cpu python scripts/tpu_compile_report.py --train v5p-8 --length 4096 --impl blockwise
+    JAX_PLATFORMS=cpu python scripts/tpu_compile_report.py --train v5p-8 --config beacon_llama3 --length 4096 --impl blockwise
 
 Per program and slice: per-device bytes at the peak (arguments + outputs + temporaries - donated
 aliases, from ``compiled.memory_analysis()``) against the chip's HBM, the FLOPs XLA counts
@@ -46,8 +47,10 @@ HEADER = ("| program | slice | devices | per-device GiB at peak | HBM GiB (fits)
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   ap.add_argument("--kernels", default="", help="chips for the kernel cases, e.g. v4,v5e,v5p,v6e")
-  ap.add_argument("--train", default="", help="slices for the beacon_qwen2 training step, "
+  ap.add_argument("--train", default="", help="slices for the --config training step, "
                   "e.g. v5p-8,v5e-16")
+  ap.add_argument("--config", default="beacon_qwen2", choices=sorted(co.SHAPES),
+                  help="the training config whose step --train compiles (at its model's shape)")
   ap.add_argument("--length", type=int, default=0, help="tokens per training sample "
                   "(default: the config's data.max_length)")
   ap.add_argument("--impl", default="", help="attention impl override for the training step")
@@ -65,7 +68,7 @@ def main(argv=None):
     for r in rs:
       print(row(r), flush=True)
   for sl in filter(None, args.train.split(",")):
-    r = co.beacon_train(sl, length=args.length or None, impl=args.impl or None,
+    r = co.beacon_train(sl, config=args.config, length=args.length or None, impl=args.impl or None,
                         mesh=json.loads(args.mesh) if args.mesh else None)
     results.append(r)
     print(row(r), flush=True)
