@@ -18,7 +18,7 @@ def train_defaults(**kw):
   # $JAX_NUM_PROCESSES, $JAX_PROCESS_ID, else detected by JAX (TPU pod, SLURM, Open MPI).
   cluster = t.pop("cluster", dict(coordinator_address="", num_processes=0, process_id=-1))
   # data.loss_on="distill" or a source "...@distill": the teacher's top_k tokens per position;
-  # alpha > 0 weights tokens that need far context more (longjax.train.tasks.DistillSettings)
+  # alpha > 0 weights tokens that need far context more (longjax.tasks.DistillSettings)
   distill = t.pop("distill", dict(top_k=32, alpha=0.0))
   cd = ml_collections.ConfigDict(t)
   cd.mesh = ml_collections.ConfigDict(mesh)

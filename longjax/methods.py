@@ -91,7 +91,7 @@ class Beacon:
     return cfg, params
 
   def make_task(self, config, cfg, settings, *, max_length: int, lm_length=None):
-    from longjax.train.tasks import BeaconTask, DistillSettings
+    from longjax.tasks import BeaconTask, DistillSettings
     from longjax.models.config import remat_mode
     tc = config.train
     return BeaconTask(cfg, settings, max_length=max_length, seed=int(config.seed),
@@ -165,7 +165,7 @@ class Focus:
     return cfg, params
 
   def make_task(self, config, cfg, settings, *, max_length: int, lm_length=None):
-    from longjax.train.tasks import FocusTask
+    from longjax.tasks import FocusTask
     from longjax.models.config import remat_mode
     f, tc = config.focus, config.train
     return FocusTask(cfg, settings, dict(window=f.local_window, strides=tuple(f.strides),
@@ -236,7 +236,7 @@ class Plain:
     return load_any(path)
 
   def make_task(self, config, cfg, settings, *, max_length: int, lm_length=None):
-    from longjax.train.tasks import LMTask
+    from longjax.tasks import LMTask
     return LMTask(cfg, length=lm_length, seed=int(config.seed),
                   answer_only=config.data.get("loss_on", "all") == "answer")
 

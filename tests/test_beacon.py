@@ -161,15 +161,15 @@ def test_scan_equals_steps(lm, model):
 def scan_traces(monkeypatch):
   """Traces of the compiled scan chunk: the jitted function calls ``scan_windows`` only while
   tracing, so each call of it here is one compile (cached programs are not traced again)."""
-  from longjax.beacon import model as beacon_model
+  from longjax.beacon import step as beacon_step
   traces = []
-  real = beacon_model.scan_windows
+  real = beacon_step.scan_windows
 
   def counted(*args, **kwargs):
     traces.append(1)
     return real(*args, **kwargs)
 
-  monkeypatch.setattr(beacon_model, "scan_windows", counted)
+  monkeypatch.setattr(beacon_step, "scan_windows", counted)
   return traces
 
 

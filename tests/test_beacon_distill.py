@@ -16,7 +16,7 @@ from longjax.beacon.model import frozen_base
 from longjax.data.pipeline import Dataset, split_objectives
 from longjax.data.sources import DataError
 from longjax.models.decoder import Decoder
-from longjax.train.tasks import BeaconTask, DistillSettings, token_weights
+from longjax.tasks import BeaconTask, DistillSettings, token_weights
 
 W = 16
 

@@ -300,7 +300,7 @@ def test_beacon_task_loss_equals_beaconlm_loss(tmp_path):
   import jax.numpy as jnp
   from longjax.beacon import BeaconLM
   from longjax.data.tokenizers import get_tokenizer
-  from longjax.train import tasks
+  from longjax import tasks
   c = micro_config("beacon", tmp_path / "w")
   c.beacon.ratios = (4,)
   tok = get_tokenizer("byte")

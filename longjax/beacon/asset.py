@@ -171,7 +171,7 @@ def params_from_workdir(workdir, step=None):
       _embed(workdir / "base", Path(tmp) / "hf")
       cfg, bcfg, params = load_beacon(Path(tmp) / "hf", init="official", beacon=bcfg,
                                       param_dtype="float32")
-  from longjax.train.checkpointing import _quiet_unraisable, _short
+  from longjax.quiet_reads import _quiet_unraisable, _short
   mgr = ocp.CheckpointManager(workdir / "checkpoints")
   steps = sorted(mgr.all_steps())
   if step is None:

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from longjax.beacon.memory import BeaconState
-from longjax.beacon.model import BeaconLM, Carry, _chunks, run_step
+from longjax.beacon.step import Carry, _chunks, run_step
 from longjax.beacon.planner import assemble, stack
 from longjax.decode_loop import DevicePlan, Segment
 from longjax.models.decoder import Decoder
@@ -56,8 +56,8 @@ class BeaconDecodeStep:
 PLAN_BLOCK = 128
 
 
-def device_plan(lm: BeaconLM, state: BeaconState, n_feeds: int) -> DevicePlan:
-  """The decode steps after ``state`` for the device loop (host side), planned lazily."""
+def device_plan(lm, state: BeaconState, n_feeds: int) -> DevicePlan:
+  """(``lm``: the ``BeaconLM``; not imported here, which imports this module.) The decode steps after ``state`` for the device loop (host side), planned lazily."""
   b = state.batch
   carry = Carry(state.k, state.v, np.zeros((b, lm.cfg.vocab_size), np.float32),
                 np.zeros((b,), np.float32), np.zeros((b,), np.int32))
@@ -69,7 +69,7 @@ def device_plan(lm: BeaconLM, state: BeaconState, n_feeds: int) -> DevicePlan:
   return DevicePlan(carry, _segments(lm, state.capacity, rows_after, n_feeds), finish)
 
 
-def _segments(lm: BeaconLM, capacity: int, rows_after: list, n_feeds: int):
+def _segments(lm, capacity: int, rows_after: list, n_feeds: int):
   """Yield the loop's segments, planning ``PLAN_BLOCK`` feeds at a time."""
   b = len(rows_after[0])
   placeholder = np.zeros((b, 1), np.int64)  # any valid id: the plan does not depend on it
@@ -86,7 +86,7 @@ def _segments(lm: BeaconLM, capacity: int, rows_after: list, n_feeds: int):
     yield from _block_segments(lm, capacity, f0, step_descs, needs)
 
 
-def _block_segments(lm: BeaconLM, capacity: int, f0: int, step_descs, needs):
+def _block_segments(lm, capacity: int, f0: int, step_descs, needs):
   """Segments of the feeds ``f0 + [0, len(step_descs))``: runs of one memory bucket.
 
   Each step runs with the query slots the host step gives it: the decode bucket, or all slots for

@@ -7,13 +7,11 @@ an error, never silently loaded.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import gc
 import hashlib
 import json
 import logging
-import sys
 from pathlib import Path
 from typing import Optional
 
@@ -21,6 +19,7 @@ import jax
 import numpy as np
 
 from longjax.errors import LongjaxError
+from longjax.quiet_reads import _quiet_unraisable, _short
 from longjax.train.errors import TrainingError
 
 log = logging.getLogger("longjax.train")
@@ -159,47 +158,6 @@ class Checkpointer:
         return self.mgr.restore(step, args=args)
       finally:
         gc.collect()  # abandoned coroutines/futures report here, inside the quiet block
-
-
-class _DropAsyncioNoise(logging.Filter):
-  """Drops asyncio's "Task exception was never retrieved" (and "Exception in callback") records:
-  orbax's abandoned reads of a truncated step, each with a traceback."""
-
-  def __init__(self, seen):
-    super().__init__()
-    self.seen = seen
-
-  def filter(self, record):
-    msg = str(record.msg)
-    if msg.startswith(("Task exception was never retrieved", "Exception in callback")):
-      self.seen.append("asyncio")
-      return False
-    return True
-
-
-@contextlib.contextmanager
-def _quiet_unraisable(what: str):
-  """Collect what Python and asyncio would print as "Exception ignored in ..." (sys.unraisablehook)
-  or "Task exception was never retrieved" while ``what`` runs; log their count at debug level
-  instead of printing each with its traceback."""
-  seen = []
-  old = sys.unraisablehook
-  sys.unraisablehook = lambda u: seen.append(u.exc_type.__name__ if u.exc_type else "?")
-  drop = _DropAsyncioNoise(seen)
-  logging.getLogger("asyncio").addFilter(drop)
-  try:
-    yield
-  finally:
-    sys.unraisablehook = old
-    logging.getLogger("asyncio").removeFilter(drop)
-    if seen:
-      log.debug("%d background exceptions ignored while %s (%s)", len(seen), what,
-                ", ".join(sorted(set(seen))))
-
-
-def _short(e, n=300):
-  s = str(e).replace("\n", " ")
-  return s[:n] + ("..." if len(s) > n else "")
 
 
 def _check_meta(meta: dict, want: dict, where, step):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 
 from longjax.errors import LongjaxError
+from longjax.tasks import LAYOUTS
 
 SCHEMA = {
     "": {"method", "workdir", "seed", "model", "beacon", "focus", "data", "train", "debug", "eval"},
@@ -30,7 +31,6 @@ SCHEMA = {
     "train.cluster": {"coordinator_address", "num_processes", "process_id"},
     "debug": {"kill_after_step", "nan_at_step"},
 }
-LAYOUTS = ("official", "inference")  # train.layout (beacon): see longjax.train.tasks.BeaconTask
 
 
 class ConfigError(LongjaxError, ValueError):

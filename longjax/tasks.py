@@ -30,7 +30,15 @@ from longjax.focus.planner import pack_chunks, pack_local, split_training
 from longjax.models.config import ModelConfig
 from longjax.models.decoder import Decoder
 from longjax.sizes import round_up
-from longjax.train.config_check import LAYOUTS, ConfigError
+from longjax.errors import LongjaxError
+
+
+# train.layout (beacon): where the last window's beacons go in training (see BeaconTask)
+LAYOUTS = ("official", "inference")
+
+
+class TaskConfigError(LongjaxError, ValueError):
+  """Task settings that cannot work (train.py refuses them earlier, in its config check)."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -47,7 +55,7 @@ class BeaconTask:
     # "inference": every window is planned as at inference, beacons in the last window too, so
     # the tokens scored there (a question's answer) see what they will see in generation.
     if layout not in LAYOUTS:
-      raise ConfigError(f"train.layout={layout!r}: use one of {LAYOUTS}")
+      raise TaskConfigError(f"train.layout={layout!r}: use one of {LAYOUTS}")
     self.layout = layout
     self.lm = BeaconLM(cfg, bcfg, max_length=max_length, training=True, impl=impl, remat=remat)
     self.remat = remat

@@ -1,0 +1,295 @@
+"""The pure device side of Activation Beacon: one window step, the scan over a stacked plan, the
+training loss over it (hard labels or soft targets), and their jitted programs. Everything here is
+a function of arrays and static settings; the host side (planning, ``BeaconLM``) is ``model.py``,
+the decode loop's plans ``decode.py``; both import this module, never the reverse.
+"""
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+
+from longjax import program_cache
+from longjax.beacon.planner import IGNORE, WindowPlan
+from longjax.kernels import TokenMeta
+from longjax.models.config import ModelConfig
+from longjax.models.decoder import Decoder, KVPrefix
+from longjax.models.head import lm_head
+
+
+class Carry(NamedTuple):
+  """What the window scan carries from one official call to the next."""
+  k: jax.Array  # [L, B, C, Hkv, D] memory buffers: pre-RoPE keys
+  v: jax.Array  # [L, B, C, Hkv, D] values
+  last: jax.Array  # [B, V] fp32 logits after each row's last raw token so far
+  loss_sum: jax.Array  # [B] fp32 summed token CE
+  loss_count: jax.Array  # [B] int32 labelled tokens
+
+
+program_cache.register_pytree(Carry, "longjax.beacon.Carry")
+
+
+def _token_nll(cfg: ModelConfig, params, h, labels, frozen_head: bool):
+  """Next-token NLL ``[B, L]`` of hidden states ``h [B, L, H]`` (IGNORE labels: 0)."""
+  return _frozen_head_nll(cfg, params, h, labels) if frozen_head else _nll(cfg, params, h, labels)
+
+
+def _nll(cfg, params, h, labels, with_grad=False):
+  ok = labels != IGNORE
+  safe = jnp.where(ok, labels, 0)[..., None]
+  logits = lm_head(cfg, params, h)
+  if not with_grad:
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    return jnp.where(ok, -jnp.take_along_axis(logp, safe, axis=-1)[..., 0], 0.0)
+  # One pass over the [B, L, V] logits for both the NLL and its gradient (softmax - onehot).
+  m = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
+  e = jnp.exp(logits - m)
+  s = jnp.sum(e, axis=-1, keepdims=True)
+  nll = (jnp.log(s) + m - jnp.take_along_axis(logits, safe, axis=-1))[..., 0]
+  g = e * (ok[..., None] / s)
+  g = jnp.put_along_axis(g, safe, jnp.take_along_axis(g, safe, axis=-1) - ok[..., None], axis=-1,
+                         inplace=False)
+  _, pull = jax.vjp(lambda x: lm_head(cfg, params, x), h)
+  (dh,) = pull(g)
+  return jnp.where(ok, nll, 0.0), dh.astype(h.dtype)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
+def _frozen_head_nll(cfg, params, h, labels):
+  """``_nll`` whose derivative reaches ``h`` only: the LM head (and the tied embedding) is
+  frozen. d nll / d h = (softmax - onehot) @ head is computed with the logits in the forward pass
+  (only when differentiating), so the backward pass keeps ``dh [B, L, H]`` instead of the
+  ``[B, L, V]`` logits and needs no head matmul."""
+  return _nll(cfg, params, h, labels)
+
+
+@_frozen_head_nll.defjvp
+def _frozen_head_nll_jvp(cfg, primals, tangents):
+  params, h, labels = primals
+  nll, dh = _nll(cfg, params, h, labels, with_grad=True)
+  # The tangent has the NLL's dtype (fp32) whatever h's (bf16 on accelerators).
+  return nll, jnp.sum(tangents[1] * dh, axis=-1, dtype=jnp.float32).astype(nll.dtype)
+
+
+def _soft_ce(cfg, params, h, idx, p, with_grad=False):
+  """Cross-entropy ``[B, L]`` of the logits of ``h [B, L, H]`` against soft targets: ids ``idx``
+  and mass ``p`` ``[B, L, K]`` (unnormalised: a row's mass is its weight, 0 for no loss):
+  ``sum_k p_k * (logsumexp(z) - z[idx_k])``. ``with_grad`` also returns d/dh, computed from the
+  same logits (``w * softmax(z) - scatter(p)``, then the head's transpose), as ``_nll`` does."""
+  logits = lm_head(cfg, params, h)
+  m = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
+  e = jnp.exp(logits - m)
+  s = jnp.sum(e, axis=-1, keepdims=True)
+  w = jnp.sum(p, axis=-1)
+  ce = w * (jnp.log(s[..., 0]) + m[..., 0]) - jnp.sum(p * jnp.take_along_axis(logits, idx, -1), -1)
+  if not with_grad:
+    return ce
+  g = e * (w[..., None] / s)
+  rows = g.reshape(-1, g.shape[-1])
+  rows = jax.vmap(lambda r, i, q: r.at[i].add(-q))(rows, idx.reshape(-1, idx.shape[-1]),
+                                                   p.reshape(-1, p.shape[-1]))
+  _, pull = jax.vjp(lambda x: lm_head(cfg, params, x), h)
+  (dh,) = pull(rows.reshape(g.shape))
+  return ce, dh.astype(h.dtype)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
+def _frozen_head_soft_ce(cfg, params, h, idx, p):
+  """``_soft_ce`` whose derivative reaches ``h`` only (see ``_frozen_head_nll``)."""
+  return _soft_ce(cfg, params, h, idx, p)
+
+
+@_frozen_head_soft_ce.defjvp
+def _frozen_head_soft_ce_jvp(cfg, primals, tangents):
+  params, h, idx, p = primals
+  ce, dh = _soft_ce(cfg, params, h, idx, p, with_grad=True)
+  return ce, jnp.sum(tangents[1] * dh, axis=-1, dtype=jnp.float32).astype(ce.dtype)
+
+
+def _token_loss(cfg, params, h, plan, frozen_head: bool):
+  """Per-label loss ``[B, L]``: next-token NLL, or the soft cross-entropy of ``plan.soft_*``."""
+  if plan.soft_idx is None:
+    return _token_nll(cfg, params, h, plan.labels, frozen_head)
+  if frozen_head:
+    return _frozen_head_soft_ce(cfg, params, h, plan.soft_idx, plan.soft_p)
+  return _soft_ce(cfg, params, h, plan.soft_idx, plan.soft_p)
+
+
+def window_step(model: Decoder, sink_cap: int, params, k, v, plan: WindowPlan, *,
+                want_loss: bool, want_hidden: bool, mem_size: Optional[int] = None,
+                frozen_head: bool = False):
+  """One official call for every row (a no-op for rows without one).
+
+  ``mem_size`` (static): the attention sees only the buffer's first ``mem_size`` entries (a
+  memory-size bucket; every row's valid memory must lie inside them, see
+  ``BeaconLM.memory_need``); ``None``: the whole buffer. The write-back always goes to the full
+  buffer. ``frozen_head``: the loss's gradient stops at the hidden states (``_token_nll``).
+
+  Returns ``(k, v, out)`` with ``out`` holding ``last_logits [B, V]``, ``has_last [B]``,
+  ``loss_sum [B]``, ``loss_count [B]`` and optionally ``hidden [B, Q, H]``.
+  """
+  cfg = model.cfg
+  b, q = plan.tokens.shape
+  cap = k.shape[2]
+  m = cap if mem_size is None else min(int(mem_size), cap)
+  r_slots = plan.src.shape[1]
+  kinds = model.rule.kind_sees is not None
+  memory = None
+  if m > 0:  # m == 0: nothing valid in memory (the first window): attend to the window only
+    j = jnp.arange(m, dtype=jnp.int32)[None]
+    jr = j - sink_cap
+    nb = plan.beacon_len[:, None]
+    in_sink = j < sink_cap
+    mem_valid = jnp.where(in_sink, j < plan.sink_len[:, None],
+                          (jr >= 0) & (jr < nb + plan.raw_len[:, None]))
+    mem_pos = jnp.where(in_sink, j, plan.sink_len[:, None] + jr)
+    mem_order = jnp.where(jr >= nb, 2 * (jr - nb), -1)
+    mem_meta = TokenMeta.causal(mem_order, valid=mem_valid,
+                                kind=jnp.zeros((b, m), jnp.int32) if kinds else None)
+    mk, mv = (k, v) if m == cap else (k[:, :, :m], v[:, :, :m])
+    memory = KVPrefix(mk, mv, mem_pos, mem_meta)
+  q_meta = TokenMeta.causal(plan.order, valid=plan.valid, kind=plan.kind if kinds else None)
+  hidden, (nk, nv) = model.apply({"params": params}, plan.tokens, plan.pos, q_meta=q_meta,
+                                 alt=plan.alt_slot, memory=memory, head=False)
+
+  def update(buf, new, base, src, capture):  # one row: buf [L, C, H, D], new [L, Q, H, D]
+    new = new.astype(buf.dtype)
+    slab = jax.lax.dynamic_slice_in_dim(buf, base, r_slots, axis=1)
+    kept = jnp.take(jnp.concatenate([slab, new], axis=1), src, axis=1)
+    buf = jax.lax.dynamic_update_slice_in_dim(buf, kept, base, axis=1)
+    if sink_cap:
+      head = new[:, :sink_cap]
+      if head.shape[1] < sink_cap:
+        head = jnp.pad(head, ((0, 0), (0, sink_cap - head.shape[1]), (0, 0), (0, 0)))
+      buf = buf.at[:, :sink_cap].set(jnp.where(capture, head, buf[:, :sink_cap]))
+    return buf
+
+  upd = jax.vmap(update, in_axes=(1, 1, 0, 0, 0), out_axes=1)
+  base = sink_cap + plan.beacon_len
+  k = upd(k, nk, base, plan.src, plan.capture)
+  v = upd(v, nv, base, plan.src, plan.capture)
+
+  last = jnp.maximum(plan.last_slot, 0)
+  h_last = jnp.take_along_axis(hidden, last[:, None, None], axis=1)[:, 0]
+  out = dict(last_logits=lm_head(cfg, params, h_last), has_last=plan.last_slot >= 0)
+  if want_loss:
+    h = jnp.take_along_axis(hidden, plan.label_slot[..., None], axis=1)  # [B, L, H]
+    ok = plan.labels != IGNORE
+    out["loss_sum"] = jnp.sum(_token_loss(cfg, params, h, plan, frozen_head), axis=-1)
+    out["loss_count"] = jnp.sum(ok, axis=-1, dtype=jnp.int32)
+  else:
+    out["loss_sum"] = jnp.zeros((b,), jnp.float32)
+    out["loss_count"] = jnp.zeros((b,), jnp.int32)
+  if want_hidden:
+    out["hidden"] = hidden
+  return k, v, out
+
+
+def run_step(model: Decoder, sink_cap: int, params, carry: Carry, plan: WindowPlan, *,
+             mem_size: Optional[int], want_loss: bool, want_hidden: bool,
+             frozen_head: bool = False):
+  """``window_step`` folded into the carry: ``(carry, hidden [B, Q, H] or None)``."""
+  k, v, out = window_step(model, sink_cap, params, carry.k, carry.v, plan, want_loss=want_loss,
+                          want_hidden=want_hidden, mem_size=mem_size, frozen_head=frozen_head)
+  last = jnp.where(out["has_last"][:, None], out["last_logits"], carry.last)
+  carry = Carry(k, v, last, carry.loss_sum + out["loss_sum"],
+                carry.loss_count + out["loss_count"])
+  return carry, (out["hidden"] if want_hidden else None)
+
+
+def scan_windows(model: Decoder, sink_cap: int, params, carry: Carry, plan: WindowPlan, *,
+                 want_loss: bool, want_hidden: bool, frozen_head: bool = False):
+  """Run a stacked plan's steps (``[n, ...]`` leaves) over ``carry``: pure and jittable.
+
+  The one window scan of prefill (``BeaconLM.forward``), ``BeaconLM.loss`` and the training
+  task. Each of ``plan.segments`` is one ``lax.scan`` whose attention reads that segment's
+  memory-size bucket of the buffer, so a window costs what its filled memory costs. With
+  ``plan.guard``, inactive (padding) steps are skipped with ``lax.cond``. Memory under
+  ``jax.grad``: with ``model.cfg.remat`` (``BeaconLM(remat=True)``) each window keeps its layer
+  inputs and memory slices, and its layers are recomputed one at a time in the backward pass.
+
+  Returns ``(carry, hidden [n, B, Q, H] or None)``.
+  """
+  outs, s0 = [], 0
+  for n, mem_size in plan.segments:
+    seg = jax.tree.map(lambda x, s0=s0, n=n: x[s0:s0 + n], plan)
+    s0 += n
+    run = functools.partial(run_step, model, sink_cap, mem_size=mem_size, want_loss=want_loss,
+                            want_hidden=want_hidden, frozen_head=frozen_head)
+
+    def step(params, c, p, run=run):
+      if not plan.guard:
+        return run(params, c, p)
+
+      def skip(c):
+        hid = None
+        if want_hidden:
+          b, q = p.tokens.shape
+          hid = jnp.zeros((b, q, params_hidden(params)), c.k.dtype)
+        return c, hid
+      return jax.lax.cond(p.active, lambda c: run(params, c, p), skip, c)
+
+    carry, hid = jax.lax.scan(lambda c, p, step=step: step(params, c, p), carry, seg)
+    outs.append(hid)
+  if s0 != plan.n_steps:
+    raise AssertionError(f"segments {plan.segments} do not cover the plan's {plan.n_steps} steps")
+  return carry, (jnp.concatenate(outs, axis=0) if want_hidden else None)
+
+
+def loss_terms(params, plan: WindowPlan, k=None, v=None, *, model: Decoder, sink_cap: int,
+               frozen_head: bool = False):
+  """``(loss_sum [B], loss_count [B])`` of a stacked plan from the memory ``k``/``v`` (default:
+  empty buffers of ``plan.capacity`` entries): pure and jittable. ``frozen_head``: no gradient
+  reaches the LM head / tied embedding (training: the base is frozen), which saves a head matmul
+  and the logits' memory in the backward pass."""
+  cfg = model.cfg
+  b = plan.tokens.shape[1]
+  if k is None:
+    shape = (cfg.num_layers, b, plan.capacity, cfg.num_kv_heads, cfg.head_dim)
+    k = v = jnp.zeros(shape, cfg.compute_dtype)
+  carry = Carry(k, v, jnp.zeros((b, cfg.vocab_size), jnp.float32), jnp.zeros((b,), jnp.float32),
+                jnp.zeros((b,), jnp.int32))
+  carry, _ = scan_windows(model, sink_cap, params, carry, plan, want_loss=True,
+                          want_hidden=False, frozen_head=frozen_head)
+  return carry.loss_sum, carry.loss_count
+
+
+# Compiled programs, shared by every BeaconLM over an equal decoder (so that
+# ``BeaconLM(...).loss`` built afresh in a loop does not recompile). ``_scan_jit`` calls
+# ``scan_windows`` only while tracing: tests count those calls (one compile per memory-size bucket,
+# for any number of windows).
+_STATIC = ("model", "sink_cap", "want_loss", "want_hidden")
+
+
+@functools.partial(jax.jit, static_argnames=_STATIC)
+def _scan_jit(params, carry, plan, *, model, sink_cap, want_loss, want_hidden):
+  return scan_windows(model, sink_cap, params, carry, plan, want_loss=want_loss,
+                      want_hidden=want_hidden)
+
+
+@functools.partial(jax.jit, static_argnames=_STATIC + ("mem_size",))
+def _step_jit(params, carry, plan, *, model, sink_cap, want_loss, want_hidden, mem_size):
+  return run_step(model, sink_cap, params, carry, plan, mem_size=mem_size, want_loss=want_loss,
+                  want_hidden=want_hidden)
+
+
+_loss_jit = jax.jit(loss_terms, static_argnames=("model", "sink_cap", "frozen_head"))
+
+def params_hidden(params) -> int:
+  return params["embedding"].shape[-1]
+
+
+def _chunks(buckets: Sequence[int], size: int):
+  """Split steps ``[0, n)`` into scan chunks ``(c0, c1)`` of at most ``size`` steps whose memory
+  buckets are all ``<= buckets[c0]`` (the chunk runs at its first step's bucket); a step that
+  needs a larger bucket starts a new chunk."""
+  c0 = 0
+  n = len(buckets)
+  while c0 < n:
+    c1 = c0 + 1
+    while c1 < n and c1 - c0 < size and buckets[c1] <= buckets[c0]:
+      c1 += 1
+    yield c0, c1
+    c0 = c1
