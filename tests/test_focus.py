@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from safetensors.numpy import load_file
@@ -120,6 +121,31 @@ def test_batched_condense_equals_one_chunk_at_a_time(tiny):
       np.testing.assert_allclose(k[:, n, :t.shape[1]], k1[:, 0], atol=1e-5)
       n += 1
   assert n == 8 and cb.n_rows == 9  # 5 + 3 chunks, padded to a multiple of 3
+
+
+def test_training_candidates_equal_whole_row_condense(tiny):
+  """The training path (prefix forward without gradient, then the candidate as a one-token step)
+  gives the whole-row forward's candidates, and the same gradient, padding rows included."""
+  cfg, params = tiny
+  f = tiny_focus()
+  rows = [split_prompt(prompt(100, 0), f), split_prompt(prompt(61, 1), f)]
+  cb = pack_chunks(rows, row_multiple=3, length_multiple=32)
+  assert (np.asarray(cb.lengths) == 0).any() and len(set(np.asarray(cb.lengths))) > 2
+  model = Decoder(cfg)
+  args = (cb.tokens, cb.positions, cb.valid, cb.lengths)
+  ck, cv, _, _ = C.condense(model, params, *args)
+  ck2, cv2 = jax.jit(lambda p, *a: C.condense_candidates(model, p, *a))(params, *args)
+  real = np.asarray(cb.lengths) > 0
+  np.testing.assert_allclose(ck2[:, real], ck[:, real], atol=1e-5)
+  np.testing.assert_allclose(cv2[:, real], cv[:, real], atol=1e-5)
+  w = np.random.default_rng(0).normal(size=ck.shape[1:]) * real[:, None, None]
+  score = lambda c: lambda p: sum(jnp.sum(x * w) for x in c(p))
+  g1 = jax.grad(score(lambda p: C.condense(model, p, *args)[:2]))(params)
+  g2 = jax.grad(score(lambda p: C.condense_candidates(model, p, *args)))(params)
+  for a, b, t in zip(jax.tree.leaves(g1), jax.tree.leaves(g2), jax.tree.leaves(trainable_mask(g1))):
+    if t:  # the candidate projections: what FocusLLM trains (the base is frozen)
+      np.testing.assert_allclose(b, a, atol=1e-5 + 1e-4 * np.abs(a).max())
+  assert np.abs(g2["layers"]["attn"]["alt_q_proj"]["kernel"]).max() > 0
 
 
 def test_chunk_rows_padded_to_powers_of_two(tiny):

@@ -116,6 +116,34 @@ def condense(model: Decoder, params, tokens, positions, valid, lengths, *, batch
   return jax.lax.fori_loop(0, -(-n // b), body, init)
 
 
+def condense_candidates(model: Decoder, params, tokens, positions, valid, lengths):
+  """The candidates' pre-RoPE K/V ``[L, N, Hkv, D]`` only, split so that training pays for a
+  backward pass through one token per chunk row instead of the whole row.
+
+  Every token before the candidate uses the frozen base weights and does not see the candidate
+  (causal), so their KV does not depend on the trained projections: they run as one forward under
+  ``stop_gradient`` (no backward), then each candidate runs as a one-token step over that cache
+  (the cached decode path, :func:`chunk_step`). Equal to :func:`condense`'s candidates up to float
+  summation order; in :func:`condense` the candidate is a scattered slot of the whole-row forward,
+  so autodiff carries a tangent for every token of the row (``T`` x the backward work).
+  """
+  n, t = tokens.shape
+  last = jnp.maximum(lengths - 1, 0)
+  slots = jnp.arange(t, dtype=jnp.int32)[None]
+  before = valid & (slots < last[:, None])
+  _, (k, v) = model.apply({"params": params}, tokens, positions,
+                          q_meta=TokenMeta.causal(positions, valid=before),
+                          alt=jnp.full((n, 1), t, jnp.int32), head=False)
+  k, v = jax.lax.stop_gradient(k), jax.lax.stop_gradient(v)
+  memory = KVPrefix(k, v, positions, TokenMeta.causal(positions, valid=before))
+  cand_tok = jnp.take_along_axis(tokens, last[:, None], axis=1)
+  cand_pos = jnp.take_along_axis(positions, last[:, None], axis=1)
+  _, (ck, cv) = model.apply({"params": params}, cand_tok, cand_pos,
+                            q_meta=TokenMeta.causal(cand_pos, valid=lengths[:, None] > 0),
+                            alt=jnp.zeros((n, 1), jnp.int32), memory=memory, head=False)
+  return ck[:, :, 0], cv[:, :, 0]
+
+
 def chunk_step(model: Decoder, params, cache_k, cache_v, cache_len, prev, new, row_valid):
   """One decode step on every chunk row (spec §4.2, cached path).
 
@@ -190,6 +218,15 @@ def condense_sharded(model: Decoder, mesh, axis: str, *, batch_size=None, capaci
   row, kv = P(axis), P(None, axis)
   return jax.shard_map(fn, mesh=mesh, in_specs=(P(), row, row, row, row),
                        out_specs=(kv, kv, kv, kv), check_vma=False)
+
+
+def condense_candidates_sharded(model: Decoder, mesh, axis: str):
+  """:func:`condense_candidates` with the chunk-row axis split over ``mesh[axis]``."""
+  fn = lambda params, tokens, positions, valid, lengths: condense_candidates(
+      model, params, tokens, positions, valid, lengths)
+  row, kv = P(axis), P(None, axis)
+  return jax.shard_map(fn, mesh=mesh, in_specs=(P(), row, row, row, row), out_specs=(kv, kv),
+                       check_vma=False)
 
 
 def chunk_step_sharded(model: Decoder, mesh, axis: str):

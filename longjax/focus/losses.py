@@ -66,10 +66,11 @@ class FocusLoss:
     self.model = Decoder(cfg, impl=impl)
     if mesh is not None:
       self.n_shards = int(mesh.shape[axis])
-      self._condense = C.condense_sharded(self.model, mesh, axis)
+      self._condense = C.condense_candidates_sharded(self.model, mesh, axis)
     else:
       self.n_shards = 1
-      self._condense = functools.partial(C.condense, self.model)
+      # Candidates only: the rest of each chunk row runs forward-only (no backward through it).
+      self._condense = functools.partial(C.condense_candidates, self.model)
     self.loss = jax.jit(self._loss)
     self.value_and_grad = jax.jit(jax.value_and_grad(self._loss))
 
@@ -85,7 +86,7 @@ class FocusLoss:
   def per_sample(self, params, batch: TrainBatch):
     params = freeze_base(params)
     cb, lb = batch.chunks, batch.local
-    cand_k, cand_v, _, _ = self._condense(params, cb.tokens, cb.positions, cb.valid, cb.lengths)
+    cand_k, cand_v = self._condense(params, cb.tokens, cb.positions, cb.valid, cb.lengths)
     hidden = C.local_hidden(self.model, params, cand_k, cand_v, cb.gather, cb.cand_valid,
                             lb.tokens, lb.lengths, lb.n_chunks)
     logits = lm_head(self.cfg, params, C.last_hidden(hidden, lb.lengths))
