@@ -131,6 +131,11 @@ class Beacon:
     from longjax.beacon import save_beacon
     save_beacon(out, cfg, settings, params, overwrite=True)
 
+  def load_asset(self, path, base_dir=None):
+    """``(cfg, settings, params)`` of a committed beacon asset (``train.init_from``)."""
+    from longjax.beacon.asset import load_beacon_asset
+    return load_beacon_asset(path, base_dir)
+
 
 # ------------------------------------------------------------------------------------------------
 class Focus:
@@ -205,6 +210,11 @@ class Focus:
   def export(self, out, cfg, settings, params):
     from longjax.focus import save_focus
     save_focus(out, cfg, settings, params, overwrite=True)
+
+  def load_asset(self, path, base_dir=None):
+    """``(cfg, settings, params)`` of a committed FocusLLM asset (``train.init_from``)."""
+    from longjax.focus.asset import load_focus_asset
+    return load_focus_asset(path, base_dir)
 
 
 # ------------------------------------------------------------------------------------------------

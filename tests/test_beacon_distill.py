@@ -143,7 +143,7 @@ def test_campaign_record_carries_the_started_from_asset(tmp_path):
   """An asset exported from a run that started from another asset (train.init_from) records the
   sum of both runs' steps and tokens and both recipes; a cut metrics line is skipped."""
   import json
-  from longjax.beacon import campaign
+  from longjax import campaign
   prev = tmp_path / "asset"
   prev.mkdir()
   (prev / "beacon.json").write_text(json.dumps(dict(campaign=dict(

@@ -19,25 +19,20 @@ from typing import Optional
 import numpy as np
 
 from longjax.atomic_dir import atomic_dir
-from longjax.beacon import campaign
-from longjax.errors import LongjaxError
+from longjax import campaign
+from longjax.convert import assets
+from longjax.convert.assets import BASE_DIR, AssetError  # noqa: F401  (re-exported)
 
 log = logging.getLogger("longjax")
 
 
-class AssetError(LongjaxError, ValueError):
-  """A beacon asset that does not fit (missing files, another base model, no beacon tensors)."""
-
-
-TENSORS = "beacon.safetensors"
+TENSORS = "beacon.safetensors"  # one file; larger tensor sets are sharded (convert/assets.py)
+STEM = "beacon"
 META = "beacon.json"
 
 
 def _is_beacon(name: str) -> bool:
   return ".beacon_" in name or name.startswith("model.beacon_")
-
-
-BASE_DIR = "base"  # an embedded base (the tiny one of a run with no model.checkpoint)
 
 
 def save_beacon_asset(out_dir, cfg, bcfg, params, *, base: str, dtype: str = "bfloat16",
@@ -49,7 +44,6 @@ def save_beacon_asset(out_dir, cfg, bcfg, params, *, base: str, dtype: str = "bf
   longjax or HF checkpoint directory) is copied into the asset as ``base/`` instead, for a base
   that has no name elsewhere (the tiny one a run pretrains). An asset always has one of them."""
   import ml_dtypes
-  from safetensors.numpy import save_file
   from longjax.convert.hf import hf_tensors
   np_dtype = {"bfloat16": ml_dtypes.bfloat16, "float32": np.float32}[dtype]
   tensors = {n: np.ascontiguousarray(v.astype(np_dtype)) for n, v in hf_tensors(cfg, params)
@@ -65,7 +59,7 @@ def save_beacon_asset(out_dir, cfg, bcfg, params, *, base: str, dtype: str = "bf
   with atomic_dir(out_dir, overwrite) as tmp:
     if embed_base is not None:
       _embed(Path(embed_base), tmp / BASE_DIR)
-    save_file(tensors, str(tmp / TENSORS), metadata={"format": "pt"})
+    assets.write_tensors(tmp, STEM, tensors)
     (tmp / META).write_text(json.dumps(meta, indent=2))
   return Path(out_dir)
 
@@ -86,54 +80,24 @@ def _embed(src: Path, dst: Path):
 
 
 def base_of(asset_dir, meta: dict, base_dir: Optional[str] = None) -> str:
-  """The base model directory an asset loads on: ``base_dir``, else its embedded ``base/``, else
-  the one named in beacon.json; never an empty name (which would read the current directory)."""
-  from longjax.models.smollm2 import resolve
-  asset_dir = Path(asset_dir)
-  if base_dir is not None and str(base_dir).strip():
-    return resolve(str(base_dir))
-  if meta.get("base_embedded"):
-    if not (asset_dir / BASE_DIR / "config.json").exists():
-      raise AssetError(f"{asset_dir} says its base is embedded, but {asset_dir / BASE_DIR} holds "
-                       "no model: the asset is incomplete; export it again")
-    return str(asset_dir / BASE_DIR)
-  name = meta.get("base")
-  if not isinstance(name, str) or not name.strip():
-    raise AssetError(f"{asset_dir / META} names no base model (base={name!r}): pass the base "
-                     "directory (load_beacon_asset(asset, base_dir)), or export the asset again "
-                     "with this version (it embeds a tiny base)")
-  return resolve(name)
+  """The base model directory a beacon asset loads on (see :func:`assets.base_of`)."""
+  return assets.base_of(asset_dir, meta, META, base_dir)
 
 
 def load_beacon_asset(asset_dir, base_dir: Optional[str] = None):
   """``(ModelConfig, BeaconConfig, params)``: the base (``base_dir``, default the one named in
   beacon.json; ``smollm2`` is fetched) with the asset's beacon tensors, in fp32."""
-  from safetensors import safe_open
   from longjax.beacon.config import BeaconConfig
   from longjax.beacon.convert import load_beacon
-  from longjax.convert.table import expected_names, get_path
   asset_dir = Path(asset_dir)
-  if not (asset_dir / META).exists() or not (asset_dir / TENSORS).exists():
+  if not (asset_dir / META).exists() or not assets.has_tensors(asset_dir, STEM):
     raise AssetError(f"{asset_dir} is not a beacon asset (needs {META} and {TENSORS})")
   meta = json.loads((asset_dir / META).read_text())
   bcfg = BeaconConfig.from_hf(meta)
   cfg, bcfg, params = load_beacon(base_of(asset_dir, meta, base_dir), init="official", beacon=bcfg,
                                   param_dtype="float32")
-  names = expected_names(cfg)
-  with safe_open(asset_dir / TENSORS, framework="np") as f:
-    missing = sorted(n for n in names if _is_beacon(n) and n not in f.keys())
-    if missing:
-      raise AssetError(f"{asset_dir / TENSORS} lacks {missing[:3]} ... ({len(missing)} tensors)")
-    for name in f.keys():
-      if name not in names:
-        raise AssetError(f"{asset_dir / TENSORS}: tensor {name} does not fit this base model")
-      row, layer = names[name]
-      value = row.transform.to_jax(f.get_tensor(name).astype(np.float32), cfg)
-      target = get_path(params, row.path)
-      if layer is None:
-        target[...] = value
-      else:
-        target[layer] = value
+  assets.set_tensors(cfg, params, assets.read_tensors(asset_dir, STEM), str(asset_dir / TENSORS),
+                     expected=_is_beacon)
   return cfg, bcfg, params
 
 
@@ -141,7 +105,6 @@ def params_from_workdir(workdir, step=None):
   """Checkpoint ``step`` (default: the newest) of a train.py beacon run merged into its base:
   ``(ModelConfig, BeaconConfig, params, step, checkpoint name)``."""
   import ml_collections
-  import orbax.checkpoint as ocp
   from longjax.beacon.config import BeaconConfig
   from longjax import checkpoint
   from longjax.beacon.convert import load_beacon
@@ -171,40 +134,9 @@ def params_from_workdir(workdir, step=None):
       _embed(workdir / "base", Path(tmp) / "hf")
       cfg, bcfg, params = load_beacon(Path(tmp) / "hf", init="official", beacon=bcfg,
                                       param_dtype="float32")
-  from longjax.quiet_reads import _quiet_unraisable, _short
-  mgr = ocp.CheckpointManager(workdir / "checkpoints")
-  steps = sorted(mgr.all_steps())
-  if step is None:
-    if not steps:
-      raise AssetError(f"{workdir}/checkpoints holds no checkpoint yet")
-    tries = steps[::-1]  # the newest readable one, as train.py resumes (nothing is moved here)
-  elif step not in steps:
-    raise AssetError(f"{workdir}/checkpoints has no step {step} (kept: {steps})")
-  else:
-    tries = [step]
-  state = None
-  for s in tries:
-    try:
-      with _quiet_unraisable(f"reading checkpoint step {s}"):
-        state = mgr.restore(s, args=ocp.args.Composite(state=ocp.args.StandardRestore()))["state"]
-      step = s
-      break
-    except Exception as e:  # noqa: BLE001 -- any read failure means "unreadable"
-      log.warning("checkpoint step %d in %s/checkpoints is unreadable (%s: %s)%s", s, workdir,
-                  type(e).__name__, _short(e), "; trying the previous one" if s != tries[-1] else "")
-  if state is None:
-    raise AssetError(f"none of the checkpoints {tries} in {workdir}/checkpoints could be read "
-                     "(truncated or corrupt)")
-  _merge(params, state["params"])
+  trained, step = assets.restore_trained(workdir, step)
+  assets.merge_trained(params, trained)
   return cfg, bcfg, params, int(step), c.model.checkpoint
-
-
-def _merge(into: dict, trained: dict):
-  for k, v in trained.items():
-    if isinstance(v, dict):
-      _merge(into[k], v)
-    else:
-      into[k] = np.asarray(v, np.float32).reshape(np.shape(into[k]))
 
 
 def main(argv=None):

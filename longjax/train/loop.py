@@ -208,19 +208,21 @@ def params_from_asset(c, settings, params, base_dir):
   """``params`` with the trained tensors of the asset ``train.init_from`` (a campaign continues
   from a committed asset: its tensors, a fresh optimizer; a checkpoint in the workdir still wins
   on resume). The asset's settings must equal this run's."""
-  from longjax.beacon.asset import load_beacon_asset
-  if c.method != "beacon":
-    raise TrainingError(f"train.init_from is for beacon runs (a beacon asset); this run is {c.method!r}")
+  method = methods.get(c.method)
+  if not hasattr(method, "load_asset"):
+    raise TrainingError(f"train.init_from is for methods that ship trained-tensor assets; "
+                        f"this run is {c.method!r}")
   src = Path(c.train.init_from)
   if not src.is_dir():
     raise TrainingError(f"train.init_from={src}: no such asset directory")
-  _, bcfg, loaded = load_beacon_asset(src, base_dir or None)
-  if bcfg != settings:
-    diff = {k: (getattr(bcfg, k), getattr(settings, k)) for k in settings.__dataclass_fields__
-            if getattr(bcfg, k) != getattr(settings, k)}
-    raise TrainingError(f"train.init_from={src}: its beacon settings differ from this run's "
-                        f"(asset vs config: {diff}); set the config's beacon fields to the asset's")
-  method = methods.get(c.method)
+  _, loaded_settings, loaded = method.load_asset(src, base_dir or None)
+  if loaded_settings != settings:
+    diff = {k: (getattr(loaded_settings, k), getattr(settings, k))
+            for k in settings.__dataclass_fields__
+            if getattr(loaded_settings, k) != getattr(settings, k)}
+    raise TrainingError(f"train.init_from={src}: its {c.method} settings differ from this run's "
+                        f"(asset vs config: {diff}); set the config's {method.section} fields to "
+                        "the asset's")
   flat = traverse_util.flatten_dict(jax.tree.map(np.asarray, params), sep="/")
   new = traverse_util.flatten_dict(loaded, sep="/")
   for k in flat:
@@ -229,7 +231,7 @@ def params_from_asset(c, settings, params, base_dir):
         raise TrainingError(f"train.init_from={src}: {k} has shape {np.shape(new[k])}, this "
                             f"model needs {np.shape(flat[k])}")
       flat[k] = np.asarray(new[k], np.float32)
-  log.info("train.init_from: beacon tensors from %s", src)
+  log.info("train.init_from: trained %s tensors from %s", c.method, src)
   return traverse_util.unflatten_dict(flat, sep="/")
 
 

@@ -2,23 +2,30 @@
 
 A run that starts from a committed asset (``train.init_from``) continues that asset's campaign;
 the asset it exports then records the sum of both runs' steps and tokens and every run's recipe
-(``beacon.json`` → ``campaign``), so the repository alone says how an asset was made.
+(``beacon.json`` / ``focus.json`` → ``campaign``), so the repository alone says how an asset was
+made.
 """
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-META = "beacon.json"
+# The settings JSON of each method's asset (longjax/beacon/asset.py, longjax/focus/asset.py).
+METAS = ("beacon.json", "focus.json")
+# The method section fields that say how the tensors were trained.
+SECTION_FIELDS = {
+    "beacon": ("window", "ratios", "pos", "attn", "param", "sink_size", "embed_init"),
+    "focus": ("local_window", "stride", "strides", "prompt_cap", "param", "objective"),
+}
 
 
 def _recipe(c: dict) -> dict:
   """The fields of a train.py config that say how the tensors were trained (no machine paths)."""
   t, d = c.get("train", {}), c.get("data", {})
   sources = [s.strip() for s in str(d.get("sources", "")).split(",") if s.strip()]
+  method = c.get("method", "beacon")
   return dict(
-      beacon={k: c.get("beacon", {}).get(k) for k in ("window", "ratios", "pos", "attn", "param",
-                                                      "sink_size", "embed_init")},
+      **{method: {k: c.get(method, {}).get(k) for k in SECTION_FIELDS.get(method, ())}},
       data=[Path(s.split(":", 1)[-1]).name for s in sources], loss_on=d.get("loss_on"),
       max_length=d.get("max_length"), layout=t.get("layout", "official"),
       distill=t.get("distill"), lr=t.get("lr"), warmup_steps=t.get("warmup_steps"),
@@ -46,8 +53,10 @@ def record(workdir, step: int) -> dict:
   c = json.loads((workdir / "config.json").read_text())
   prior = dict(steps=0, tokens=0, runs=[])
   src = c.get("train", {}).get("init_from")
-  if src and (Path(src) / META).exists():
-    prior = json.loads((Path(src) / META).read_text()).get("campaign") or prior
+  metas = [Path(src) / m for m in METAS] if src else []
+  for meta in metas:
+    if meta.exists():
+      prior = json.loads(meta.read_text()).get("campaign") or prior
   tokens = tokens_until(workdir / "metrics.jsonl", step)
   runs = list(prior.get("runs", [])) + [dict(steps=int(step), tokens=tokens, recipe=_recipe(c))]
   return dict(steps=int(prior.get("steps", 0)) + int(step),

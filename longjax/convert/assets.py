@@ -1,0 +1,177 @@
+"""What every method's trained-tensor asset shares (``beacon/asset.py``, ``focus/asset.py``): the
+tensors in safetensors files of at most ``MAX_FILE_BYTES`` each (sharded with an index, as HF
+does, when larger), the base model named or embedded, and the trained tensors read back from a
+train.py checkpoint.
+
+Layout of an asset directory with tensor stem ``s``: ``s.safetensors`` when it fits in one file,
+else ``s-00001-of-0000N.safetensors`` ... plus ``s.safetensors.index.json`` (``weight_map``: tensor
+name -> file, ``metadata.total_size``); a JSON of settings next to it (the method's).
+"""
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from longjax.errors import LongjaxError
+
+log = logging.getLogger("longjax")
+
+# Files in git stay below 40 MB (the repository's rule for committed assets).
+MAX_FILE_BYTES = 40_000_000
+BASE_DIR = "base"  # an embedded base (the tiny one of a run with no model.checkpoint)
+
+
+class AssetError(LongjaxError, ValueError):
+  """An asset that does not fit (missing files, another base model, no trained tensors)."""
+
+
+# ------------------------------------------------------------------------------------------------
+# Tensor files.
+def write_tensors(out_dir: Path, stem: str, tensors: dict, max_bytes: int = MAX_FILE_BYTES):
+  """Write ``tensors`` (name -> numpy array) as ``stem.safetensors`` or, when larger than
+  ``max_bytes``, as shards of at most ``max_bytes`` each with an index (tensors in name order; a
+  single tensor larger than ``max_bytes`` is an error: it would need splitting itself)."""
+  from safetensors.numpy import save_file
+  out_dir = Path(out_dir)
+  names = sorted(tensors)
+  total = sum(tensors[n].nbytes for n in names)
+  if total <= max_bytes:
+    save_file(tensors, str(out_dir / f"{stem}.safetensors"), metadata={"format": "pt"})
+    return
+  shards, size = [[]], 0
+  for n in names:
+    nb = tensors[n].nbytes
+    if nb > max_bytes:
+      raise AssetError(f"tensor {n} has {nb} bytes, more than one file may hold ({max_bytes})")
+    if size + nb > max_bytes and shards[-1]:
+      shards.append([])
+      size = 0
+    shards[-1].append(n)
+    size += nb
+  weight_map = {}
+  for i, group in enumerate(shards):
+    fname = f"{stem}-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+    save_file({n: tensors[n] for n in group}, str(out_dir / fname), metadata={"format": "pt"})
+    weight_map.update({n: fname for n in group})
+  index = dict(metadata=dict(total_size=int(total)), weight_map=weight_map)
+  (out_dir / f"{stem}.safetensors.index.json").write_text(json.dumps(index, indent=2))
+
+
+def has_tensors(asset_dir: Path, stem: str) -> bool:
+  asset_dir = Path(asset_dir)
+  return ((asset_dir / f"{stem}.safetensors").exists()
+          or (asset_dir / f"{stem}.safetensors.index.json").exists())
+
+
+def read_tensors(asset_dir: Path, stem: str) -> dict:
+  """Every tensor of ``stem`` (one file or the shards its index names) as float32 numpy."""
+  from safetensors import safe_open
+  asset_dir = Path(asset_dir)
+  index = asset_dir / f"{stem}.safetensors.index.json"
+  if index.exists():
+    weight_map = json.loads(index.read_text())["weight_map"]
+    files = sorted(set(weight_map.values()))
+  else:
+    weight_map, files = None, [f"{stem}.safetensors"]
+  out = {}
+  for fname in files:
+    path = asset_dir / fname
+    if not path.exists():
+      raise AssetError(f"{asset_dir} lacks {fname} (named by {index.name}): the asset is "
+                       "incomplete; export it again")
+    with safe_open(path, framework="np") as f:
+      for name in f.keys():
+        if weight_map is not None and weight_map.get(name) != fname:
+          raise AssetError(f"{path}: tensor {name} is not where {index.name} says it is")
+        out[name] = f.get_tensor(name).astype(np.float32)
+  if weight_map is not None and set(weight_map) != set(out):
+    raise AssetError(f"{index} names tensors its shards do not hold: "
+                     f"{sorted(set(weight_map) - set(out))[:3]}")
+  return out
+
+
+def set_tensors(cfg, params, tensors: dict, where: str, expected=None):
+  """Write HF-named ``tensors`` into ``params`` (in place) through the conversion table; every
+  name must belong to ``cfg`` and every name ``expected(name)`` accepts must be present."""
+  from longjax.convert.table import expected_names, get_path
+  names = expected_names(cfg)
+  if expected is not None:
+    missing = sorted(n for n in names if expected(n) and n not in tensors)
+    if missing:
+      raise AssetError(f"{where} lacks {missing[:3]} ... ({len(missing)} tensors)")
+  for name, value in tensors.items():
+    if name not in names:
+      raise AssetError(f"{where}: tensor {name} does not fit this base model")
+    row, layer = names[name]
+    value = row.transform.to_jax(value, cfg)
+    target = get_path(params, row.path)
+    if layer is None:
+      target[...] = value
+    else:
+      target[layer] = value
+  return params
+
+
+# ------------------------------------------------------------------------------------------------
+# The base model.
+def base_of(asset_dir, meta: dict, meta_name: str, base_dir: Optional[str] = None) -> str:
+  """The base model directory an asset loads on: ``base_dir``, else its embedded ``base/``, else
+  the one its settings JSON names; never an empty name (which would read the current directory)."""
+  from longjax.models.smollm2 import resolve
+  asset_dir = Path(asset_dir)
+  if base_dir is not None and str(base_dir).strip():
+    return resolve(str(base_dir))
+  if meta.get("base_embedded"):
+    if not (asset_dir / BASE_DIR / "config.json").exists():
+      raise AssetError(f"{asset_dir} says its base is embedded, but {asset_dir / BASE_DIR} holds "
+                       "no model: the asset is incomplete; export it again")
+    return str(asset_dir / BASE_DIR)
+  name = meta.get("base")
+  if not isinstance(name, str) or not name.strip():
+    raise AssetError(f"{asset_dir / meta_name} names no base model (base={name!r}): pass the base "
+                     "directory (load_*_asset(asset, base_dir)), or export the asset again "
+                     "with this version (it embeds a tiny base)")
+  return resolve(name)
+
+
+# ------------------------------------------------------------------------------------------------
+# A train.py run's trained tensors.
+def restore_trained(workdir: Path, step: Optional[int] = None):
+  """``(trained params, step)`` of checkpoint ``step`` of a train.py run (default: the newest
+  readable one, as train.py resumes; nothing is moved)."""
+  import orbax.checkpoint as ocp
+  from longjax.quiet_reads import _quiet_unraisable, _short
+  workdir = Path(workdir).absolute()
+  mgr = ocp.CheckpointManager(workdir / "checkpoints")
+  steps = sorted(mgr.all_steps())
+  if step is None:
+    if not steps:
+      raise AssetError(f"{workdir}/checkpoints holds no checkpoint yet")
+    tries = steps[::-1]
+  elif step not in steps:
+    raise AssetError(f"{workdir}/checkpoints has no step {step} (kept: {steps})")
+  else:
+    tries = [step]
+  for s in tries:
+    try:
+      with _quiet_unraisable(f"reading checkpoint step {s}"):
+        state = mgr.restore(s, args=ocp.args.Composite(state=ocp.args.StandardRestore()))["state"]
+      return state["params"], int(s)
+    except Exception as e:  # noqa: BLE001 -- any read failure means "unreadable"
+      log.warning("checkpoint step %d in %s/checkpoints is unreadable (%s: %s)%s", s, workdir,
+                  type(e).__name__, _short(e), "; trying the previous one" if s != tries[-1] else "")
+  raise AssetError(f"none of the checkpoints {tries} in {workdir}/checkpoints could be read "
+                   "(truncated or corrupt)")
+
+
+def merge_trained(into: dict, trained: dict):
+  """Copy the ``trained`` subtree (a checkpoint's trainable tensors) into ``into``, as float32."""
+  for k, v in trained.items():
+    if isinstance(v, dict):
+      merge_trained(into[k], v)
+    else:
+      into[k] = np.asarray(v, np.float32).reshape(np.shape(into[k]))

@@ -1,0 +1,131 @@
+"""Trained FocusLLM candidate projections as a small asset: only the candidate tensors (official
+names ``...self_attn.beacon_{q,k,v,o}_proj``, bf16, sharded into files of <= 40 MB with an index
+when larger) plus the settings in ``focus.json``; the base model is loaded separately.
+
+  cfg, fcfg, params = load_focus_asset("assets/smollm2_focus")        # base named in focus.json
+  python -m longjax.focus.asset --workdir runs/focus_campaign/run --out assets/smollm2_focus
+
+``--workdir`` reads the newest training checkpoint of a ``train.py`` FocusLLM run (it need not have
+finished), so a long run can be shipped at any step.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from longjax.atomic_dir import atomic_dir
+from longjax.convert import assets
+from longjax.convert.assets import AssetError
+
+STEM = "focus"
+META = "focus.json"
+
+
+def _is_candidate(name: str) -> bool:
+  """The candidate projections (the unused ``beacon_embed_tokens`` is not part of an asset)."""
+  return ".self_attn.beacon_" in name
+
+
+def save_focus_asset(out_dir, cfg, fcfg, params, *, base: str, dtype: str = "bfloat16",
+                     info: Optional[dict] = None, overwrite: bool = False,
+                     max_file_bytes: int = assets.MAX_FILE_BYTES) -> Path:
+  """Write the candidate tensors of ``params`` (official HF names) and the settings; ``base``
+  names the model the asset loads on (a directory or ``smollm2``); files of at most
+  ``max_file_bytes`` each."""
+  import ml_dtypes
+  from longjax.convert.hf import hf_tensors
+  np_dtype = {"bfloat16": ml_dtypes.bfloat16, "float32": np.float32}[dtype]
+  tensors = {n: np.ascontiguousarray(v.astype(np_dtype)) for n, v in hf_tensors(cfg, params)
+             if _is_candidate(n)}
+  if not tensors:
+    raise AssetError("these params hold no FocusLLM candidate projections")
+  if not str(base or "").strip():
+    raise AssetError("a FocusLLM asset must name the base model it loads on (base=...); an empty "
+                     "name would load whatever model sits in the current directory")
+  meta = dict(base=str(base), dtype=dtype, **fcfg.to_hf(), prompt_cap=fcfg.prompt_cap,
+              min_len_threshold=fcfg.min_len_threshold, **(info or {}))
+  with atomic_dir(out_dir, overwrite) as tmp:
+    assets.write_tensors(tmp, STEM, tensors, max_file_bytes)
+    (tmp / META).write_text(json.dumps(meta, indent=2))
+  return Path(out_dir)
+
+
+def _settings(meta: dict, base: str):
+  from longjax.focus.config import FocusConfig
+  hf = json.loads((Path(base) / "config.json").read_text())
+  return FocusConfig.from_hf(dict(meta, bos_token_id=hf.get("bos_token_id")),
+                             prompt_cap=meta.get("prompt_cap"),
+                             min_len_threshold=int(meta.get("min_len_threshold", 0)))
+
+
+def load_focus_asset(asset_dir, base_dir: Optional[str] = None):
+  """``(ModelConfig, FocusConfig, params)``: the base (``base_dir``, default the one named in
+  focus.json; ``smollm2`` is fetched) with the asset's candidate projections, in fp32."""
+  from longjax.focus.convert import focus_from_llama
+  asset_dir = Path(asset_dir)
+  if not (asset_dir / META).exists() or not assets.has_tensors(asset_dir, STEM):
+    raise AssetError(f"{asset_dir} is not a FocusLLM asset (needs {META} and "
+                     f"{STEM}.safetensors or its shards)")
+  meta = json.loads((asset_dir / META).read_text())
+  base = assets.base_of(asset_dir, meta, META, base_dir)
+  cfg, fcfg, params = focus_from_llama(base, _settings(meta, base), param_dtype="float32")
+  assets.set_tensors(cfg, params, assets.read_tensors(asset_dir, STEM), str(asset_dir),
+                     expected=_is_candidate)
+  return cfg, fcfg, params
+
+
+def params_from_workdir(workdir, step: Optional[int] = None):
+  """Checkpoint ``step`` (default: the newest readable) of a train.py FocusLLM run on a named base,
+  merged into it (``step=0``: the official init, copies of q/k/v/o):
+  ``(ModelConfig, FocusConfig, params, step, base name)``."""
+  import ml_collections
+  from longjax.focus.config import FocusConfig
+  from longjax.focus.convert import focus_from_llama
+  from longjax.models.smollm2 import resolve
+  workdir = Path(workdir).absolute()
+  try:
+    c = ml_collections.ConfigDict(json.loads((workdir / "config.json").read_text(encoding="utf-8")))
+  except (OSError, ValueError, TypeError, AttributeError) as e:
+    raise AssetError(f"{workdir / 'config.json'} is not a train.py run config ({e})") from None
+  if c.get("method") != "focus" or not str(c.model.get("checkpoint") or "").strip():
+    raise AssetError(f"{workdir} is not a FocusLLM run on a named base model (method "
+                     f"{c.get('method')!r}, model.checkpoint {c.model.get('checkpoint')!r})")
+  base = resolve(c.model.checkpoint)
+  hf = json.loads((Path(base) / "config.json").read_text())
+  fcfg = FocusConfig.from_config(c.focus, hf.get("bos_token_id"))
+  cfg, fcfg, params = focus_from_llama(base, fcfg, param_dtype="float32")
+  if step != 0:
+    trained, step = assets.restore_trained(workdir, step)
+    assets.merge_trained(params, trained)
+  return cfg, fcfg, params, int(step), c.model.checkpoint
+
+
+def main(argv=None):
+  ap = argparse.ArgumentParser(description=__doc__,
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap.add_argument("--workdir", required=True, help="a train.py FocusLLM run directory")
+  ap.add_argument("--step", type=int, default=None, help="that checkpoint (default: the newest)")
+  ap.add_argument("--out", required=True)
+  ap.add_argument("--overwrite", action="store_true")
+  ap.add_argument("--debug", action="store_true", help="show tracebacks")
+  args = ap.parse_args(argv)
+
+  def export():
+    from longjax.atomic_dir import check_output_apart
+    from longjax import campaign
+    check_output_apart(args.out, "--out", {"--workdir": args.workdir})
+    cfg, fcfg, params, step, base = params_from_workdir(args.workdir, args.step)
+    save_focus_asset(args.out, cfg, fcfg, params, base=base,
+                     info=dict(train_step=step, campaign=campaign.record(args.workdir, step)),
+                     overwrite=args.overwrite)
+    print(f"wrote {args.out} (step {step})")
+  from longjax import cli
+  return cli.run("python -m longjax.focus.asset", export, debug=args.debug)
+
+
+if __name__ == "__main__":
+  raise SystemExit(main())

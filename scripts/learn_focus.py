@@ -1,0 +1,252 @@
+"""Does FocusLLM training teach SmolLM2-135M to read keys from chunks outside its local window?
+The FocusLLM side of the learning diagnostics (issue: FocusLLM learns on SmolLM2). Every number
+lands in results/learn_smollm2_focus.json (atomic, merged; the layout of learn_smollm2.json).
+
+  overfit  on the twin passkey documents that ``learn_diagnostics.py data --twins`` writes (key in
+           the first window, the question and answer in the last; each document has a twin with
+           another key and the same tokens otherwise): greedy answers (trained / untrained; the
+           plain model's truncation / full rows are the beacon file's, same documents) and the
+           memory-swap probe: teacher-forced NLL of the answer digits with the document's own
+           chunks vs its twin's (delta = swapped - own; > 0: the candidates carry the key)
+  curve    the probe on fresh twin documents for every kept checkpoint of --workdir
+
+Each answer digit is scored exactly as FocusLLM generates it: the chunks re-read with the answer's
+earlier tokens appended to the dynamic prompt (``FocusLLM.forward(prompt, generated)``).
+
+  python scripts/learn_diagnostics.py data --twins --out runs/overfit2/train.jsonl
+  python train.py --config=configs/smollm2_focus.py --config.workdir=runs/focus_overfit/run \\
+      --config.data.sources=jsonl:runs/overfit2/train.jsonl --config.train.num_steps=200 \\
+      --config.train.lr=3e-4
+  python scripts/learn_focus.py overfit --data runs/overfit2/train.jsonl --workdir runs/focus_overfit/run
+"""
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import numpy as np  # noqa: E402
+
+import learn_passkey_real as lpr  # noqa: E402  (results file)
+
+OUT = lpr.ROOT / "results" / "learn_smollm2_focus.json"
+
+
+def focus_from_workdir(workdir, step=None):
+  """``(ModelConfig, FocusConfig, params, step)``: checkpoint ``step`` (default: newest) of a
+  train.py FocusLLM run on SmolLM2, merged into the base with copied candidates."""
+  import ml_collections
+  import orbax.checkpoint as ocp
+  from longjax.focus import focus_from_llama
+  from longjax.focus.config import FocusConfig
+  from longjax.models import smollm2
+  workdir = Path(workdir).absolute()
+  c = ml_collections.ConfigDict(json.loads((workdir / "config.json").read_text()))
+  hf = smollm2.get()
+  fcfg = FocusConfig.from_config(c.focus, _bos_id(hf))
+  cfg, fcfg, params = focus_from_llama(hf, fcfg, param_dtype="float32")
+  if step == 0:
+    return cfg, fcfg, params, 0
+  mgr = ocp.CheckpointManager(workdir / "checkpoints")
+  step = max(mgr.all_steps()) if step is None else int(step)
+  state = mgr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))["state"]
+  _merge(params, state["params"])
+  return cfg, fcfg, params, step
+
+
+def _bos_id(hf) -> int:
+  cfg = json.loads((Path(hf) / "config.json").read_text())
+  return int(cfg.get("bos_token_id", 1))
+
+
+def _merge(into, trained):
+  for k, v in trained.items():
+    if isinstance(v, dict):
+      _merge(into[k], v)
+    else:
+      into[k] = np.asarray(v, np.float32).reshape(np.shape(into[k]))
+
+
+class Focus:
+  def __init__(self, workdir, step):
+    import jax
+    import jax.numpy as jnp
+    from longjax.focus import FocusLLM
+    cfg, fcfg, params, self.step = focus_from_workdir(workdir, step)
+    self.params = jax.tree.map(jnp.asarray, params)
+    self.lm = FocusLLM(cfg, fcfg)
+    self.eos = int(cfg.eos_token_id)
+    self.desc = (f"FocusLLM W=S={fcfg.local_window} prompt<={fcfg.prompt_cap} "
+                 f"({'+'.join(fcfg.candidate_projections)}), "
+                 + (f"trained (run {Path(workdir).name} step {self.step})" if self.step
+                    else "untrained (copies of q/k/v/o)"))
+
+  def answer(self, tok, ids, max_new_tokens=12):
+    import longjax
+    from longjax.eval import scorers
+    gen = longjax.generate(self.lm, self.params, [ids], max_new_tokens=max_new_tokens,
+                           stop_ids=[self.eos]).tokens[0]
+    text = tok.decode(gen)
+    return text, scorers.first_int(text)
+
+  def digit_nll(self, tok, prompt, ans) -> float:
+    """Mean NLL of the answer's digit tokens, each scored after the answer's earlier tokens."""
+    import jax
+    out = []
+    for i, t in enumerate(ans):
+      if not tok.decode([t]).strip().isdigit():
+        continue
+      logits = self.lm.forward(self.params, np.asarray(prompt), generated=ans[:i]).logits[-1]
+      out.append(-float(jax.nn.log_softmax(logits)[t]))
+    return float(np.mean(out))
+
+
+def _tok():
+  from transformers import AutoTokenizer
+  from longjax.data.tokenizers import Tokenizer
+  from longjax.models import smollm2
+  return Tokenizer(AutoTokenizer.from_pretrained(smollm2.get(), trust_remote_code=False))
+
+
+def _ids(tok, rec, key="input"):
+  return tok.encode(rec[key]) + tok.encode("\n"), tok.encode(rec["output"])
+
+
+def probe(model: Focus, tok, recs) -> dict:
+  own, swap = [], []
+  for r in recs:
+    prompt, ans = _ids(tok, r)
+    own.append(model.digit_nll(tok, prompt, ans))
+    swap.append(model.digit_nll(tok, _ids(tok, r, "twin_input")[0], ans))
+  return dict(digit_nll=float(np.mean(own)), digit_nll_swapped_memory=float(np.mean(swap)),
+              delta=float(np.mean(swap) - np.mean(own)))
+
+
+def cmd_overfit(args, res):
+  recs = [json.loads(x) for x in Path(args.data).read_text().splitlines() if x.strip()]
+  tok = _tok()
+  res["overfit_protocol"] = dict(
+      documents=len(recs), window=256, data=f"{Path(args.data).parent.name}/{Path(args.data).name}:"
+      " key in the first 256 tokens, question + answer in the last window, twins",
+      generation="greedy FocusLLM generate, exact key in the answer",
+      baselines="truncation / full: results/learn_smollm2.json overfit (same documents)")
+  for cond in args.conditions:
+    t0 = time.time()
+    model = Focus(args.workdir, 0 if cond == "untrained" else args.step)
+    hits, outs = 0, []
+    for r in recs:
+      text, pred = model.answer(tok, _ids(tok, r)[0])
+      hits += pred == str(r["key"])
+      outs.append(text)
+    cell = dict(correct=hits, n=len(recs), outputs=outs, model=model.desc, **probe(model, tok, recs))
+    res.setdefault("overfit", {})[cond] = cell
+    lpr.save(args.out, res, ("overfit", cond), ("overfit_protocol",))
+    print(f"{cond:10s} {hits}/{len(recs)}; digit NLL {cell['digit_nll']:.3f}, swapped "
+          f"{cell['digit_nll_swapped_memory']:.3f} (delta {cell['delta']:+.3f}) "
+          f"({time.time() - t0:.0f} s); e.g. {outs[0]!r}", flush=True)
+
+
+def cmd_curve(args, res):
+  import orbax.checkpoint as ocp
+  recs = [json.loads(x) for x in Path(args.data).read_text().splitlines() if x.strip()]
+  tok = _tok()
+  curve = res.setdefault(args.key, {})
+  res[args.key + "_protocol"] = dict(
+      probe=f"{len(recs)} twin passkey documents ({Path(args.data).name}); delta = answer-digit "
+            "NLL with the twin's chunks (another key) minus own", workdir=Path(args.workdir).name)
+  steps = sorted(ocp.CheckpointManager(Path(args.workdir).absolute() / "checkpoints").all_steps())
+  for step in [0] + steps:
+    if str(step) in curve or step % args.every:
+      continue
+    t0 = time.time()
+    c = probe(Focus(args.workdir, step), tok, recs)
+    curve[str(step)] = c
+    lpr.save(args.out, res, (args.key, str(step)), (args.key + "_protocol",))
+    print(f"step {step:5d}: delta {c['delta']:+.3f}, digit NLL {c['digit_nll']:.3f} "
+          f"({time.time() - t0:.0f} s)", flush=True)
+
+
+def _source(args):
+  """``(workdir, step)`` of the trained candidates: --workdir [--step], else the asset."""
+  return (args.workdir, args.step) if args.workdir else (args.asset, None)
+
+
+def cmd_passkey(args, res):
+  """50 fresh documents per length, the beacon file's (same seed, same builder): keys anywhere,
+  the question at the end; FocusLLM reads the last W tokens locally and the rest as chunks."""
+  tok = _tok()
+  table = res.setdefault("passkey", {})
+  res["passkey_protocol"] = dict(seed=args.seed, samples=args.samples, window=256,
+                                 lengths=args.lengths, max_new_tokens=16,
+                                 baselines="truncation / full: results/learn_smollm2.json passkey "
+                                           "(the same documents)")
+  for cond in args.conditions:
+    model = Focus(*_source(args)) if cond == "trained" else Focus(args.workdir or args.asset, 0)
+    for length in args.lengths:
+      docs = lpr.passkey_docs(tok, length, args.samples, args.seed)
+      cell = table.setdefault(cond, {}).setdefault(str(length), dict(samples=[]))
+      done = {(d["key"], d["depth"]) for d in cell["samples"]}
+      t0 = time.time()
+      for d in docs:
+        if (d["key"], d["depth"]) in done:
+          continue
+        text, pred = model.answer(tok, d["ids"], 16)
+        cell["samples"].append(dict(key=d["key"], depth=d["depth"], output=text,
+                                    correct=pred == d["key"]))
+        cell.update(accuracy=float(np.mean([x["correct"] for x in cell["samples"]])),
+                    n=len(cell["samples"]), model=model.desc)
+        lpr.save(args.out, res, ("passkey", cond, str(length)), ("passkey_protocol",))
+      print(f"{cond:10s} {length:5d}: {cell.get('accuracy', float('nan')):6.1%} of "
+            f"{cell.get('n', 0)} ({time.time() - t0:.0f} s)", flush=True)
+
+
+def cmd_ppl(args, res):
+  """Held-out prose (pydoc_data.topics, 4 x 3072 tokens, the last 1024 scored), as the beacon
+  file: FocusLLM's own protocol (prefill on the context, teacher-forced cached decode)."""
+  from longjax.methods import get as get_method
+  tok = _tok()
+  docs = lpr.real_text_docs(tok, 4, 3072)
+  table = res.setdefault("perplexity", {})
+  res["perplexity_protocol"] = dict(text="pydoc_data.topics (sorted keys, joined)", docs=4,
+                                    doc_tokens=3072, scored=1024, window=256)
+  for cond in args.conditions:
+    model = Focus(*_source(args)) if cond == "trained" else Focus(args.workdir or args.asset, 0)
+    cell = table.setdefault(cond, dict(doc_nll=[]))
+    cell["model"] = model.desc
+    t0 = time.time()
+    for ids in docs[len(cell["doc_nll"]):]:
+      nll, n = get_method("focus").suffix_nll(model.lm, model.params, None,
+                                              np.asarray(ids, np.int32), 1024)
+      cell["doc_nll"].append(nll / n)
+      cell["ppl"] = float(np.exp(np.mean(cell["doc_nll"])))
+      lpr.save(args.out, res, ("perplexity", cond), ("perplexity_protocol",))
+    print(f"{cond:10s} ppl {cell['ppl']:.2f} ({time.time() - t0:.0f} s)", flush=True)
+
+
+def main(argv=None):
+  ap = argparse.ArgumentParser(description=__doc__,
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap.add_argument("cmd", choices=("overfit", "curve", "passkey", "ppl"))
+  ap.add_argument("--out", type=Path, default=OUT)
+  ap.add_argument("--data", default="runs/overfit2/train.jsonl")
+  ap.add_argument("--workdir", default="", help="a train.py FocusLLM run (else --asset)")
+  ap.add_argument("--asset", default=str(lpr.ROOT / "assets" / "smollm2_focus"))
+  ap.add_argument("--lengths", type=lambda s: [int(x) for x in s.split(",")],
+                  default=[1024, 2048, 4096])
+  ap.add_argument("--samples", type=int, default=50)
+  ap.add_argument("--seed", type=int, default=99)
+  ap.add_argument("--step", type=int, default=None)
+  ap.add_argument("--every", type=int, default=50)
+  ap.add_argument("--key", default="overfit_curve", help="curve: the results key")
+  ap.add_argument("--conditions", type=lambda s: s.split(","), default=["untrained", "trained"])
+  args = ap.parse_args(argv)
+  res = lpr.load(args.out)
+  {"overfit": cmd_overfit, "curve": cmd_curve, "passkey": cmd_passkey,
+   "ppl": cmd_ppl}[args.cmd](args, res)
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,87 @@
+"""FocusLLM asset: candidate tensors only (official names, bf16, sharded with an index when larger
+than a file may be), loaded in one call on top of the base; train.init_from for FocusLLM."""
+from __future__ import annotations
+
+import json
+
+import jax
+import ml_dtypes
+import numpy as np
+import pytest
+
+from longjax.convert import assets
+from longjax.convert.hf import save_hf
+from longjax.focus.asset import AssetError, load_focus_asset, save_focus_asset
+
+from focus_helpers import tiny_focus, tiny_model
+
+
+@pytest.fixture()
+def base(tmp_path):
+  cfg, params = tiny_model(projections=())
+  save_hf(tmp_path / "base", cfg, params)
+  return tmp_path / "base"
+
+
+def _trained(seed=1):
+  cfg, params = tiny_model(seed=seed)
+  return cfg, params
+
+
+def test_asset_roundtrip_sharded(tmp_path, base):
+  cfg, params = _trained()
+  f = tiny_focus()
+  # 2 layers x q/k/v/o candidates in bf16 are ~10 KB: a 3 KB limit forces several shards
+  save_focus_asset(tmp_path / "a", cfg, f, params, base=str(base), info=dict(train_step=7),
+                   max_file_bytes=3000)
+  files = sorted(p.name for p in (tmp_path / "a").iterdir())
+  shards = [n for n in files if n.startswith("focus-") and n.endswith(".safetensors")]
+  assert len(shards) >= 3 and "focus.safetensors.index.json" in files, files
+  # a shard's tensors stay within the limit (the safetensors header adds a little)
+  assert all((tmp_path / "a" / n).stat().st_size <= 3000 + 1024 for n in shards)
+  index = json.loads((tmp_path / "a" / "focus.safetensors.index.json").read_text())
+  assert set(index["weight_map"]) == {f"model.layers.{i}.self_attn.beacon_{p}_proj.weight"
+                                      for i in (0, 1) for p in "qkvo"}
+  meta = json.loads((tmp_path / "a" / "focus.json").read_text())
+  assert meta["local_window"] == 24 and meta["memory_stride"] == [16] and meta["train_step"] == 7
+  cfg2, f2, p2 = load_focus_asset(tmp_path / "a")
+  assert f2 == f and cfg2.alt_projections == ("q", "k", "v", "o")
+  for p in "qkvo":  # the candidates: the trained ones, through bf16
+    want = np.asarray(params["layers"]["attn"][f"alt_{p}_proj"]["kernel"])
+    got = p2["layers"]["attn"][f"alt_{p}_proj"]["kernel"]
+    np.testing.assert_array_equal(got, want.astype(ml_dtypes.bfloat16).astype(np.float32))
+  # the base: the base directory's, not the trained model's
+  base_cfg, base_params = tiny_model(projections=())
+  np.testing.assert_array_equal(p2["layers"]["attn"]["q_proj"]["kernel"],
+                                base_params["layers"]["attn"]["q_proj"]["kernel"])
+  assert cfg2.num_layers == base_cfg.num_layers
+
+
+def test_asset_single_file_and_errors(tmp_path, base):
+  cfg, params = _trained()
+  save_focus_asset(tmp_path / "a", cfg, tiny_focus(), params, base=str(base))
+  assert (tmp_path / "a" / "focus.safetensors").exists()
+  with pytest.raises(AssetError, match="must name the base"):
+    save_focus_asset(tmp_path / "b", cfg, tiny_focus(), params, base="")
+  plain_cfg, plain = tiny_model(projections=())
+  with pytest.raises(AssetError, match="no FocusLLM candidate"):
+    save_focus_asset(tmp_path / "c", plain_cfg, tiny_focus(), plain, base=str(base))
+  with pytest.raises(AssetError, match="not a FocusLLM asset"):
+    load_focus_asset(tmp_path)
+  with pytest.raises(FileExistsError):  # never written over an existing output
+    save_focus_asset(tmp_path / "a", cfg, tiny_focus(), params, base=str(base))
+
+
+def test_missing_shard_is_named(tmp_path, base):
+  cfg, params = _trained()
+  save_focus_asset(tmp_path / "a", cfg, tiny_focus(), params, base=str(base), max_file_bytes=3000)
+  victim = sorted((tmp_path / "a").glob("focus-*.safetensors"))[1]
+  victim.unlink()
+  with pytest.raises(AssetError, match=victim.name):
+    load_focus_asset(tmp_path / "a")
+
+
+def test_one_tensor_larger_than_a_file_is_refused(tmp_path):
+  with pytest.raises(AssetError, match="more than one file may hold"):
+    assets.write_tensors(tmp_path, "x", {"a": np.zeros(100, np.float32), "b": np.zeros(3, np.float32)},
+                         max_bytes=200)
