@@ -202,6 +202,18 @@ class FocusTask:
     return dict(rows=batch * cmax, length=round_up(stride + p + 1, 16), cmax=cmax,
                 local=round_up(w + 1, 16))
 
+  @staticmethod
+  def row_bucket(rows, shp) -> int:
+    """Chunk rows to compute this step: ``batch x 2^k`` (at most the ``batch x cmax`` of the
+    longest document), the fewest that hold the batch's real chunks. Most samples have far fewer
+    chunks than the longest document allows, and padding rows cost a full row forward each; the
+    row count stays a multiple of the batch (what the mesh divides) and takes ~log2(cmax) + 1
+    static shapes. The whole global batch is planned on every host, so all hosts agree."""
+    batch = len(rows)
+    need = -(-sum(r.n_chunks for r in rows) // batch)
+    k = 1 << max(0, (need - 1).bit_length())
+    return batch * min(k, shp["cmax"])
+
   def prepare(self, ds, idx, step: int, row_offset: int = 0) -> dict:
     """Host side: draw each sample's indices, split into chunks + local context, pad to the
     stride's static shapes. The chunk size is drawn once per global batch (official: per
@@ -221,7 +233,7 @@ class FocusTask:
                                  local_size=ix["local_size"], stride=ix["stride"],
                                  prompt_cap=self.fcfg.prompt_cap, bos_id=self.fcfg.bos_id))
     shp = self.static_shapes(len(rows), stride, int(ds.lengths.max()))
-    cb = pack_chunks(rows, row_multiple=shp["rows"], length_multiple=shp["length"],
+    cb = pack_chunks(rows, row_multiple=self.row_bucket(rows, shp), length_multiple=shp["length"],
                      cmax_multiple=shp["cmax"])
     lb = pack_local(rows, length_multiple=shp["local"])
     batch = dict(chunks=dataclasses.asdict(cb), local=dataclasses.asdict(lb),

@@ -35,53 +35,30 @@ import learn_passkey_real as lpr  # noqa: E402  (results file)
 OUT = lpr.ROOT / "results" / "learn_smollm2_focus.json"
 
 
-def focus_from_workdir(workdir, step=None):
-  """``(ModelConfig, FocusConfig, params, step)``: checkpoint ``step`` (default: newest) of a
-  train.py FocusLLM run on SmolLM2, merged into the base with copied candidates."""
-  import ml_collections
-  import orbax.checkpoint as ocp
-  from longjax.focus import focus_from_llama
-  from longjax.focus.config import FocusConfig
-  from longjax.models import smollm2
-  workdir = Path(workdir).absolute()
-  c = ml_collections.ConfigDict(json.loads((workdir / "config.json").read_text()))
-  hf = smollm2.get()
-  fcfg = FocusConfig.from_config(c.focus, _bos_id(hf))
-  cfg, fcfg, params = focus_from_llama(hf, fcfg, param_dtype="float32")
-  if step == 0:
-    return cfg, fcfg, params, 0
-  mgr = ocp.CheckpointManager(workdir / "checkpoints")
-  step = max(mgr.all_steps()) if step is None else int(step)
-  state = mgr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))["state"]
-  _merge(params, state["params"])
-  return cfg, fcfg, params, step
-
-
-def _bos_id(hf) -> int:
-  cfg = json.loads((Path(hf) / "config.json").read_text())
-  return int(cfg.get("bos_token_id", 1))
-
-
-def _merge(into, trained):
-  for k, v in trained.items():
-    if isinstance(v, dict):
-      _merge(into[k], v)
-    else:
-      into[k] = np.asarray(v, np.float32).reshape(np.shape(into[k]))
-
-
 class Focus:
-  def __init__(self, workdir, step):
+  def __init__(self, source, step):
+    """``source``: a train.py run (its checkpoint ``step``; 0 = untrained) or an asset (``step``
+    None = its tensors; 0 = untrained with its settings)."""
     import jax
     import jax.numpy as jnp
     from longjax.focus import FocusLLM
-    cfg, fcfg, params, self.step = focus_from_workdir(workdir, step)
+    from longjax.focus.asset import load_focus_asset, params_from_workdir
+    if (Path(source) / "config.json").exists():
+      cfg, fcfg, params, self.step, _ = params_from_workdir(source, step)
+    else:
+      cfg, fcfg, params = load_focus_asset(source)
+      self.step = json.loads((Path(source) / "focus.json").read_text()).get("train_step", -1)
+      if step == 0:
+        from longjax.focus import focus_from_llama
+        from longjax.models import smollm2
+        cfg, fcfg, params = focus_from_llama(smollm2.get(), fcfg, param_dtype="float32")
+        self.step = 0
     self.params = jax.tree.map(jnp.asarray, params)
     self.lm = FocusLLM(cfg, fcfg)
     self.eos = int(cfg.eos_token_id)
     self.desc = (f"FocusLLM W=S={fcfg.local_window} prompt<={fcfg.prompt_cap} "
                  f"({'+'.join(fcfg.candidate_projections)}), "
-                 + (f"trained (run {Path(workdir).name} step {self.step})" if self.step
+                 + (f"trained ({Path(source).name} step {self.step})" if self.step
                     else "untrained (copies of q/k/v/o)"))
 
   def answer(self, tok, ids, max_new_tokens=12):

@@ -308,3 +308,31 @@ def test_init_from_plain_llama(tmp_path):
                            np.asarray([20], np.int32))
   _, (k0, _) = Decoder(cfg).apply({"params": params}, t, np.arange(20)[None])
   np.testing.assert_allclose(ck[:, 0], k0[:, 0, 19], atol=1e-5)
+
+
+def test_training_rows_bucketed_to_the_batch_needs(tiny):
+  """FocusTask computes batch x 2^k chunk rows (not batch x the longest document's chunks); the
+  loss equals the one over all rows."""
+  from longjax.focus.planner import pack_local
+  from longjax.tasks import FocusTask
+  from longjax.focus.losses import TrainBatch
+  cfg, params = tiny
+  f = tiny_focus()
+  rows = [split_training(prompt(n, s), memory_len=m, local_start=m, local_size=10, stride=16,
+                         prompt_cap=8, bos_id=1) for n, s, m in ((60, 0, 20), (40, 1, 17))]
+  shp = dict(cmax=6)
+  assert [r.n_chunks for r in rows] == [2, 2]
+  assert FocusTask.row_bucket(rows, shp) == 4  # 4 real rows: 2 x 2^1
+  assert FocusTask.row_bucket(rows * 4, shp) == 8 * 1 * 2
+  long = [split_training(prompt(120, 2), memory_len=100, local_start=100, local_size=10,
+                         stride=16, prompt_cap=8, bos_id=1)]  # 7 chunks
+  assert FocusTask.row_bucket(long + rows[:1], shp) == 2 * 6  # never above batch x cmax
+  fl = FocusLoss(cfg, f)
+  lb = pack_local(rows, length_multiple=16)
+  targets = np.asarray([r.target for r in rows], np.int32)
+  losses = []
+  for n in (FocusTask.row_bucket(rows, shp), 2 * 6):
+    cb = pack_chunks(rows, row_multiple=n, length_multiple=32, cmax_multiple=6)
+    assert cb.n_rows == n
+    losses.append(np.asarray(fl.per_sample(params, TrainBatch(cb, lb, targets))))
+  np.testing.assert_allclose(losses[0], losses[1], atol=1e-5)
