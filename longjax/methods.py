@@ -14,10 +14,9 @@ import functools
 from pathlib import Path
 from typing import Optional
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
+from longjax import method_names
 from longjax.errors import LongjaxError
 from longjax.sizes import round_up
 
@@ -61,8 +60,13 @@ def _hf_bos(path) -> Optional[int]:
 # ------------------------------------------------------------------------------------------------
 class Beacon:
   """Activation Beacon: the ``beacon`` config section, the official ``beacon_*`` tensors."""
-  name = "beacon"
-  section = "beacon"  # the run config's section of its settings
+  name = method_names.BEACON.name
+  section = method_names.BEACON.section  # the run config's section of its settings
+  # the keys of that section (train.py refuses others)
+  section_keys = frozenset({"window", "stride", "ratios", "ratio_mix", "pos", "attn", "param",
+                            "sink_size", "embed_init", "attend_prev"})
+  eval_protocols = method_names.BEACON  # eval_config's defaults: the Activation Beacon paper's
+  assets = True  # its trained tensors travel as a small asset (train.init_from starts from one)
   distills = True  # data.loss_on = "distill" (KL to the full-attention base) is for it
   reads_bos = False  # settings do not depend on the model's BOS
   plan_batch_axis = 1  # WindowPlan leaves are [windows, batch, ...]
@@ -135,8 +139,12 @@ class Beacon:
 # ------------------------------------------------------------------------------------------------
 class Focus:
   """FocusLLM: the ``focus`` config section, candidate projections stored as ``beacon_*``."""
-  name = "focus"
-  section = "focus"
+  name = method_names.FOCUS.name
+  section = method_names.FOCUS.section
+  section_keys = frozenset({"local_window", "stride", "strides", "prompt_cap", "param",
+                            "min_len_threshold", "min_local", "objective"})
+  eval_protocols = method_names.FOCUS  # the FocusLLM paper's
+  assets = False
   distills = False
   reads_bos = True  # every chunk starts with the model's BOS
   plan_batch_axis = 0
@@ -191,6 +199,8 @@ class Focus:
   def suffix_nll(self, model, params, cfg, ids, n: int):
     """FocusLLM protocol (``inference_ppl_forward``): prefill on the context, then teacher-forced
     decode steps over the held-out tokens, each scored by the logits before it."""
+    import jax
+    import jax.numpy as jnp
     ctx, tgt = ids[:len(ids) - n], ids[len(ids) - n:]
     logits, state = model.prefill(params, ctx[None].astype(np.int32),
                                   np.array([len(ctx)], np.int32), n)
@@ -211,8 +221,11 @@ class Focus:
 class Plain:
   """The base decoder alone: the truncation baseline of eval.py (``plain``) and the LM
   pretraining of the tiny bases in train.py (``lm``, every parameter trained)."""
-  name = "plain"
-  section = None  # no settings of its own
+  name = method_names.PLAIN.name
+  section = method_names.PLAIN.section  # None: no settings of its own
+  section_keys = frozenset()
+  eval_protocols = method_names.BEACON  # the truncation baseline of the Activation Beacon paper
+  assets = False
   distills = False
   reads_bos = False
   plan_batch_axis = 0
@@ -263,7 +276,7 @@ class Plain:
     weights = np.zeros((1, tp), np.float32)
     weights[0, t - 1 - n:t - 1] = 1.0
     fn = _plain_nll_fn(cfg, block)
-    return float(fn(params, jnp.asarray(tokens), jnp.asarray(targets), jnp.asarray(weights))), n
+    return float(fn(params, tokens, targets, weights)), n
 
   def export(self, out, cfg, settings, params):
     raise UnknownMethodError("the plain decoder has no method tensors to export: train.py's 'lm' "
@@ -272,6 +285,8 @@ class Plain:
 
 @functools.lru_cache(maxsize=8)
 def _plain_nll_fn(cfg, block: int):
+  import jax
+  import jax.numpy as jnp
   from longjax.models.decoder import Decoder
   from longjax.models.head import lm_head
   model = Decoder(cfg)
@@ -299,8 +314,10 @@ def _plain_nll_fn(cfg, block: int):
 Method = Beacon | Focus | Plain
 _REGISTRY = {m.name: m for m in (Beacon(), Focus(), Plain())}
 # train.py's config.method spells the plain decoder "lm" (it pretrains it)
-_ALIASES = {"lm": "plain"}
+PRETRAIN = method_names.PLAIN_PRETRAIN
+_ALIASES = {PRETRAIN: Plain.name}
 NAMES = tuple(_REGISTRY)
+ALL = tuple(_REGISTRY.values())
 
 
 def get(name: str) -> Method:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from longjax.method_names import BEACON
+
 META = "beacon.json"
 
 
@@ -17,7 +19,7 @@ def _recipe(c: dict) -> dict:
   t, d = c.get("train", {}), c.get("data", {})
   sources = [s.strip() for s in str(d.get("sources", "")).split(",") if s.strip()]
   return dict(
-      beacon={k: c.get("beacon", {}).get(k) for k in ("window", "ratios", "pos", "attn", "param",
+      beacon={k: c.get(BEACON.section, {}).get(k) for k in ("window", "ratios", "pos", "attn", "param",
                                                       "sink_size", "embed_init")},
       data=[Path(s.split(":", 1)[-1]).name for s in sources], loss_on=d.get("loss_on"),
       max_length=d.get("max_length"), layout=t.get("layout", "official"),

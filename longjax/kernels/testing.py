@@ -25,7 +25,7 @@ def _meta(order, valid=None, segment=None, kind=None):
 
 def case_meta(name: str, rng):
   """``(q_meta, k_meta, rule, window, b, tq, tk)`` for one named layout (B=2 unless noted)."""
-  if name == "beacon":
+  if name == "beacon_memory":
     # keys: sink(3) | beacon memory (capacity 24, valid m<=24 per row) | raw cache 13 | window 37
     b, sink, cap, raw, win = 2, 3, 24, 13, 37
     m = np.array([17, 24])
