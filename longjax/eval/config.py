@@ -39,7 +39,7 @@ def eval_config(method: Optional[str] = None, preset: str = "official", task: st
   tiny = preset == "tiny"
   c = ml_collections.ConfigDict()
   c.task = task  # one of TASKS, a comma-separated list, or "all"
-  c.method = ""  # "" = config.method; "plain" = the base model (truncation baseline)
+  c.method = ""  # "" = config.method; plain = the base model (truncation baseline)
   c.checkpoint = ""  # "" = config.model.checkpoint, else {workdir}/export_hf, else tiny random
   c.output_dir = ""  # "" = {workdir}/eval
   c.tag = ""  # file name prefix; "" = the method name
