@@ -74,7 +74,7 @@ def prompt_tokens(length: int, vocab: int, seed: int = 1):
 def worker_jax(spec: dict) -> dict:
   import jax
   import numpy as np
-  from longjax.generate import PlainLM
+  from longjax.plain import PlainLM
   from longjax.beacon import BeaconLM, load_beacon
   from longjax.convert.hf import load_hf
   from longjax.sizes import round_up

@@ -10,7 +10,6 @@ The module imports the method packages lazily: looking a method up costs nothing
 """
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 from typing import Optional
 
@@ -254,7 +253,7 @@ class Plain:
                   answer_only=config.data.get("loss_on", "all") == "answer")
 
   def inference_model(self, cfg, settings, *, max_length: Optional[int] = None):
-    from longjax.generate import BucketedPlainLM
+    from longjax.plain import BucketedPlainLM
     return BucketedPlainLM(cfg)
 
   def holding(self, model, cfg, settings, total: int):
@@ -264,50 +263,13 @@ class Plain:
     return None, "truncates its input instead"
 
   def suffix_nll(self, model, params, cfg, ids, n: int):
-    """One forward over ``ids`` (padded to 256-token blocks), the LM head applied block by
-    block so that the [T, vocab] logits never exist at once."""
-    block = 256
-    t = len(ids)
-    tp = round_up(t, block)
-    tokens = np.zeros((1, tp), np.int32)
-    tokens[0, :t] = ids
-    targets = np.zeros((1, tp), np.int32)
-    targets[0, :t - 1] = ids[1:]
-    weights = np.zeros((1, tp), np.float32)
-    weights[0, t - 1 - n:t - 1] = 1.0
-    fn = _plain_nll_fn(cfg, block)
-    return float(fn(params, tokens, targets, weights)), n
+    """One forward over ``ids``, the LM head applied block by block (``plain.suffix_nll``)."""
+    from longjax.plain import suffix_nll
+    return suffix_nll(cfg, params, ids, n)
 
   def export(self, out, cfg, settings, params):
     raise UnknownMethodError("the plain decoder has no method tensors to export: train.py's 'lm' "
                              "runs return their parameters instead")
-
-
-@functools.lru_cache(maxsize=8)
-def _plain_nll_fn(cfg, block: int):
-  import jax
-  import jax.numpy as jnp
-  from longjax.models.decoder import Decoder
-  from longjax.models.head import lm_head
-  model = Decoder(cfg)
-
-  def f(params, tokens, targets, weights):
-    # tokens/targets/weights [1, T] with T a multiple of block; returns summed weighted NLL.
-    t = tokens.shape[1]
-    hidden, _ = model.apply({"params": params}, tokens, jnp.arange(t)[None], head=False)
-    hb = hidden[0].reshape(t // block, block, -1)
-    tb = targets[0].reshape(t // block, block)
-    wb = weights[0].reshape(t // block, block)
-
-    def one(xs):
-      h, y, w = xs
-      logits = lm_head(cfg, params, h)
-      nll = jax.nn.logsumexp(logits, axis=-1) - jnp.take_along_axis(logits, y[:, None], -1)[:, 0]
-      return jnp.sum(nll * w)
-
-    return jnp.sum(jax.lax.map(one, (hb, tb, wb)))
-
-  return jax.jit(f)
 
 
 # ------------------------------------------------------------------------------------------------
