@@ -36,12 +36,12 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jin
 
 def _gguf_to_longjax(args, load_kw):
   from longjax import checkpoint
-  from longjax.errors import LongjaxError
+  from longjax.errors import LongjaxError, PathExists
   from longjax.convert import load_hf
   from longjax.models.gguf import gguf_to_hf
   out = Path(args.out).absolute()
   if out.exists() and not args.overwrite:  # before the (slow) conversion, not after it
-    raise FileExistsError(f"{out} exists; pass --overwrite to replace it")
+    raise PathExists(f"{out} exists; pass --overwrite to replace it")
   from longjax.atomic_dir import _host, _partial_prefix, clean_stale_partials, make_parent
   make_parent(out)
   clean_stale_partials(out)
@@ -134,14 +134,15 @@ def main(argv=None):
 
 def _check_inputs(args):
   """The cheap checks, before anything is loaded: the source exists and is of the right kind."""
+  from longjax.errors import NotADirectory, PathNotFound
   for flag, want_dir in (("hf_dir", True), ("longjax_dir", True), ("gguf", False)):
     p = getattr(args, flag)
     if not p:
       continue
     if not Path(p).exists():
-      raise FileNotFoundError(f"--{flag} {p}: no such {'directory' if want_dir else 'file'}")
+      raise PathNotFound(f"--{flag} {p}: no such {'directory' if want_dir else 'file'}")
     if want_dir and not Path(p).is_dir():
-      raise NotADirectoryError(f"--{flag} {p}: not a directory")
+      raise NotADirectory(f"--{flag} {p}: not a directory")
   # An output that is, holds or lies inside an input would delete it when replaced (--overwrite).
   from longjax.atomic_dir import check_output_apart, check_parent
   inputs = {f"--{f}": getattr(args, f) for f in ("hf_dir", "longjax_dir", "gguf")}

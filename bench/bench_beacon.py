@@ -36,6 +36,10 @@ if __package__ in (None, ""):
   sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import harness as H  # noqa: E402
+from longjax.methods import Beacon, Plain  # noqa: E402
+
+# the series: the two longjax methods by their registry names, and "hf" (transformers' Qwen2)
+BEACON, PLAIN = Beacon.name, Plain.name
 
 MODEL = dict(hidden_size=512, intermediate_size=1536, num_layers=4, num_heads=8, num_kv_heads=2,
              head_dim=64, vocab_size=32000)
@@ -70,14 +74,14 @@ def prompt_tokens(length: int, vocab: int, seed: int = 1):
 def worker_jax(spec: dict) -> dict:
   import jax
   import numpy as np
-  from longjax.generate import PlainLM
+  from longjax.plain import PlainLM
   from longjax.beacon import BeaconLM, load_beacon
   from longjax.convert.hf import load_hf
   from longjax.sizes import round_up
 
   t_len, n_dec = spec["length"], spec["decode"]
   peak0 = H.matmul_peak_jax("float32")
-  if spec["method"] == "beacon":
+  if spec["method"] == BEACON:
     cfg, bcfg, params = load_beacon(spec["ckpt"], init="official", window=WINDOW, stride=WINDOW,
                                     ratios=(RATIO,))
     steps = {} if spec.get("bucket_steps") is None else dict(memory_bucket_steps=spec["bucket_steps"])
@@ -122,7 +126,7 @@ def _attn_choice(spec, lm, t_len):
   from longjax.kernels import explain
   from longjax.sizes import round_up
   c = lm.cfg
-  if spec["method"] == "beacon":
+  if spec["method"] == BEACON:
     tq, tk = lm.q_slots, lm.capacity + lm.q_slots
   else:
     tq = t_len
@@ -232,7 +236,7 @@ def predicted_run_s(history, method, length):
     l0, t0 = pts[-2]
     growth = max(2.0, (t1 / t0) ** (1.0 / _log2(l1 / l0)))
   else:
-    growth = 2.0 if method == "beacon" else 4.0
+    growth = 2.0 if method == BEACON else 4.0
   return t1 * growth ** _log2(length / l1)
 
 
@@ -275,7 +279,7 @@ def main(argv=None):
              ([1024, 2048] if args.quick else [2048, 4096, 8192, 16384, 32768]))
   full_max = args.full_max or max(lengths)
   methods = args.methods.split(",")
-  name = args.name or ("beacon_quick" if args.quick else "beacon")
+  name = args.name or (f"{BEACON}_quick" if args.quick else BEACON)
   machine = H.machine_info()
   H.log("machine:", json.dumps(machine))
   tmp = Path(tempfile.mkdtemp(prefix="longjax-bench-"))
@@ -291,12 +295,12 @@ def main(argv=None):
                   budget=args.budget, impl=args.impl, bucket_steps=args.bucket_steps,
                   ckpt=str(ckpt),
                   logits_out=str(tmp / f"logits_{method}_{length}.npy"))
-      if method != "beacon" and length > full_max:
+      if method != BEACON and length > full_max:
         results.append(dict(spec, status=f"skipped: --full-max {full_max}"))
         continue
       pred = predicted_run_s(history, method, length)
       # plain warms up on the full length (its shapes depend on it): warm-up + 1 run must fit.
-      need = None if pred is None else (2 if method == "plain" else 1) * pred
+      need = None if pred is None else (2 if method == PLAIN else 1) * pred
       if need is not None and need > args.skip_factor * args.budget:
         results.append(dict(spec, status="skipped: budget",
                             predicted_run_s=round(pred, 1)))
@@ -340,8 +344,8 @@ def _scaling_and_parity(results, tmp):
       a, b = Path(r["logits_out"]), Path(ref["logits_out"])
       if a.exists() and b.exists():
         r["max_abs_dlogit_vs_hf"] = float(np.max(np.abs(np.load(a) - np.load(b))))
-    if m == "beacon":
-      for other in ("hf", "plain"):
+    if m == BEACON:
+      for other in ("hf", PLAIN):
         o = by.get((other, l))
         if o and o.get("prefill_s"):
           r[f"speedup_vs_{other}"] = o["prefill_s"] / r["prefill_s"]
@@ -350,14 +354,14 @@ def _scaling_and_parity(results, tmp):
 def summarise(results):
   ok = {(r["method"], r["length"]): r for r in results if r.get("status") == "ok"}
   s = {}
-  b16, b32 = ok.get(("beacon", 16384)), ok.get(("beacon", 32768))
+  b16, b32 = ok.get((BEACON, 16384)), ok.get((BEACON, 32768))
   if b16 and b32:
     s["beacon_time_32k_over_16k"] = b32["prefill_s"] / b16["prefill_s"]
   if b16:
-    for other in ("hf", "plain"):
+    for other in ("hf", PLAIN):
       if (other, 16384) in ok:
         s[f"beacon_16k_speedup_vs_{other}"] = ok[(other, 16384)]["prefill_s"] / b16["prefill_s"]
-  mfus = {l: r["prefill_mfu"] for (m, l), r in ok.items() if m == "beacon"}
+  mfus = {l: r["prefill_mfu"] for (m, l), r in ok.items() if m == BEACON}
   if mfus:
     s["beacon_prefill_mfu_by_length"] = mfus
   return s

@@ -26,6 +26,7 @@ import numpy as np  # noqa: E402
 import longjax  # noqa: E402
 from longjax.beacon import BeaconConfig, BeaconLM  # noqa: E402
 from longjax.focus import FocusConfig, FocusLLM  # noqa: E402
+from longjax.methods import Beacon, Focus, Plain  # noqa: E402
 from longjax.models.config import ModelConfig  # noqa: E402
 from longjax.models.decoder import init_params  # noqa: E402
 
@@ -42,12 +43,12 @@ def model(hidden: int, layers: int, vocab: int):
 
 def methods(cfg, prompt_len: int, decode: int):
   total = prompt_len + decode
-  return {
-      "plain": longjax.PlainLM(cfg),
-      "beacon": BeaconLM(cfg, BeaconConfig(window=64, stride=64, ratios=(4,), sink_size=1),
-                         max_length=total + 64),
-      "focus": FocusLLM(cfg, FocusConfig(local_window=256, chunk_stride=256, prompt_cap=64,
-                                         min_len_threshold=0)),
+  return {  # by the registry's names
+      Plain.name: longjax.PlainLM(cfg),
+      Beacon.name: BeaconLM(cfg, BeaconConfig(window=64, stride=64, ratios=(4,), sink_size=1),
+                            max_length=total + 64),
+      Focus.name: FocusLLM(cfg, FocusConfig(local_window=256, chunk_stride=256, prompt_cap=64,
+                                            min_len_threshold=0)),
   }
 
 

@@ -52,6 +52,9 @@ if __package__ in (None, ""):
   sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import harness as H  # noqa: E402
+from longjax.methods import Focus  # noqa: E402
+
+FOCUS = Focus.name  # the results are named after the method
 from bench.bench_beacon import MODEL, QUICK_MODEL, prompt_tokens, write_checkpoint  # noqa: E402
 
 LOCAL, STRIDE = 1024, 1024
@@ -247,7 +250,7 @@ def main(argv=None):
   sharded = [int(x) for x in args.sharded_chunks.split(",")] if not args.quick else [2]
   all_rows = [int(x) for x in args.all_chunks.split(",")]
   paired = [int(x) for x in args.paired_chunks.split(",")]
-  name = args.name or ("focus_quick" if args.quick else "focus")
+  name = args.name or (f"{FOCUS}_quick" if args.quick else FOCUS)
   machine = H.machine_info()
   H.log("machine:", json.dumps(machine))
   tmp = Path(tempfile.mkdtemp(prefix="longjax-bench-focus-"))

@@ -38,13 +38,16 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from bench import harness as H  # noqa: E402
+from longjax.methods import Beacon, Focus  # noqa: E402
+
+BEACON, FOCUS = Beacon.name, Focus.name  # the sections timing each method, by its registry name
 
 START = time.time()
 QWEN2_7B = dict(hidden_size=3584, intermediate_size=18944, num_layers=28, num_heads=28,
                 num_kv_heads=4, head_dim=128, vocab_size=152064)
 SMOKE = dict(hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
              head_dim=16, vocab_size=512)
-R = {"env": {}, "peak": [], "beacon": [], "focus": [], "errors": []}
+R = {"env": {}, "peak": [], BEACON: [], FOCUS: [], "errors": []}
 
 
 def log(*a):
@@ -137,7 +140,7 @@ def section_beacon(args, cfg, params):
   log(f"beacon warm-up (compile all memory buckets + one full prefill + one step): {compile_s:.1f}s")
   for t_len in lengths:
     if left(args) < 40:
-      R["beacon"].append(dict(length=t_len, status="skipped: budget"))
+      R[BEACON].append(dict(length=t_len, status="skipped: budget"))
       continue
     toks = np.asarray(rng.integers(3, cfg.vocab_size, (1, t_len)), np.int32)
     times = []
@@ -165,7 +168,7 @@ def section_beacon(args, cfg, params):
       td = time.time() - t0
       row.update(decode_tokens=n_dec, decode_s=td, decode_tok_s=n_dec / td,
                  decode_ms_per_token=1e3 * td / n_dec)
-    R["beacon"].append(row)
+    R[BEACON].append(row)
     log("beacon:", json.dumps(row))
 
 
@@ -211,11 +214,11 @@ def section_focus(args, cfg, params):
              decode_tflop_s=fd / td / 1e12, status="ok")
   if peak_flops():
     res["mfu"] = fp / tp / peak_flops()
-  R["focus"].append(res)
+  R[FOCUS].append(res)
   log("focus:", json.dumps(res))
   del state
   if left(args) < 60:
-    R["focus"].append(dict(mode="sequential", context=t_len, status="skipped: budget"))
+    R[FOCUS].append(dict(mode="sequential", context=t_len, status="skipped: budget"))
     return
   # Baseline: one chunk row at a time (the official strategy), same local forward.
   cb = pack_chunks([row], row_multiple=1, length_multiple=lm.bucket, cmax_multiple=1)
@@ -254,7 +257,7 @@ def section_focus(args, cfg, params):
              model_tflop=fp / 1e12, tflop_s=fp / ts / 1e12, time_vs_parallel=ts / tp, status="ok")
   if peak_flops():
     res["mfu"] = fp / ts / peak_flops()
-  R["focus"].append(res)
+  R[FOCUS].append(res)
   log("focus:", json.dumps(res))
 
 
@@ -267,7 +270,7 @@ def render(args) -> str:
                f"(8192² jnp.dot, best of 10; {[round(p['best_flops'] / 1e12) for p in R['peak']]}"
                f" TFLOP/s at start/end). Beacon attention: {R['env'].get('beacon_attention')}.")
   lines.append("")
-  lines.append(H.markdown_table(R["beacon"], [
+  lines.append(H.markdown_table(R[BEACON], [
       ("beacon prefill", lambda r: f"{r['length'] / 1024:g}K"), ("s (median)", "prefill_s"),
       ("tok/s", "prefill_tok_s"), ("runs", "n_runs"), ("compile s", "warmup_compile_s"),
       ("model TFLOP", "model_tflop"), ("TFLOP/s", "tflop_s"),
@@ -275,7 +278,7 @@ def render(args) -> str:
       ("memory MiB", "memory_mib"), ("decode tok/s", "decode_tok_s"),
       ("decode ms/tok", "decode_ms_per_token"), ("status", "status")]))
   lines.append("")
-  lines.append(H.markdown_table(R["focus"], [
+  lines.append(H.markdown_table(R[FOCUS], [
       ("FocusLLM condensing", "mode"), ("context", "context"), ("chunks", "chunks"),
       ("s (median)", "prefill_s"), ("tok/s", "prefill_tok_s"), ("runs", "n_runs"),
       ("compile s", "warmup_compile_s"), ("TFLOP/s", "tflop_s"),
@@ -303,14 +306,14 @@ def main():
   built = guarded("build", build, args)
   if built:
     (cb, pb), (cf, pf) = built
-    if "beacon" not in args.skip:
-      guarded("beacon", section_beacon, args, cb, pb)
-    if "focus" not in args.skip and left(args) > 60:
-      guarded("focus", section_focus, args, cf, pf)
+    if BEACON not in args.skip:
+      guarded(BEACON, section_beacon, args, cb, pb)
+    if FOCUS not in args.skip and left(args) > 60:
+      guarded(FOCUS, section_focus, args, cf, pf)
   if left(args) > 10:
     guarded("peak", section_peak, args, "end")
   pk = peak_flops()
-  for r in R["beacon"] + R["focus"]:  # MFU against the best peak of the run
+  for r in R[BEACON] + R[FOCUS]:  # MFU against the best peak of the run
     if pk and r.get("tflop_s"):
       r["mfu"] = r["tflop_s"] * 1e12 / pk
   name = "bench_gpu_smoke" if args.smoke else "bench_gpu"

@@ -20,7 +20,7 @@ import socket
 import tempfile
 from pathlib import Path
 
-from longjax.errors import LongjaxError
+from longjax.errors import LongjaxError, NotADirectory, PathExists
 
 log = logging.getLogger("longjax")
 
@@ -131,8 +131,8 @@ def check_parent(path) -> None:
   path = Path(path).absolute()
   for p in reversed(path.parents):
     if p.exists() and not p.is_dir():
-      raise NotADirectoryError(f"cannot write {path}: {p} is a file, not a directory; choose an "
-                               "output whose parent is a directory")
+      raise NotADirectory(f"cannot write {path}: {p} is a file, not a directory; choose an "
+                          "output whose parent is a directory")
 
 
 @contextlib.contextmanager
@@ -140,7 +140,7 @@ def atomic_dir(path, overwrite: bool = False):
   """Yield a temporary directory that becomes ``path`` when the block finishes without error."""
   path = Path(path).absolute()
   if path.exists() and not overwrite:
-    raise FileExistsError(f"{path} exists; pass overwrite=True (--overwrite) to replace it")
+    raise PathExists(f"{path} exists; pass overwrite=True (--overwrite) to replace it")
   make_parent(path)
   clean_stale_partials(path)
   tmp = Path(tempfile.mkdtemp(prefix=f"{_partial_prefix(path.name)}{os.getpid()}@{_host()}.",

@@ -10,12 +10,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from longjax.method_names import BEACON, FOCUS
+
 # The settings JSON of each method's asset (longjax/beacon/asset.py, longjax/focus/asset.py).
 METAS = ("beacon.json", "focus.json")
 # The method section fields that say how the tensors were trained.
 SECTION_FIELDS = {
-    "beacon": ("window", "ratios", "pos", "attn", "param", "sink_size", "embed_init"),
-    "focus": ("local_window", "stride", "strides", "prompt_cap", "param", "objective"),
+    BEACON.name: ("window", "ratios", "pos", "attn", "param", "sink_size", "embed_init"),
+    FOCUS.name: ("local_window", "stride", "strides", "prompt_cap", "param", "objective"),
 }
 
 
@@ -23,7 +25,7 @@ def _recipe(c: dict) -> dict:
   """The fields of a train.py config that say how the tensors were trained (no machine paths)."""
   t, d = c.get("train", {}), c.get("data", {})
   sources = [s.strip() for s in str(d.get("sources", "")).split(",") if s.strip()]
-  method = c.get("method", "beacon")
+  method = c.get("method", BEACON.name)
   return dict(
       **{method: {k: c.get(method, {}).get(k) for k in SECTION_FIELDS.get(method, ())}},
       data=[Path(s.split(":", 1)[-1]).name for s in sources], loss_on=d.get("loss_on"),

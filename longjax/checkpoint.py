@@ -13,7 +13,7 @@ from pathlib import Path
 import jax
 
 from longjax.atomic_dir import atomic_dir
-from longjax.errors import LongjaxError
+from longjax.errors import LongjaxError, PathNotFound
 from longjax.convert.hf import CheckpointError
 from longjax.models.config import ModelConfig, ModelConfigError, hf_json
 
@@ -126,8 +126,8 @@ def load(path):
   import orbax.checkpoint as ocp
   path = Path(path).absolute()
   if not is_longjax_checkpoint(path):
-    raise FileNotFoundError(f"{path} is not a longjax checkpoint (expected {CONFIG_FILE} and "
-                            f"{PARAMS_DIR}/); convert a HF directory with convert_weights.py first")
+    raise PathNotFound(f"{path} is not a longjax checkpoint (expected {CONFIG_FILE} and "
+                       f"{PARAMS_DIR}/); convert a HF directory with convert_weights.py first")
   try:
     meta = json.loads((path / CONFIG_FILE).read_text(encoding="utf-8"))
   except (json.JSONDecodeError, UnicodeDecodeError) as e:

@@ -48,9 +48,6 @@ LLAMA3_8B = dict(family="llama", hidden_size=4096, intermediate_size=14336, num_
                  num_heads=32, num_kv_heads=8, head_dim=128, vocab_size=128256,
                  rope_theta=5e5, rms_norm_eps=1e-5, max_position_embeddings=8192)
 SHAPES = {"beacon_qwen2": QWEN2_7B, "beacon_llama3": LLAMA3_8B}  # each training config's model
-LLAMA2_7B = dict(family="llama", hidden_size=4096, intermediate_size=11008, num_layers=32,
-                 num_heads=32, num_kv_heads=32, head_dim=128, vocab_size=32000,
-                 max_position_embeddings=4096)
 
 
 def libtpu_available() -> bool:

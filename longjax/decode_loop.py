@@ -26,8 +26,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from longjax.errors import LongjaxError
 from longjax.sampling import SamplingConfig, select_next
 from longjax.sizes import round_up
+
+class DevicePlanError(LongjaxError, ValueError):
+  """A method's :class:`DevicePlan` whose segments do not cover its feeds in order (a method of
+  ``longjax.generate``'s protocol planned them wrongly)."""
+
 
 # Token buffers are sized in multiples of this, so nearby max_new_tokens share one program.
 BUFFER_MULTIPLE = 32
@@ -144,8 +150,8 @@ def run(plan: DevicePlan, params, logits, max_new_tokens: int, sampling: Samplin
     if g is None:
       break
     if g.end < end or g.end > n_feeds:
-      raise AssertionError(f"a device plan segment ends at feed {g.end} (after {end}, of "
-                           f"{n_feeds})")
+      raise DevicePlanError(f"a device plan segment ends at feed {g.end} (after {end}, of "
+                            f"{n_feeds})")
     end = g.end
     if g.xs is not xs_host:
       xs_host, xs = g.xs, (None if g.xs is None else jax.device_put(g.xs))
@@ -156,7 +162,7 @@ def run(plan: DevicePlan, params, logits, max_new_tokens: int, sampling: Samplin
       n, all_done = int(s.n), bool(np.all(np.asarray(s.done)))
       report(n)
   if not all_done and end != n_feeds:
-    raise AssertionError(f"the device plan's segments end at feed {end}, not {n_feeds}")
+    raise DevicePlanError(f"the device plan's segments end at feed {end}, not {n_feeds}")
   samples = np.asarray(s.tokens)[:, :n]
   out_logits = None if s.logits is None else np.asarray(s.logits)[:, :n]
   state = s.carry if plan.finish is None else plan.finish(s.carry, n - 1)

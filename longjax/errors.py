@@ -21,3 +21,17 @@ def one_line(e: BaseException) -> str:
   else:
     msg = str(e) or type(e).__name__
   return " ".join(msg.split())
+
+
+# A path argument that does not fit (a CLI flag, an output directory, a checkpoint directory).
+# Each is also the OSError it replaces, so ``except FileNotFoundError`` and the like still match.
+class PathNotFound(LongjaxError, FileNotFoundError):
+  """An input path that does not exist (or is not what it must be)."""
+
+
+class PathExists(LongjaxError, FileExistsError):
+  """An output path that exists and may not be replaced."""
+
+
+class NotADirectory(LongjaxError, NotADirectoryError):
+  """A path that must be a directory and is not."""

@@ -10,14 +10,12 @@ The module imports the method packages lazily: looking a method up costs nothing
 """
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 from typing import Optional
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
+from longjax import method_names
 from longjax.errors import LongjaxError
 from longjax.sizes import round_up
 
@@ -61,8 +59,13 @@ def _hf_bos(path) -> Optional[int]:
 # ------------------------------------------------------------------------------------------------
 class Beacon:
   """Activation Beacon: the ``beacon`` config section, the official ``beacon_*`` tensors."""
-  name = "beacon"
-  section = "beacon"  # the run config's section of its settings
+  name = method_names.BEACON.name
+  section = method_names.BEACON.section  # the run config's section of its settings
+  # the keys of that section (train.py refuses others)
+  section_keys = frozenset({"window", "stride", "ratios", "ratio_mix", "pos", "attn", "param",
+                            "sink_size", "embed_init", "attend_prev"})
+  eval_protocols = method_names.BEACON  # eval_config's defaults: the Activation Beacon paper's
+  assets = True  # its trained tensors travel as a small asset (train.init_from starts from one)
   distills = True  # data.loss_on = "distill" (KL to the full-attention base) is for it
   reads_bos = False  # settings do not depend on the model's BOS
   plan_batch_axis = 1  # WindowPlan leaves are [windows, batch, ...]
@@ -140,8 +143,12 @@ class Beacon:
 # ------------------------------------------------------------------------------------------------
 class Focus:
   """FocusLLM: the ``focus`` config section, candidate projections stored as ``beacon_*``."""
-  name = "focus"
-  section = "focus"
+  name = method_names.FOCUS.name
+  section = method_names.FOCUS.section
+  section_keys = frozenset({"local_window", "stride", "strides", "prompt_cap", "param",
+                            "min_len_threshold", "min_local", "objective"})
+  eval_protocols = method_names.FOCUS  # the FocusLLM paper's
+  assets = True  # its candidate projections travel as a small asset (longjax/focus/asset.py)
   distills = False
   reads_bos = True  # every chunk starts with the model's BOS
   plan_batch_axis = 0
@@ -196,6 +203,8 @@ class Focus:
   def suffix_nll(self, model, params, cfg, ids, n: int):
     """FocusLLM protocol (``inference_ppl_forward``): prefill on the context, then teacher-forced
     decode steps over the held-out tokens, each scored by the logits before it."""
+    import jax
+    import jax.numpy as jnp
     ctx, tgt = ids[:len(ids) - n], ids[len(ids) - n:]
     logits, state = model.prefill(params, ctx[None].astype(np.int32),
                                   np.array([len(ctx)], np.int32), n)
@@ -221,8 +230,11 @@ class Focus:
 class Plain:
   """The base decoder alone: the truncation baseline of eval.py (``plain``) and the LM
   pretraining of the tiny bases in train.py (``lm``, every parameter trained)."""
-  name = "plain"
-  section = None  # no settings of its own
+  name = method_names.PLAIN.name
+  section = method_names.PLAIN.section  # None: no settings of its own
+  section_keys = frozenset()
+  eval_protocols = method_names.BEACON  # the truncation baseline of the Activation Beacon paper
+  assets = False
   distills = False
   reads_bos = False
   plan_batch_axis = 0
@@ -251,7 +263,7 @@ class Plain:
                   answer_only=config.data.get("loss_on", "all") == "answer")
 
   def inference_model(self, cfg, settings, *, max_length: Optional[int] = None):
-    from longjax.generate import BucketedPlainLM
+    from longjax.plain import BucketedPlainLM
     return BucketedPlainLM(cfg)
 
   def holding(self, model, cfg, settings, total: int):
@@ -261,56 +273,23 @@ class Plain:
     return None, "truncates its input instead"
 
   def suffix_nll(self, model, params, cfg, ids, n: int):
-    """One forward over ``ids`` (padded to 256-token blocks), the LM head applied block by
-    block so that the [T, vocab] logits never exist at once."""
-    block = 256
-    t = len(ids)
-    tp = round_up(t, block)
-    tokens = np.zeros((1, tp), np.int32)
-    tokens[0, :t] = ids
-    targets = np.zeros((1, tp), np.int32)
-    targets[0, :t - 1] = ids[1:]
-    weights = np.zeros((1, tp), np.float32)
-    weights[0, t - 1 - n:t - 1] = 1.0
-    fn = _plain_nll_fn(cfg, block)
-    return float(fn(params, jnp.asarray(tokens), jnp.asarray(targets), jnp.asarray(weights))), n
+    """One forward over ``ids``, the LM head applied block by block (``plain.suffix_nll``)."""
+    from longjax.plain import suffix_nll
+    return suffix_nll(cfg, params, ids, n)
 
   def export(self, out, cfg, settings, params):
     raise UnknownMethodError("the plain decoder has no method tensors to export: train.py's 'lm' "
                              "runs return their parameters instead")
 
 
-@functools.lru_cache(maxsize=8)
-def _plain_nll_fn(cfg, block: int):
-  from longjax.models.decoder import Decoder
-  from longjax.models.head import lm_head
-  model = Decoder(cfg)
-
-  def f(params, tokens, targets, weights):
-    # tokens/targets/weights [1, T] with T a multiple of block; returns summed weighted NLL.
-    t = tokens.shape[1]
-    hidden, _ = model.apply({"params": params}, tokens, jnp.arange(t)[None], head=False)
-    hb = hidden[0].reshape(t // block, block, -1)
-    tb = targets[0].reshape(t // block, block)
-    wb = weights[0].reshape(t // block, block)
-
-    def one(xs):
-      h, y, w = xs
-      logits = lm_head(cfg, params, h)
-      nll = jax.nn.logsumexp(logits, axis=-1) - jnp.take_along_axis(logits, y[:, None], -1)[:, 0]
-      return jnp.sum(nll * w)
-
-    return jnp.sum(jax.lax.map(one, (hb, tb, wb)))
-
-  return jax.jit(f)
-
-
 # ------------------------------------------------------------------------------------------------
 Method = Beacon | Focus | Plain
 _REGISTRY = {m.name: m for m in (Beacon(), Focus(), Plain())}
 # train.py's config.method spells the plain decoder "lm" (it pretrains it)
-_ALIASES = {"lm": "plain"}
+PRETRAIN = method_names.PLAIN_PRETRAIN
+_ALIASES = {PRETRAIN: Plain.name}
 NAMES = tuple(_REGISTRY)
+ALL = tuple(_REGISTRY.values())
 
 
 def get(name: str) -> Method:

@@ -28,13 +28,24 @@ def main():
   ap.add_argument("--hf_dir", help="a real HF model directory (needs its tokenizer files)")
   ap.add_argument("--prompt", default="The pass key is 12345. Remember it. What is the pass key?")
   ap.add_argument("--max_new_tokens", type=int, default=24)
+  ap.add_argument("--debug", action="store_true", help="show the traceback of an error")
   args = ap.parse_args()
+  from longjax import cli  # a bad --hf_dir or the like: one line, not a traceback
+  return cli.run("scripts/demo.py", lambda: _demo(args), debug=args.debug, compile_cache="off")
+
+
+def _demo(args):
   work = Path(args.workdir)
 
   if args.hf_dir:
+    if not Path(args.hf_dir).is_dir():
+      from longjax.errors import PathNotFound
+      raise PathNotFound(f"--hf_dir {args.hf_dir}: no such directory")
+    cfg, params = load_hf(args.hf_dir)
+    from longjax.data.tokenizers import check_tokenizer_dir
+    check_tokenizer_dir(args.hf_dir)
     from transformers import AutoTokenizer
     tokenizer = AutoTokenizer.from_pretrained(args.hf_dir, trust_remote_code=False)
-    cfg, params = load_hf(args.hf_dir)
     params = jax.tree.map(jax.numpy.asarray, params)
   else:
     tokenizer = ByteTokenizer()
@@ -61,4 +72,4 @@ def main():
 
 
 if __name__ == "__main__":
-  main()
+  sys.exit(main())

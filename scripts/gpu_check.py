@@ -86,7 +86,7 @@ def section_env():
       env[f"pallas_{mod}"] = f"missing ({type(e).__name__})"
   env["kernel_backend"] = flash.resolve_backend(None)
   env["kernel_available"] = flash.backend_available(env["kernel_backend"])
-  shapes = {"beacon": ((1, 2304, 28, 128), (1, 18688, 4, 128)),
+  shapes = {"beacon_step": ((1, 2304, 28, 128), (1, 18688, 4, 128)),
             "condense": ((16, 2048, 28, 128), (16, 2048, 4, 128)),
             "decode": ((1, 1, 28, 128), (1, 131072, 4, 128))}
   env["auto_choice"] = {k: list(explain(q, kk, jnp.bfloat16)) for k, (q, kk) in shapes.items()}
@@ -102,7 +102,7 @@ def _rel(a, b):
 
 def section_correctness():
   tk = kernel_cases
-  cases = [("beacon", jnp.float32, 4, 2), ("beacon", jnp.bfloat16, 4, 2),
+  cases = [("beacon_memory", jnp.float32, 4, 2), ("beacon_memory", jnp.bfloat16, 4, 2),
            ("step_expansion", jnp.float32, 2, 2), ("condense", jnp.bfloat16, 4, 1),
            ("focus_local", jnp.float32, 6, 2), ("window", jnp.float32, 4, 2),
            ("noncausal_segments", jnp.bfloat16, 2, 1), ("decode", jnp.float32, 8, 2),

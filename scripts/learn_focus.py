@@ -183,7 +183,7 @@ def cmd_passkey(args, res):
 def cmd_ppl(args, res):
   """Held-out prose (pydoc_data.topics, 4 x 3072 tokens, the last 1024 scored), as the beacon
   file: FocusLLM's own protocol (prefill on the context, teacher-forced cached decode)."""
-  from longjax.methods import get as get_method
+  from longjax import methods
   tok = _tok()
   docs = lpr.real_text_docs(tok, 4, 3072)
   table = res.setdefault("perplexity", {})
@@ -195,7 +195,7 @@ def cmd_ppl(args, res):
     cell["model"] = model.desc
     t0 = time.time()
     for ids in docs[len(cell["doc_nll"]):]:
-      nll, n = get_method("focus").suffix_nll(model.lm, model.params, None,
+      nll, n = methods.Focus().suffix_nll(model.lm, model.params, None,
                                               np.asarray(ids, np.int32), 1024)
       cell["doc_nll"].append(nll / n)
       cell["ppl"] = float(np.exp(np.mean(cell["doc_nll"])))

@@ -35,10 +35,29 @@ W = 128
 DIGITS = 3
 
 
+def _beacon_settings(c, a):
+  c.beacon.window = c.beacon.stride = W
+  c.beacon.ratios = (a.ratio,)
+  c.train.step_bucket = 4
+
+
+def _focus_settings(c, a):
+  c.focus.local_window = W
+  c.focus.stride = 64
+  c.focus.strides = (32, 64)
+  c.focus.prompt_cap = 48
+  c.focus.min_local = 8
+  c.focus.objective = "answer"
+
+
 def base_config(method, workdir, a):
   sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
   from configs import tiny_beacon, tiny_focus
-  c = (tiny_beacon if method == "beacon" else tiny_focus).get_config()
+  from longjax import methods
+  # each method's tiny config and this experiment's settings of its section
+  tiny, method_settings = {methods.Beacon: (tiny_beacon, _beacon_settings),
+                           methods.Focus: (tiny_focus, _focus_settings)}[type(methods.get(method))]
+  c = tiny.get_config()
   c.workdir = str(Path(workdir) / method)
   c.seed = a.seed
   c.model.family = "llama"
@@ -62,17 +81,7 @@ def base_config(method, workdir, a):
   c.train.save_every = max(50, a.steps // 4)
   c.train.log_every = 5
   c.train.progress = False
-  if method == "beacon":
-    c.beacon.window = c.beacon.stride = W
-    c.beacon.ratios = (a.ratio,)
-    c.train.step_bucket = 4
-  else:
-    c.focus.local_window = W
-    c.focus.stride = 64
-    c.focus.strides = (32, 64)
-    c.focus.prompt_cap = 48
-    c.focus.min_local = 8
-    c.focus.objective = "answer"
+  method_settings(c, a)
   return c
 
 

@@ -204,6 +204,7 @@ def cmd_passkey(args, models: Models, res: dict, out: Path):
 
 
 def cmd_ppl(args, models: Models, res: dict, out: Path):
+  from longjax import methods
   from longjax.eval.models import Built
   cfg, params, plain = models.base()
   w = args.window
@@ -217,10 +218,10 @@ def cmd_ppl(args, models: Models, res: dict, out: Path):
     if len(cell["doc_nll"]) >= len(docs):
       continue
     if cond in ("truncation", "full"):
-      built = Built("plain", plain, params, models.tok, None, cfg)
+      built = Built(methods.Plain.name, plain, params, models.tok, None, cfg)
     else:
       lm, bparams, desc, bcfg = models.beacon(cond)
-      built = Built("beacon", lm, bparams, models.tok, None, lm.cfg, extra=bcfg)
+      built = Built(methods.Beacon.name, lm, bparams, models.tok, None, lm.cfg, extra=bcfg)
       cell["model"] = desc
     t0 = time.time()
     for ids in docs[len(cell["doc_nll"]):]:

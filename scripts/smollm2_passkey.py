@@ -40,7 +40,10 @@ import longjax  # noqa: E402
 from longjax.eval import passkey, scorers  # noqa: E402
 from longjax.data.tokenizers import Tokenizer  # noqa: E402
 from longjax.eval.plots import heatmap  # noqa: E402
+from longjax.methods import Beacon, Focus  # noqa: E402
 
+# the rows of the two methods carry their registry names (next to the plain "full" and "truncated")
+BEACON, FOCUS = Beacon.name, Focus.name
 ASSET = Path(__file__).resolve().parents[1] / "assets" / "smollm2_beacon"
 
 
@@ -56,7 +59,7 @@ def build_methods(hf_dir, window, asset, which, workdir=None):
     methods["full"] = (plain, params, None, "plain, whole document")
   if "truncated" in which:
     methods["truncated"] = (plain, params, window, f"plain, last {window} tokens")
-  if "beacon" in which:
+  if BEACON in which:
     if workdir:
       from longjax.beacon.asset import params_from_workdir
       bcfg_cfg, bcfg, bparams, step, _ = params_from_workdir(workdir)
@@ -70,14 +73,14 @@ def build_methods(hf_dir, window, asset, which, workdir=None):
       bcfg_cfg, _, bparams = load_beacon(hf_dir, init="official", beacon=bcfg)
       desc = f"beacon W={window} x4, UNTRAINED (official init)"
     bparams = jax.tree.map(jnp.asarray, bparams)
-    methods["beacon"] = (BeaconLM(bcfg_cfg, bcfg, max_length=16 * window + 256), bparams, None,
-                         desc)
-  if "focus" in which:
+    methods[BEACON] = (BeaconLM(bcfg_cfg, bcfg, max_length=16 * window + 256), bparams, None,
+                       desc)
+  if FOCUS in which:
     fcfg = FocusConfig(local_window=window, chunk_stride=window, min_len_threshold=0,
                        bos_id=int(cfg.bos_token_id))
     fmodel_cfg, fcfg, fparams = focus_from_llama(hf_dir, fcfg)
-    methods["focus"] = (FocusLLM(fmodel_cfg, fcfg), jax.tree.map(jnp.asarray, fparams), None,
-                        f"FocusLLM W=S={window}, UNTRAINED (copies of q/k/v/o)")
+    methods[FOCUS] = (FocusLLM(fmodel_cfg, fcfg), jax.tree.map(jnp.asarray, fparams), None,
+                      f"FocusLLM W=S={window}, UNTRAINED (copies of q/k/v/o)")
   return cfg, methods
 
 
@@ -152,7 +155,7 @@ def main(argv=None):
           f"{recs[len(recs) // 2]['passkey']})", flush=True)
   (out / "results.json").write_text(json.dumps(results, indent=2))
   print(f"wrote {out / 'results.json'} and heatmaps in {out} ({time.time() - t0:.0f} s in all)")
-  if "beacon" in methods and "UNTRAINED" in methods["beacon"][3]:
+  if BEACON in methods and "UNTRAINED" in methods[BEACON][3]:
     print("note: the beacon row uses untrained beacons (official init). They are only a starting "
           "point for training: SmolLM2 with them emits <|im_end|> or noise. Train them with "
           "configs/smollm2_beacon.py (README 'Does it learn? On SmolLM2').")

@@ -14,7 +14,8 @@ from longjax import decode_loop
 from longjax.beacon import BeaconConfig, BeaconLM
 from longjax.beacon import decode as beacon_decode
 from longjax.focus import FocusLLM
-from longjax.generate import GenerateError, PlainLM
+from longjax.generate import GenerateError
+from longjax.plain import PlainLM
 
 from focus_helpers import prompt, tiny_focus, tiny_model
 from test_beacon import BCFG, VOCAB, tiny_cfg, tiny_params

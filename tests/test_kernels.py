@@ -52,8 +52,8 @@ def check_forward(out, lse, q, k, v, qm, km, rule, window):
 # ------------------------------------------------------------------------------------------------
 # Mask description.
 # ------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("name", ["beacon", "step_expansion", "condense", "focus_local", "window",
-                                  "noncausal_segments", "decode"])
+@pytest.mark.parametrize("name", ["beacon_memory", "step_expansion", "condense", "focus_local",
+                                  "window", "noncausal_segments", "decode"])
 def test_kernel_meta_and_block_visits_match_allowed(name):
   qm, km, rule, window, b, tq, tk = case_meta(name, np.random.default_rng(1))
   ok = np.asarray(allowed(qm, km, rule, window))
@@ -71,7 +71,7 @@ def test_kernel_meta_and_block_visits_match_allowed(name):
   okp[:, :tq, :tk] = ok
   need = okp.reshape(b, tqp // bq, bq, tkp // bk, bk).any((2, 4))
   assert np.all(vis[need])
-  if name in ("beacon", "condense", "window"):
+  if name in ("beacon_memory", "condense", "window"):
     assert not vis.all(), "causal/windowed layouts must skip some blocks"
   # Compacted lists: visited blocks first, in order; jnp and numpy (flash._lists) agree.
   blocks, counts = block_lists(jnp.asarray(vis))
@@ -99,7 +99,7 @@ def test_tokenmeta_kind_is_backward_compatible():
 # ------------------------------------------------------------------------------------------------
 # (case, dtype, query heads, KV heads): the jnp paths (blockwise, chunked) run every mask case.
 XLA_CASES = [
-    ("beacon", jnp.float32, 4, 2), ("step_expansion", jnp.bfloat16, 4, 4),
+    ("beacon_memory", jnp.float32, 4, 2), ("step_expansion", jnp.bfloat16, 4, 4),
     ("condense", jnp.float32, 2, 2), ("focus_local", jnp.bfloat16, 6, 2),
     ("window", jnp.float32, 4, 1), ("noncausal_segments", jnp.float32, 2, 1),
     ("decode", jnp.float32, 8, 2)]
@@ -123,7 +123,7 @@ def check_grads(fn, q, k, v, qm, km, rule, window, tol=1e-4):
 
 
 def test_blockwise_grads():
-  q, k, v, qm, km, rule, window = make_case("beacon")
+  q, k, v, qm, km, rule, window = make_case("beacon_memory")
   m = kernel_meta(qm, km, rule, window)
   fn = lambda q, k, v: blockwise_attention(q, k, v, m, scale=q.shape[-1] ** -0.5, **BLOCKS)
   check_grads(fn, q, k, v, qm, km, rule, window)
@@ -142,7 +142,7 @@ def test_chunked_forward(name, dtype, hq, hkv):
 
 @pytest.mark.parametrize("remat_scores", [2048 * 2048, 0])  # plain autodiff; per-block remat
 def test_chunked_grads(remat_scores):
-  q, k, v, qm, km, rule, window = make_case("beacon")
+  q, k, v, qm, km, rule, window = make_case("beacon_memory")
   fn = lambda q, k, v: chunked_attention(q, k, v, qm, km, rule, window=window, block_q=16,
                                          remat_scores=remat_scores)
   check_grads(fn, q, k, v, qm, km, rule, window)
@@ -160,7 +160,7 @@ def run_flash(backend, q, k, v, qm, km, rule, window, interpret=True, jit=False)
 
 
 FLASH_CASES = [  # (case, dtype, hq, hkv, jit): every backend runs each of these in the default run
-    ("beacon", jnp.float32, 4, 2, False),
+    ("beacon_memory", jnp.float32, 4, 2, False),
     ("step_expansion", jnp.bfloat16, 2, 2, True),
     ("condense", jnp.bfloat16, 4, 1, False),
     ("focus_local", jnp.float32, 2, 2, True),
@@ -289,7 +289,7 @@ def test_entry_point_decode_dispatch(monkeypatch):
 # ------------------------------------------------------------------------------------------------
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["gpu", "tpu"])
-@pytest.mark.parametrize("name,hq,hkv", [("beacon", 4, 2), ("step_expansion", 2, 2)])
+@pytest.mark.parametrize("name,hq,hkv", [("beacon_memory", 4, 2), ("step_expansion", 2, 2)])
 def test_flash_grads(backend, name, hq, hkv):
   q, k, v, qm, km, rule, window = make_case(name, jnp.float32, hq, hkv)
   fn = lambda q, k, v: run_flash(backend, q, k, v, qm, km, rule, window)

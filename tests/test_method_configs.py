@@ -92,3 +92,25 @@ def test_config_check_asks_the_registry(tmp_path):
     c.method = "llm"
   with pytest.raises(methods.UnknownMethodError, match="unknown method 'llm'"):
     loop.Trainer(c)
+
+
+def test_method_names_are_spelled_only_in_the_registry():
+  """The registry (methods.py, and method_names.py below it) is the one place that spells a
+  method's name; everything else asks it. Allowed: the training objective "lm" (a loss, not a
+  method) and the beacon settings field of a bench result."""
+  import re
+  from pathlib import Path
+  root = Path(__file__).resolve().parents[1]
+  allowed = ('OBJECTIVES = ("lm"', 'else "lm")', "payload['beacon']")
+  files = [f for d in ("longjax", "scripts", "bench") for f in sorted((root / d).rglob("*.py"))]
+  files += sorted(root.glob("*.py"))
+  found = []
+  for f in files:
+    if f.name in ("methods.py", "method_names.py") and f.parent.name == "longjax":
+      continue
+    for i, line in enumerate(f.read_text().splitlines(), 1):
+      if (re.search(r"[\"'](beacon|focus|plain|lm)[\"']", line)
+          and not any(a in line for a in allowed)):
+        found.append(f"{f.relative_to(root)}:{i}: {line.strip()}")
+  assert not found, found
+

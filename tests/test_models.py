@@ -9,7 +9,8 @@ import pytest
 from conftest import forward
 from hf_models import hf_logits, save_tiny
 from longjax.convert import load_hf
-from longjax.generate import PlainLM, generate
+from longjax.generate import generate
+from longjax.plain import PlainLM
 from longjax.models import CacheFullError, Decoder, KVCache, ModelConfig, cache_forward, init_params
 
 FAMILIES = ["llama2", "llama3", "llama_linear", "llama_dynamic", "qwen2", "qwen2_tied", "mistral"]

@@ -12,7 +12,8 @@ from conftest import fixtures_root
 from longjax import checkpoint
 from longjax.convert.hf import CheckpointError, save_hf
 from longjax.data.sources import DataError, read_source
-from longjax.generate import PlainLM, generate
+from longjax.generate import generate
+from longjax.plain import PlainLM
 from longjax.models.config import ModelConfig
 from longjax.models.decoder import init_params
 from longjax.sampling import SamplingConfig

@@ -266,7 +266,8 @@ def tiny_beacon():
 
 def test_float_ids_are_refused_everywhere(tiny_beacon):
   from longjax import LongjaxError
-  from longjax.generate import PlainLM, generate
+  from longjax.generate import generate
+  from longjax.plain import PlainLM
   from longjax.models import ModelConfig, init_params
   lm, params = tiny_beacon
   with pytest.raises(ValueError, match="must be integers, got dtype float64"):
@@ -605,7 +606,7 @@ def test_program_cache_discards_a_valid_program_of_another_signature(tmp_path, m
 # generate arguments: stop_ids, max_new_tokens (host side, before any allocation or model load)
 @pytest.fixture(scope="module")
 def tiny_plain():
-  from longjax.generate import PlainLM
+  from longjax.plain import PlainLM
   from longjax.models import ModelConfig, init_params
   cfg = ModelConfig(vocab_size=97, hidden_size=32, intermediate_size=48, num_layers=1, num_heads=4,
                     num_kv_heads=2, head_dim=8)

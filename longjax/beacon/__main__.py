@@ -43,14 +43,14 @@ def main(argv=None):
 
 def _check_inputs(args) -> str:
   """The cheap checks, before the model loads; gives the text."""
-  from longjax.errors import LongjaxError
+  from longjax.errors import LongjaxError, PathNotFound
   from longjax.models.smollm2 import NAME
   text = Path(args.text)
   if not text.is_file():
-    raise FileNotFoundError(f"--text {args.text}: no such file" if not text.exists() else
-                            f"--text {args.text}: not a file")
+    raise PathNotFound(f"--text {args.text}: no such file" if not text.exists() else
+                       f"--text {args.text}: not a file")
   if str(args.hf_dir).lower() != NAME and not Path(args.hf_dir).is_dir():
-    raise FileNotFoundError(f"--hf_dir {args.hf_dir}: no such directory")
+    raise PathNotFound(f"--hf_dir {args.hf_dir}: no such directory")
   if args.max_new_tokens < 1:  # generate() needs one; checked before the model loads
     raise LongjaxError(f"--max_new_tokens must be >= 1, got {args.max_new_tokens}")
   try:

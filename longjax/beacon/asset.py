@@ -22,13 +22,14 @@ from longjax.atomic_dir import atomic_dir
 from longjax import campaign
 from longjax.convert import assets
 from longjax.convert.assets import BASE_DIR, AssetError  # noqa: F401  (re-exported)
+from longjax.method_names import BEACON
 
 log = logging.getLogger("longjax")
 
 
-TENSORS = "beacon.safetensors"  # one file; larger tensor sets are sharded (convert/assets.py)
-STEM = "beacon"
-META = "beacon.json"
+STEM = BEACON.name
+TENSORS = f"{STEM}.safetensors"  # one file; larger tensor sets are sharded (convert/assets.py)
+META = f"{STEM}.json"
 
 
 def _is_beacon(name: str) -> bool:
@@ -114,14 +115,11 @@ def params_from_workdir(workdir, step=None):
     c = ml_collections.ConfigDict(json.loads((workdir / "config.json").read_text(encoding="utf-8")))
   except (ValueError, TypeError, AttributeError) as e:
     raise AssetError(f"{workdir / 'config.json'} is not a train.py run config ({e})") from None
-  if c.get("method") != "beacon" or "beacon" not in c:
+  if c.get("method") != BEACON.name or BEACON.section not in c:
     raise AssetError(f"{workdir} is a {c.get('method')!r} run, not an Activation Beacon one: a "
                      "beacon asset holds beacon tensors only; use that run's export_hf (or "
                      "train.py's export) instead")
-  b = c.beacon
-  bcfg = BeaconConfig(window=b.window, stride=b.stride, ratios=tuple(b.ratios),
-                      ratio_mix=b.ratio_mix, pos=b.pos, attn=b.attn, param=tuple(b.param),
-                      sink_size=b.sink_size, embed_init=b.embed_init, attend_prev=b.attend_prev)
+  bcfg = BeaconConfig.from_config(c[BEACON.section])
   if str(c.model.get("checkpoint") or "").strip():
     cfg, bcfg, params = load_beacon(resolve(c.model.checkpoint), init="official", beacon=bcfg,
                                     param_dtype="float32")

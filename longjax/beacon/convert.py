@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Optional
 
 from longjax.beacon.config import BeaconConfig, BeaconConfigError
-from longjax.convert.hf import (METHOD_KEY, CheckpointError, check_method, load_hf, read_hf_config,
-                                save_hf, shard_map)
+from longjax import method_names
+from longjax.convert.hf import (CheckpointError, check_method, load_hf, method_stamp,
+                                read_hf_config, save_hf, shard_map)
 from longjax.convert.table import ALT_EMBEDDING_NAME, alt_proj_name
 
 INITS = ("official",)
@@ -36,7 +37,7 @@ def load_beacon(hf_dir, *, init: Optional[str] = None, param_dtype: Optional[str
   if init not in (None,) + INITS:
     raise BeaconConfigError(f"init must be None or one of {INITS}, got {init!r}")
   hf = read_hf_config(hf_dir)
-  check_method(hf, "beacon", hf_dir)
+  check_method(hf, method_names.BEACON, hf_dir)
   bcfg = beacon if beacon is not None else BeaconConfig.from_hf(hf, **beacon_overrides)
   names = set(shard_map(hf_dir))
   want = [alt_proj_name(p) for p in bcfg.param] + [ALT_EMBEDDING_NAME]
@@ -59,4 +60,5 @@ def save_beacon(out_dir, cfg, bcfg: BeaconConfig, params, **kw) -> Path:
   so that load_focus refuses it)."""
   if tuple(sorted(cfg.alt_projections)) != tuple(sorted(bcfg.param)):
     raise BeaconConfigError(f"model alt projections {cfg.alt_projections} != beacon param {bcfg.param}")
-  return save_hf(out_dir, cfg, params, extra_config={**bcfg.to_hf(), METHOD_KEY: "beacon"}, **kw)
+  return save_hf(out_dir, cfg, params, extra_config={**bcfg.to_hf(),
+                                                  **method_stamp(method_names.BEACON)}, **kw)

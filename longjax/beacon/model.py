@@ -38,8 +38,8 @@ import numpy as np
 from longjax import program_cache
 from longjax.beacon.config import BeaconConfig
 from longjax.beacon.memory import BeaconState, empty_state
-from longjax.beacon.planner import (Planner, RowState, StepDesc, WindowPlan, assemble,
-                                    stack)
+from longjax.beacon.planner import (BeaconInputError, Planner, RowState, StepDesc, WindowPlan,
+                                    assemble, stack)
 from longjax.beacon.step import Carry, _chunks, _loss_jit, _scan_jit, _step_jit, loss_terms
 from longjax.errors import LongjaxError
 from longjax.kernels import MaskRule
@@ -160,9 +160,9 @@ class BeaconLM:
     self.memory_buckets = bool(memory_buckets)
     self.memory_bucket_min = max(1, int(memory_bucket_min))
     if int(memory_bucket_steps) < 1:
-      raise ValueError(f"memory_bucket_steps must be >= 1 (buckets per octave of memory size), "
-                       f"got {memory_bucket_steps}: pass 1 for powers of two, 4 (the default) "
-                       f"for finer buckets")
+      raise BeaconSetupError(f"memory_bucket_steps must be >= 1 (buckets per octave of memory "
+                             f"size), got {memory_bucket_steps}: pass 1 for powers of two, 4 "
+                             f"(the default) for finer buckets")
     self.memory_bucket_steps = int(memory_bucket_steps)
     # The finest bucket step: the largest power of two <= half the window's query slots.
     self._bucket_step_min = next_pow2(self.q_slots // 2 + 1) // 2
@@ -234,9 +234,9 @@ class BeaconLM:
     if ratio is not None:
       self.bcfg.check_ratio(ratio)
     if len(rows_ids) != len(rows):
-      raise ValueError(f"{len(rows_ids)} rows of ids for a state of batch {len(rows)}")
+      raise BeaconInputError(f"{len(rows_ids)} rows of ids for a state of batch {len(rows)}")
     if any(len(r) == 0 for r in rows_ids):
-      raise ValueError("empty input: every row needs at least one token")
+      raise BeaconInputError("empty input: every row needs at least one token")
     self._check_room(rows, [len(r) for r in rows_ids], reserve)
     descs, new_rows = [], []
     for i, ids_i in enumerate(rows_ids):
@@ -268,7 +268,7 @@ class BeaconLM:
       b = len(_rows(ids, lengths))
       rows = tuple(rows) if rows is not None else tuple(RowState() for _ in range(b))
       if any(r.fed or r.sizes != (0, 0, 0) for r in rows):
-        raise ValueError("plan(rows=...) starts from empty memory: pass state= to continue")
+        raise BeaconInputError("plan(rows=...) starts from empty memory: pass state= to continue")
       capacity = None
     _, _, step_descs, q, needs, rows_ids = self._plan(ids, labels, lengths, rows, training,
                                                       ratio, 0)
@@ -477,11 +477,11 @@ def _rows(ids, lengths=None) -> list:
     if arr.ndim == 1:
       arr = arr[None]
     if arr.ndim != 2:
-      raise ValueError(f"ids must be [T] or [B, T], got shape {arr.shape}")
+      raise BeaconInputError(f"ids must be [T] or [B, T], got shape {arr.shape}")
     rows = list(arr)
   if lengths is not None:
     lengths = np.asarray(lengths).reshape(-1)
     if len(lengths) != len(rows):
-      raise ValueError(f"{len(lengths)} lengths for {len(rows)} rows")
+      raise BeaconInputError(f"{len(lengths)} lengths for {len(rows)} rows")
     rows = [r[:int(n)] for r, n in zip(rows, lengths)]
   return rows

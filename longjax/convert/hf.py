@@ -17,6 +17,7 @@ import numpy as np
 from safetensors import safe_open as _safe_open
 from safetensors.numpy import save_file
 
+from longjax import method_names
 from longjax.atomic_dir import atomic_dir
 from longjax.convert.layout import (alt_embedding_row, copy_projection, embed_init_token, is_alt,
                                     is_alt_projection)
@@ -107,35 +108,40 @@ def read_hf_config(hf_dir) -> dict:
 # config.json field naming the method an export was trained with (written by save_beacon /
 # save_focus): loading it as the other method would silently invent that method's settings.
 METHOD_KEY = "longjax_method"
-_METHODS = {"beacon": ("Activation Beacon", "longjax.beacon.load_beacon"),
-            "focus": ("FocusLLM", "longjax.focus.load_focus")}
 
 
 def checkpoint_method(hf: dict):
-  """``(method, why)`` for a config.json that shows which method it belongs to, else
-  ``(None, "")`` (a plain LLM). Official checkpoints have no METHOD_KEY: FocusLLM's carry
-  ``local_window`` / ``memory_stride``, beacon ones ``beacon_window`` (both carry other beacon_*)."""
+  """``(method name, why)`` for a config.json that shows which method it belongs to, else
+  ``(None, "")`` (a plain LLM). Official checkpoints have no METHOD_KEY: each method's official
+  fields (``method_names.MethodName.official_fields``) tell them apart, when only one method's
+  are there."""
   if hf.get(METHOD_KEY) is not None:
     return hf[METHOD_KEY], f"{METHOD_KEY}={hf[METHOD_KEY]!r}"
-  focus = [k for k in ("local_window", "memory_stride") if k in hf]
-  beacon = [k for k in ("beacon_window",) if k in hf]
-  if bool(focus) == bool(beacon):  # neither, or both: nothing to go by
+  found = {m.name: [k for k in m.official_fields if k in hf] for m in method_names.ALL}
+  found = {name: keys for name, keys in found.items() if keys}
+  if len(found) != 1:  # none, or several: nothing to go by
     return None, ""
-  return ("focus" if focus else "beacon"), "official fields " + ", ".join(focus or beacon)
+  (name, keys), = found.items()
+  return name, "official fields " + ", ".join(keys)
 
 
-def check_method(hf: dict, want: str, where) -> None:
-  """Refuse a checkpoint of the other method (or of an unknown one) with a message naming both."""
+def check_method(hf: dict, want: method_names.MethodName, where) -> None:
+  """Refuse a checkpoint of another method (or of an unknown one) with a message naming both."""
   got, why = checkpoint_method(hf)
-  if got is None or got == want:
+  if got is None or got == want.name:
     return
-  name, loader = _METHODS.get(got, (f"{got!r}", None))
-  hint = f"load it with {loader}. " if loader else ""
-  want_name = _METHODS[want][0]
+  other = next((m for m in method_names.ALL if m.name == got), None)
+  name = other.title if other is not None else f"{got!r}"
+  hint = f"load it with {other.loader}. " if other is not None and other.loader else ""
   raise CheckpointError(
-      f"{where} is a checkpoint of {name} (config.json {why}), not of {want_name}: {hint}"
-      f"Loading it as {want_name} would read its tensors as that method's and use default "
+      f"{where} is a checkpoint of {name} (config.json {why}), not of {want.title}: {hint}"
+      f"Loading it as {want.title} would read its tensors as that method's and use default "
       "settings it was not trained with")
+
+
+def method_stamp(method: method_names.MethodName) -> dict:
+  """The config.json field an export of ``method`` carries (:data:`METHOD_KEY`)."""
+  return {METHOD_KEY: method.name}
 
 
 def config_from_hf_dir(hf_dir, names=None, **overrides) -> ModelConfig:

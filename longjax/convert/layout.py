@@ -56,7 +56,7 @@ def is_alt_projection(path) -> bool:
 
 def trainable_mask(params, is_trainable: Callable[[str], bool]):
   """``params``' nesting (plain dicts) with a bool leaf: ``is_trainable`` of that leaf's path (a
-  method's rule, e.g. ``longjax.methods.get("focus").is_trainable``)."""
+  method's rule: a method object's ``is_trainable``, ``longjax.methods``)."""
   def walk(tree, path):
     if isinstance(tree, Mapping):
       return {k: walk(v, path + (k,)) for k, v in tree.items()}

@@ -143,16 +143,16 @@ def get_tokenizer(spec: str) -> Tokenizer:
   if spec == "byte":
     return Tokenizer(ByteTokenizer(), "byte")
   if not spec or not Path(spec).is_dir():
-    raise FileNotFoundError(f"tokenizer directory {spec!r} does not exist; set "
-                            "--config.data.tokenizer=/path/to/hf_model (or 'byte')")
+    raise TokenizerFilesError(f"tokenizer directory {spec!r} does not exist; set "
+                              "--config.data.tokenizer=/path/to/hf_model (or 'byte')")
   check_tokenizer_dir(spec)
   from transformers import AutoTokenizer
   try:
     t = AutoTokenizer.from_pretrained(spec, local_files_only=True, trust_remote_code=False)
   except Exception as e:
-    raise FileNotFoundError(f"cannot load a HF tokenizer from {spec}: {type(e).__name__}: {e}; "
-                            "put the tokenizer files there or set --config.data.tokenizer "
-                            "(a HF model dir, or 'byte')") from None
+    raise TokenizerFilesError(f"cannot load a HF tokenizer from {spec}: {type(e).__name__}: "
+                              f"{e}; put the tokenizer files there or set "
+                              "--config.data.tokenizer (a HF model dir, or 'byte')") from None
   check_vocab(t, spec)
   return Tokenizer(t, spec)
 

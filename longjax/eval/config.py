@@ -2,14 +2,18 @@
 
 Used by the configs as ``c.eval = eval_config(method, preset)``; every field can be overridden on
 the command line (``--config.eval.passkey.lengths="(300,600)"``). Importing this module is cheap
-(ml_collections and numpy only).
+(ml_collections, numpy and the method registry, which imports its methods lazily).
 """
 from __future__ import annotations
+
+from typing import Optional
 
 import ml_collections
 import numpy as np
 
+from longjax import methods
 from longjax.eval.errors import EvalError
+from longjax.method_names import FOCUS
 
 TASKS = ("passkey", "needle", "perplexity", "longbench", "infbench")
 
@@ -23,17 +27,19 @@ def _ints(a) -> tuple:
   return tuple(int(x) for x in np.asarray(a).round().astype(int))
 
 
-def eval_config(method: str = "beacon", preset: str = "official", task: str = "passkey"
+def eval_config(method: Optional[str] = None, preset: str = "official", task: str = "passkey"
                 ) -> ml_collections.ConfigDict:
-  """``method``: beacon | focus | plain (chooses the paper's protocol defaults);
-  ``preset``: ``official`` (the papers' grids) or ``tiny`` (CPU-sized grids for the tiny models)."""
+  """``method``: a method's name (``longjax.methods``): its paper's protocol defaults
+  (``Method.eval_protocols``; None: Activation Beacon's); ``preset``: ``official`` (the papers'
+  grids) or ``tiny`` (CPU-sized grids for the tiny models)."""
   if preset not in ("official", "tiny"):
     raise EvalError(f"preset must be 'official' or 'tiny', got {preset!r}")
-  focus = method == "focus"
+  paper = methods.get(method or methods.Beacon.name).eval_protocols
+  focus = paper is FOCUS
   tiny = preset == "tiny"
   c = ml_collections.ConfigDict()
   c.task = task  # one of TASKS, a comma-separated list, or "all"
-  c.method = ""  # "" = config.method; "plain" = the base model (truncation baseline)
+  c.method = ""  # "" = config.method; plain = the base model (truncation baseline)
   c.checkpoint = ""  # "" = config.model.checkpoint, else {workdir}/export_hf, else tiny random
   c.output_dir = ""  # "" = {workdir}/eval
   c.tag = ""  # file name prefix; "" = the method name
@@ -44,7 +50,7 @@ def eval_config(method: str = "beacon", preset: str = "official", task: str = "p
   c.model_max_length = 0  # cap on input + output tokens for beacon / focus (0 = what the model holds)
 
   c.passkey = ml_collections.ConfigDict(dict(
-      protocol="focus" if focus else "beacon",  # beacon: token-depth grid; focus: garbage chars
+      protocol=paper.name,  # beacon: token-depth grid; focus: garbage chars
       # beacon protocol (eval_passkey.py): lengths in tokens x depths in percent
       lengths=_ints([320, 640]) if tiny else _ints(np.linspace(8192, 131072, 20)),
       depths=_ints([0, 50, 100]) if tiny else _ints(np.linspace(0, 100, 10)),

@@ -196,7 +196,8 @@ def load_tokenizer(spec: str) -> Tokenizer:
 
 
 def method_name(config) -> str:
-  name = (_get(config.eval, "method", "") or _get(config, "method", "") or "plain").lower()
+  name = (_get(config.eval, "method", "") or _get(config, "method", "")
+          or methods.Plain.name).lower()
   if name not in METHODS:
     raise EvalError(f"unknown method {name!r} (config.eval.method / config.method); valid: "
                     f"{', '.join(METHODS)}")

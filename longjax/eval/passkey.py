@@ -36,6 +36,11 @@ import numpy as np
 
 from longjax.eval import scorers
 from longjax.eval.errors import EvalError
+from longjax.method_names import BEACON, FOCUS
+
+# config.eval.passkey.protocol: the two papers' passkey protocols, each named after its method
+# (Activation Beacon's token lengths x depths grid, FocusLLM's garbage characters x seeds)
+PROTOCOLS = (BEACON.name, FOCUS.name)
 
 DESCRIPTION = ("There is an important infomation hidden in the following context. Find the "
                "information and memorize it. I will quiz you about the important information "
@@ -118,13 +123,14 @@ def focus_sample(n_garbage: int, seed: int) -> dict:
 # ------------------------------------------------------------------------------------------------
 def validate(ecfg):
   p = ecfg.passkey
-  if p.protocol not in ("beacon", "focus"):
-    raise EvalError(f"passkey.protocol must be 'beacon' or 'focus', got {p.protocol!r}")
-  if p.protocol == "beacon" and (not len(p.lengths) or not len(p.depths)):
+  if p.protocol not in PROTOCOLS:
+    raise EvalError(f"passkey.protocol must be {' or '.join(map(repr, PROTOCOLS))}, got "
+                    f"{p.protocol!r}")
+  if p.protocol == BEACON.name and (not len(p.lengths) or not len(p.depths)):
     raise EvalError("passkey.lengths and passkey.depths must not be empty")
-  if p.protocol == "beacon" and any(not 0 <= float(d) <= 100 for d in p.depths):
+  if p.protocol == BEACON.name and any(not 0 <= float(d) <= 100 for d in p.depths):
     raise EvalError(f"passkey.depths must be percentages in [0, 100], got {tuple(p.depths)}")
-  if p.protocol == "focus" and (not len(p.n_garbage) or not len(p.seeds)):
+  if p.protocol == FOCUS.name and (not len(p.n_garbage) or not len(p.seeds)):
     raise EvalError("passkey.n_garbage and passkey.seeds must not be empty")
 
 
@@ -138,7 +144,7 @@ def prepare(ctx) -> list:
   p, tok, b = ctx.tcfg, ctx.built.tokenizer, ctx.built
   chat = ctx.ecfg.chat_template != "none"
   samples = []
-  if p.protocol == "beacon":
+  if p.protocol == BEACON.name:
     for cell in _cap(beacon_grid(p.lengths, p.depths, p.seed), ctx.ecfg):
       s = depth_sample(tok, cell["length"], cell["depth"], INFO.format(key=cell["key"]), QUESTION)
       ids = b.fit(tok.prompt_ids(s["text"], chat), p.max_new_tokens)
@@ -174,7 +180,7 @@ def run(ctx) -> dict:
       rec.update(n_tokens=len(s["ids"]), output=text, pred=pred,
                  acc=float(pred == s["passkey"]),
                  fuzz=scorers.fuzz_ratio(pred, s["passkey"]) / 100)
-      if p.protocol == "focus":
+      if p.protocol == FOCUS.name:
         rec["acc_official"] = float(text.strip() == s["answer_text"].strip())
       store.add(s["key"], rec)
     bar.update(1)
@@ -185,7 +191,7 @@ def run(ctx) -> dict:
 def summarize(ctx, recs: list) -> dict:
   from longjax.eval.plots import heatmap
   p = ctx.tcfg
-  focus = p.protocol == "focus"
+  focus = p.protocol == FOCUS.name
   lengths = sorted({r["length"] for r in recs})
   if focus:
     depths = [float(d) for d in range(0, 101, 10)]
@@ -227,7 +233,7 @@ def summarize(ctx, recs: list) -> dict:
 
 def table(summary: dict) -> str:
   from longjax.eval.runner import format_table
-  focus = summary["protocol"] == "focus"
+  focus = summary["protocol"] == FOCUS.name
   header = ["length", "samples", "acc", "fuzz"] + (["acc_official"] if focus else [])
   rows = [[r["length"], r["n"], r["acc"], r["fuzz"]] + ([r["acc_official"]] if focus else [])
           for r in summary["per_length"]]

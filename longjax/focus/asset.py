@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Optional
 
@@ -20,9 +21,10 @@ import numpy as np
 from longjax.atomic_dir import atomic_dir
 from longjax.convert import assets
 from longjax.convert.assets import AssetError
+from longjax.method_names import FOCUS
 
-STEM = "focus"
-META = "focus.json"
+STEM = FOCUS.name  # focus.safetensors (or its shards)
+META = f"{STEM}.json"
 
 
 def _is_candidate(name: str) -> bool:
@@ -91,7 +93,7 @@ def params_from_workdir(workdir, step: Optional[int] = None):
     c = ml_collections.ConfigDict(json.loads((workdir / "config.json").read_text(encoding="utf-8")))
   except (OSError, ValueError, TypeError, AttributeError) as e:
     raise AssetError(f"{workdir / 'config.json'} is not a train.py run config ({e})") from None
-  if c.get("method") != "focus" or not str(c.model.get("checkpoint") or "").strip():
+  if c.get("method") != FOCUS.name or not str(c.model.get("checkpoint") or "").strip():
     raise AssetError(f"{workdir} is not a FocusLLM run on a named base model (method "
                      f"{c.get('method')!r}, model.checkpoint {c.model.get('checkpoint')!r})")
   base = resolve(c.model.checkpoint)
@@ -128,4 +130,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-  raise SystemExit(main())
+  sys.exit(main())

@@ -12,8 +12,9 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
-from longjax.convert.hf import (METHOD_KEY, CheckpointError, check_method, load_hf, read_hf_config,
-                                save_hf, shard_map)
+from longjax import method_names
+from longjax.convert.hf import (CheckpointError, check_method, load_hf, method_stamp,
+                                read_hf_config, save_hf, shard_map)
 from longjax.convert.layout import alt_embedding_row, embed_init_token
 from longjax.convert.table import ALT_EMBEDDING_NAME, alt_proj_name
 from longjax.focus.config import FocusConfig, FocusError
@@ -61,7 +62,7 @@ def load_focus(path, fcfg: Optional[FocusConfig] = None, *, init_candidates: Opt
   try:
     hf_dir = _as_hf_dir(path, stack)
     hf = read_hf_config(hf_dir)
-    check_method(hf, "focus", path)
+    check_method(hf, method_names.FOCUS, path)
     if fcfg is None:
       fcfg = FocusConfig.from_hf(hf, **focus_overrides)
     elif focus_overrides:
@@ -109,4 +110,5 @@ def save_focus(out_dir, cfg, fcfg: FocusConfig, params, *, include_unused_embedd
   elif not include_unused_embedding and cfg.num_alt_embeddings:
     params.pop("alt_embedding", None)
     cfg = cfg.replace(num_alt_embeddings=0)
-  return save_hf(out_dir, cfg, params, extra_config={**fcfg.to_hf(), METHOD_KEY: "focus"}, **kw)
+  return save_hf(out_dir, cfg, params, extra_config={**fcfg.to_hf(),
+                                                  **method_stamp(method_names.FOCUS)}, **kw)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
+from longjax.kernels.errors import KernelError
 from longjax.kernels.mask import NO_WINDOW, MaskRule, TokenMeta
 
 # Relative error allowed against the fp32 dense reference, per input dtype.
@@ -25,7 +26,7 @@ def _meta(order, valid=None, segment=None, kind=None):
 
 def case_meta(name: str, rng):
   """``(q_meta, k_meta, rule, window, b, tq, tk)`` for one named layout (B=2 unless noted)."""
-  if name == "beacon":
+  if name == "beacon_memory":
     # keys: sink(3) | beacon memory (capacity 24, valid m<=24 per row) | raw cache 13 | window 37
     b, sink, cap, raw, win = 2, 3, 24, 13, 37
     m = np.array([17, 24])
@@ -97,7 +98,7 @@ def case_meta(name: str, rng):
     q_seg = np.array([[0, 3], [0, 0]])  # (0, 1) sees nothing
     return (_meta(q_order, q_valid, q_seg), _meta(k_order, k_valid), MaskRule(True), NO_WINDOW, b,
             2, tk)
-  raise KeyError(name)
+  raise KernelError(f"no attention test case {name!r}")
 
 
 def make_case(name, dtype=jnp.float32, hq=4, hkv=2, d=32, seed=0):

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from longjax.atomic_dir import atomic_dir
-from longjax.errors import LongjaxError
+from longjax.errors import LongjaxError, PathExists
 
 
 class GGUFError(LongjaxError, ValueError):
@@ -365,7 +365,7 @@ def gguf_to_hf(path, out_dir, *, overwrite: bool = False, gguf_sha256: str | Non
   ``gguf_sha256``: the pinned hash of the GGUF, checked before it is read."""
   out_dir = Path(out_dir)
   if out_dir.exists() and not overwrite:
-    raise FileExistsError(f"{out_dir} exists; pass --overwrite to replace it")
+    raise PathExists(f"{out_dir} exists; pass --overwrite to replace it")
   try:
     _convert(path, out_dir, overwrite, gguf_sha256)
   except GGUFError as e:  # name the file the user gave (the wheel, not its extracted temp copy)

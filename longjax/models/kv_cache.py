@@ -18,7 +18,11 @@ from longjax.models.decoder import Decoder, KVPrefix
 from longjax.errors import LongjaxError
 
 
-class CacheFullError(LongjaxError, ValueError):
+class KVCacheError(LongjaxError, ValueError):
+  """A KV cache that cannot be made or used as asked."""
+
+
+class CacheFullError(KVCacheError):
   pass
 
 
@@ -32,7 +36,7 @@ class KVCache:
   @classmethod
   def create(cls, cfg: ModelConfig, batch: int, capacity: int, dtype=None) -> "KVCache":
     if capacity < 1:
-      raise ValueError(f"KV cache capacity must be >= 1, got {capacity}")
+      raise KVCacheError(f"KV cache capacity must be >= 1, got {capacity}")
     shape = (cfg.num_layers, batch, capacity, cfg.num_kv_heads, cfg.head_dim)
     dtype = dtype or cfg.compute_dtype
     return cls(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), jnp.zeros((batch,), jnp.int32))

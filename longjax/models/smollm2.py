@@ -23,7 +23,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from longjax.errors import LongjaxError
+from longjax.errors import LongjaxError, NotADirectory, PathExists
 
 log = logging.getLogger("longjax")
 
@@ -146,9 +146,9 @@ def main(argv=None):
 def _main(args):
   out = Path(args.out) if args.out else None
   if out is not None and out.exists():  # before the download, not after it
-    raise FileExistsError(f"--out {out} exists; choose another --out")
+    raise PathExists(f"--out {out} exists; choose another --out")
   if args.cache and Path(args.cache).exists() and not Path(args.cache).is_dir():
-    raise NotADirectoryError(f"--cache {args.cache}: not a directory")
+    raise NotADirectory(f"--cache {args.cache}: not a directory")
   if out is not None:  # a copy inside (or around) the cache would be replaced with it
     from longjax.atomic_dir import check_output_apart
     check_output_apart(out, "--out", {"--cache": args.cache or cache_dir()})

@@ -4,20 +4,20 @@ from __future__ import annotations
 
 import difflib
 
+from longjax import methods
 from longjax.errors import LongjaxError
 from longjax.tasks import LAYOUTS
 
+# each method's section and its keys come from the method's object (longjax.methods)
+_SECTIONS = {m.section: set(m.section_keys) for m in methods.ALL if m.section is not None}
 SCHEMA = {
-    "": {"method", "workdir", "seed", "model", "beacon", "focus", "data", "train", "debug", "eval"},
+    "": {"method", "workdir", "seed", "model", "data", "train", "debug", "eval", *_SECTIONS},
+    **_SECTIONS,
     "model": {"name", "checkpoint", "family", "hidden_size", "intermediate_size", "num_layers", "num_heads",
               "num_kv_heads", "head_dim", "dtype", "param_dtype", "remat", "pretrain",
               "max_position_embeddings", "rope_theta"},
     "model.pretrain": {"steps", "batch", "lr", "length", "warmup_steps", "weight_decay",
                        "save_every", "sources", "min_length", "max_length", "synthetic", "loss_on"},
-    "beacon": {"window", "stride", "ratios", "ratio_mix", "pos", "attn", "param", "sink_size",
-               "embed_init", "attend_prev"},
-    "focus": {"local_window", "stride", "strides", "prompt_cap", "param", "min_len_threshold",
-              "min_local", "objective"},
     "data": {"sources", "tokenizer", "text_field", "tfds_data_dir", "tfds_split", "min_length",
              "max_length", "append_eos", "add_bos", "max_per_source", "loss_on", "synthetic"},
     "data.synthetic": {"count", "min_chars", "max_chars", "digits", "style"},

@@ -179,7 +179,7 @@ def pretrain_tiny_base(c, cfg, tokenizer, workdir: Path):
   sub = copy.deepcopy(c.to_dict()) if hasattr(c, "to_dict") else copy.deepcopy(dict(c))
   import ml_collections
   sub = ml_collections.ConfigDict(sub)
-  sub.method = "lm"
+  sub.method = methods.PRETRAIN
   sub.workdir = str(workdir / "base_run")
   sub.data.sources = pc.get("sources", c.data.sources)
   sub.data.min_length = int(pc.get("min_length", 16))
@@ -209,7 +209,7 @@ def params_from_asset(c, settings, params, base_dir):
   from a committed asset: its tensors, a fresh optimizer; a checkpoint in the workdir still wins
   on resume). The asset's settings must equal this run's."""
   method = methods.get(c.method)
-  if not hasattr(method, "load_asset"):
+  if not method.assets:
     raise TrainingError(f"train.init_from is for methods that ship trained-tensor assets; "
                         f"this run is {c.method!r}")
   src = Path(c.train.init_from)
