@@ -4,8 +4,8 @@ Generated tokens are fed one per row per step, and what the planner does with a 
 position, the beacons inserted after it, whether it completes a window and which raw-region
 entries the memory keeps) depends only on how many tokens each row has been fed, never on the
 token's value: ``Planner.plan_row`` reads the ids only to copy them into the step's input slots
-(``tok[~isb] = raw_ids``; labels are absent in generation, and the ratio draws follow the row's
-own RNG state and positions). So the decode steps are planned here with a placeholder id,
+(``_fill(isb, ids[raw], ...)``; labels are absent in generation, and the ratio draws follow the
+row's own RNG state and positions). So the decode steps are planned here with a placeholder id,
 ``PLAN_BLOCK`` steps at a time before the loop reaches them; the device step writes the sampled
 token into the step's one raw slot (``last_slot``). Windows completing inside the loop are planned
 steps like any other.
