@@ -202,8 +202,8 @@ def scan_windows(model: Decoder, sink_cap: int, params, carry: Carry, plan: Wind
   """Run a stacked plan's steps (``[n, ...]`` leaves) over ``carry``: pure and jittable.
 
   The one window scan of prefill (``BeaconLM.forward``), ``BeaconLM.loss`` and the training
-  task. Each of ``plan.segments`` is one ``lax.scan`` (its body: ``window_step``) whose attention
-  reads that segment's memory-size bucket of the buffer, so a window costs what its filled memory
+  task. Each of ``plan.segments`` is one ``lax.scan`` of ``window_step`` whose attention reads
+  that segment's memory-size bucket of the buffer, so a window costs what its filled memory
   costs. With ``plan.guard``, inactive (padding) steps are skipped with ``lax.cond``. Memory under
   ``jax.grad``: with ``model.cfg.remat`` (``BeaconLM(remat=True)``) each window keeps its layer
   inputs and memory slices, and its layers are recomputed one at a time in the backward pass.
@@ -214,27 +214,29 @@ def scan_windows(model: Decoder, sink_cap: int, params, carry: Carry, plan: Wind
   for n, mem_size in plan.segments:
     seg = jax.tree.map(lambda x, s0=s0, n=n: x[s0:s0 + n], plan)
     s0 += n
-
-    def body(c, p, mem_size=mem_size):
-      def run(c):
-        return window_step(model, sink_cap, params, c, p, mem_size=mem_size, want_loss=want_loss,
-                           want_hidden=want_hidden, frozen_head=frozen_head)
-      if not plan.guard:
-        return run(c)
-
-      def skip(c):
-        hid = None
-        if want_hidden:
-          b, q = p.tokens.shape
-          hid = jnp.zeros((b, q, params["embedding"].shape[-1]), c.k.dtype)
-        return c, hid
-      return jax.lax.cond(p.active, run, skip, c)
-
-    carry, hid = jax.lax.scan(body, carry, seg)
+    step = functools.partial(window_step, model, sink_cap, params, mem_size=mem_size,
+                             want_loss=want_loss, want_hidden=want_hidden, frozen_head=frozen_head)
+    if plan.guard:
+      step = _skip_inactive(step, want_hidden, params["embedding"].shape[-1])
+    carry, hid = jax.lax.scan(step, carry, seg)
     outs.append(hid)
   if s0 != plan.n_steps:
     raise AssertionError(f"segments {plan.segments} do not cover the plan's {plan.n_steps} steps")
   return carry, (jnp.concatenate(outs, axis=0) if want_hidden else None)
+
+
+def _skip_inactive(step, want_hidden: bool, hidden_size: int):
+  """``step(carry, plan)`` run under ``lax.cond``: an inactive (padding) step leaves the carry as
+  it is (and gives zero hidden states)."""
+  def guarded(c, p):
+    def skip(c):
+      hid = None
+      if want_hidden:
+        b, q = p.tokens.shape
+        hid = jnp.zeros((b, q, hidden_size), c.k.dtype)
+      return c, hid
+    return jax.lax.cond(p.active, lambda c: step(c, p), skip, c)
+  return guarded
 
 
 def start_carry(cfg: ModelConfig, plan: WindowPlan, k=None, v=None) -> Carry:
