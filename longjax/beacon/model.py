@@ -70,7 +70,8 @@ def frozen_base(params):
 
 
 class BeaconLM:
-  """Activation Beacon over a frozen decoder; a ``longjax.generate`` method.
+  """Activation Beacon over a frozen decoder; a ``longjax.generate`` method. The host planning
+  of its calls (query slots, memory-size buckets, stacked plans) is ``self.schedule``.
 
   Args:
     cfg: the decoder config; must have the beacon projections (``alt_projections`` ⊇ ``param``)

@@ -1,7 +1,9 @@
 """The pure device side of Activation Beacon: one window step, the scan over a stacked plan, the
 training loss over it (hard labels or soft targets), and their jitted programs. Everything here is
-a function of arrays and static settings; the host side (planning, ``BeaconLM``) is ``model.py``,
-the decode loop's plans ``decode.py``; both import this module, never the reverse.
+a function of arrays and static settings. The host side is the planning (``planner.py``, whose
+``WindowPlan`` this module runs, and ``schedule.py``) and ``BeaconLM`` (``model.py``); ``model.py``,
+the decode loop's plans (``decode.py``) and the training task import this module, never the
+reverse.
 """
 from __future__ import annotations
 
