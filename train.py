@@ -48,8 +48,11 @@ def _train(config):
   from longjax.train import sharding
   tc = config.get("train", {})
   sharding.maybe_initialize_distributed(tc.get("distributed", "auto"), tc.get("cluster"))
-  from longjax.train.loop import run_main
-  return run_main(config, resume=_RESUME.value, debug=_DEBUG.value)
+  from longjax.train.loop import Trainer
+  out = Trainer(config, resume=_RESUME.value).run()  # a known failure: cli.run's one line
+  print(f"train.py: done: steps {out['start_step']}..{out['final_step']} in "
+        f"{out['seconds']:.1f}s; workdir {Path(config.workdir).absolute()}"
+        + (f"; exported {out['export']}" if out.get("export") else ""))
 
 
 if __name__ == "__main__":

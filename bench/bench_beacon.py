@@ -89,8 +89,8 @@ def worker_jax(spec: dict) -> dict:
                   progress=False, **steps)
     flops_p = H.beacon_prefill_flops(cfg, t_len, WINDOW, RATIO, bcfg.sink_size)
     flops_d = H.beacon_decode_flops(cfg, t_len, n_dec, WINDOW, RATIO)
-    extra = dict(window=WINDOW, ratio=RATIO, memory_capacity=lm.capacity, q_slots=lm.q_slots,
-                 memory_bucket_steps=lm.memory_bucket_steps)
+    extra = dict(window=WINDOW, ratio=RATIO, memory_capacity=lm.capacity,
+                 q_slots=lm.schedule.q_slots, memory_bucket_steps=lm.schedule.memory_bucket_steps)
   else:
     cfg, params = load_hf(spec["ckpt"])
     lm = PlainLM(cfg, impl=spec["impl"])
@@ -127,7 +127,7 @@ def _attn_choice(spec, lm, t_len):
   from longjax.sizes import round_up
   c = lm.cfg
   if spec["method"] == BEACON:
-    tq, tk = lm.q_slots, lm.capacity + lm.q_slots
+    tq, tk = lm.schedule.q_slots, lm.capacity + lm.schedule.q_slots
   else:
     tq = t_len
     tk = round_up(t_len + spec["decode"], 64) + t_len

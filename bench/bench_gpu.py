@@ -122,8 +122,9 @@ def section_beacon(args, cfg, params):
   lengths = [512, 2048] if args.smoke else [32768, 131072]
   bcfg = BeaconConfig(window=w, stride=w, ratios=(ratio,))
   lm = BeaconLM(cfg, bcfg, max_length=max(lengths) + 2 * w, impl=args.impl, progress=False)
-  choice = explain((1, lm.q_slots, cfg.num_heads, cfg.head_dim),
-                   (1, lm.capacity + lm.q_slots, cfg.num_kv_heads, cfg.head_dim),
+  q = lm.schedule.q_slots
+  choice = explain((1, q, cfg.num_heads, cfg.head_dim),
+                   (1, lm.capacity + q, cfg.num_kv_heads, cfg.head_dim),
                    cfg.compute_dtype, impl=args.impl)
   R["env"]["beacon_attention"] = list(choice)
   log(f"beacon: window {w}, ratio {ratio}, capacity {lm.capacity}, attention {choice}")

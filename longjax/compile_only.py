@@ -238,7 +238,8 @@ def beacon_train(slice_name: str, *, config: str = "beacon_qwen2", length: Optio
     ids = [rng.integers(3, cfg.vocab_size, length).astype(np.int64) for _ in range(gb)]
     from longjax.beacon.planner import RowState
     rows = [RowState.seeded(np.random.default_rng(i)) for i in range(gb)]
-    plans = task.lm.plan(ids, ids, rows=rows, training=True, steps_multiple=task.step_bucket)
+    plans = task.lm.schedule.plan(ids, ids, rows=rows, training=True,
+                                  steps_multiple=task.step_bucket)
     ax = method.plan_batch_axis
 
     def put(x):

@@ -1,9 +1,9 @@
 """The two training tasks over the frozen decoder, as host ``prepare`` + device ``loss``.
 
-* :class:`BeaconTask` plans a global batch with ``BeaconLM.plan`` (host) and runs
-  ``BeaconLM.loss_terms`` (the window scan of ``BeaconLM.loss``: memory-size buckets, each window
-  under ``jax.checkpoint``) inside the jitted train step, so the whole optimizer step is a single
-  XLA program with full BPTT through the memory (official); one compile per bucket schedule.
+* :class:`BeaconTask` plans a global batch with ``Schedule.plan`` (host) and runs the window scan
+  of ``BeaconLM.loss`` (``beacon.step.scan_windows``: memory-size buckets, each window under
+  ``jax.checkpoint``) inside the jitted train step, so the whole optimizer step is a single XLA
+  program with full BPTT through the memory (official); one compile per bucket schedule.
 * :class:`FocusTask` uses ``longjax.focus`` (``spans`` indices via ``longjax.data.pipeline``,
   ``planner.split_training`` / ``pack_*``, ``FocusLoss.per_sample``) with shapes padded to
   power-of-two buckets (few compiles across random strides and spans).
@@ -23,6 +23,7 @@ import numpy as np
 from longjax.beacon.config import BeaconConfig
 from longjax.beacon.model import BeaconLM
 from longjax.beacon.planner import IGNORE, RowState, WindowPlan
+from longjax.beacon.step import scan_windows, start_carry
 from longjax.data import pipeline
 from longjax.focus.config import FocusConfig
 from longjax.focus.losses import FocusLoss
@@ -87,14 +88,14 @@ class BeaconTask:
     objectives = [self._objective(ds, int(i)) for i in idx]
     training = self.layout == "official"
     if "distill" not in objectives:
-      plan = self.lm.plan(rows_ids, rows_labels, rows=starts, training=training,
-                          steps_multiple=self.step_bucket)
+      plan = self.lm.schedule.plan(rows_ids, rows_labels, rows=starts, training=training,
+                                   steps_multiple=self.step_bucket)
       return dict(plans=plan, tokens=int(sum(len(r) for r in rows_ids)))
     # Distillation: plan with each label holding its target's position, so that the device can
     # gather the teacher's distribution for it; then put the token ids back as labels.
     positions = [np.arange(len(r), dtype=np.int64) for r in rows_ids]
-    plan = self.lm.plan(rows_ids, positions, rows=starts, training=training,
-                        steps_multiple=self.step_bucket)
+    plan = self.lm.schedule.plan(rows_ids, positions, rows=starts, training=training,
+                                 steps_multiple=self.step_bucket)
     tpos = np.asarray(plan.labels)  # [n, B, L] target positions, IGNORE where unlabelled
     labels = np.full(tpos.shape, IGNORE, np.int32)
     soft = np.zeros(tpos.shape, bool)
@@ -122,11 +123,17 @@ class BeaconTask:
     return obj or self.default_objective
 
   def loss(self, params, plans):
-    if isinstance(plans, WindowPlan):
-      return self.lm.loss_terms(params, plans)
-    plan, const = distill_targets(self, jax.lax.stop_gradient(params), plans)
-    ls, lc = self.lm.loss_terms(params, plan)
-    return ls + const, lc
+    """Per-row ``(loss_sum, loss_count)``: the window scan over the prepared plan from empty
+    memory, the LM head frozen (the base is frozen: only ``alt_*`` is trained)."""
+    plan, const = plans, None
+    if not isinstance(plans, WindowPlan):
+      plan, const = distill_targets(self, jax.lax.stop_gradient(params), plans)
+    lm = self.lm
+    carry, _ = scan_windows(lm.model, lm.sink_cap, params, start_carry(lm.model.cfg, plan), plan,
+                            want_loss=True, want_hidden=False, frozen_head=True)
+    if const is None:
+      return carry.loss_sum, carry.loss_count
+    return carry.loss_sum + const, carry.loss_count
 
 
 @dataclasses.dataclass(frozen=True)

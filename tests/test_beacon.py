@@ -184,7 +184,7 @@ def test_prefill_compiles_once_per_memory_bucket(model, scan_traces, steps, expe
   cfg, params = model
   lm = BeaconLM(cfg, BCFG, max_length=512, scan_chunk=4, memory_bucket_min=4,
                 memory_bucket_steps=steps)
-  assert lm.q_slots == 20
+  assert lm.schedule.q_slots == 20
   from longjax.beacon import model as beacon_model
   beacon_model._scan_jit.clear_cache()  # count this case's compiles only
   before = len(scan_traces)
@@ -196,8 +196,8 @@ def test_prefill_compiles_once_per_memory_bucket(model, scan_traces, steps, expe
   # memory before call s is 4 s beacons (0 .. 44)
   assert used == expected
   assert len(scan_traces) - before == len(used)
-  assert used <= set(lm.bucket_sizes())
-  assert len(lm.bucket_sizes()) <= steps * int(np.ceil(np.log2(lm.capacity))) + 2
+  assert used <= set(lm.schedule.bucket_sizes())
+  assert len(lm.schedule.bucket_sizes()) <= steps * int(np.ceil(np.log2(lm.capacity))) + 2
   before = len(scan_traces)
   out = lm.forward(params, _ids(16 * 9 + 3, 9))  # same buckets: no new compile
   assert set(out.mem_buckets) <= used

@@ -12,6 +12,7 @@ from test_beacon import BCFG, _ids, tiny_cfg, tiny_params
 
 from longjax.beacon import BeaconLM, RowState
 from longjax.beacon.model import frozen_base
+from longjax.beacon.step import loss_terms
 
 W = BCFG.window
 
@@ -22,10 +23,15 @@ def model():
   return cfg, tiny_params(cfg)
 
 
+def _loss_terms(lm, params, plan):
+  """The training loss of a plan (the LM head frozen, as in the training task)."""
+  return loss_terms(params, plan, model=lm.model, sink_cap=lm.sink_cap, frozen_head=True)
+
+
 def _grad_temp_bytes(lm, params, n_windows):
   ids = _ids(W * n_windows, 3)
-  plan = lm.plan(ids, ids)
-  f = lambda p: (lambda ls, lc: ls.sum() / lc.sum())(*lm.loss_terms(frozen_base(p), plan))  # noqa: E731
+  plan = lm.schedule.plan(ids, ids)
+  f = lambda p: (lambda ls, lc: ls.sum() / lc.sum())(*_loss_terms(lm, frozen_base(p), plan))  # noqa: E731
   return jax.jit(jax.grad(f)).lower(params).compile().memory_analysis().temp_size_in_bytes, plan
 
 
@@ -100,15 +106,15 @@ def test_plan_padding_and_seeded_rows(model):
                 training=True)
   ids = _ids(W * 4 + 5, 5)  # 5 calls
   rows = [RowState.seeded(np.random.default_rng(7))]
-  a = lm.plan(ids, ids, rows=rows)
-  b = lm.plan(ids, ids, rows=rows, steps_multiple=4)
+  a = lm.schedule.plan(ids, ids, rows=rows)
+  b = lm.schedule.plan(ids, ids, rows=rows, steps_multiple=4)
   assert b.n_steps % 4 == 0 and b.n_steps > a.n_steps and not b.guard
   assert a.labels.shape[-1] < a.tokens.shape[-1]  # beacon slots have no label: no logits
-  la = jnp.sum(lm.loss_terms(params, a)[0])
-  lb = jnp.sum(lm.loss_terms(params, b)[0])
+  la = jnp.sum(_loss_terms(lm, params, a)[0])
+  lb = jnp.sum(_loss_terms(lm, params, b)[0])
   np.testing.assert_allclose(float(la), float(lb), rtol=1e-6)
   with pytest.raises(ValueError, match="empty memory"):
-    lm.plan(ids, rows=[RowState(fed=3)])
+    lm.schedule.plan(ids, rows=[RowState(fed=3)])
 
 
 def test_bf16_training_gradient_traces():
@@ -119,7 +125,7 @@ def test_bf16_training_gradient_traces():
   params = jax.eval_shape(lambda: tiny_params(cfg))
   lm = BeaconLM(cfg, BCFG, max_length=W * 4, training=True)
   ids = _ids(W * 3, 3)
-  plan = lm.plan(ids, ids)
-  f = lambda p: (lambda ls, lc: ls.sum() / lc.sum())(*lm.loss_terms(frozen_base(p), plan))  # noqa: E731
+  plan = lm.schedule.plan(ids, ids)
+  f = lambda p: (lambda ls, lc: ls.sum() / lc.sum())(*_loss_terms(lm, frozen_base(p), plan))  # noqa: E731
   grads = jax.eval_shape(jax.grad(f), params)
   assert grads["layers"]["attn"]["alt_q_proj"]["kernel"].dtype == jnp.bfloat16

@@ -151,8 +151,8 @@ def test_beacon_plans_in_blocks_as_the_loop_reaches_them(beacon_params, monkeypa
   stops, when = _stops_at(host.tokens, [3, 6])
   _both(lm, params, prompts, max_new_tokens=24, stop_ids=stops)
   planned = []
-  plan = lm._plan
-  lm._plan = lambda *a: planned.append(1) or plan(*a)
+  plan = lm.schedule.call
+  lm.schedule.call = lambda *a: planned.append(1) or plan(*a)
   longjax.generate(lm, params, prompts, max_new_tokens=24, stop_ids=stops, loop="device")
   # prefill plans once; decoding plans whole blocks up to the one holding the last feed (the
   # max(when) - 1'th: the last row's stop id is sampled after it, and never fed).
@@ -180,7 +180,8 @@ def test_beacon_append_layout_and_resume(beacon_params, monkeypatch):
   host, dev = _both(lm, params, [_ids(10, 11), _ids(21, 12)], max_new_tokens=20)
   assert dev.state.rows == host.state.rows
   # Only the window-completing steps (row 0 at 16, row 1 at 32) run with all query slots.
-  assert slots.count(lm.q_slots) == 2 and set(slots) == {lm.decode_slots, lm.q_slots}
+  assert slots.count(lm.schedule.q_slots) == 2 and set(slots) == {lm.schedule.decode_slots,
+                                                                 lm.schedule.q_slots}
   monkeypatch.undo()
   # Multi-turn: a resumed state decodes on device too.
   lm = BeaconLM(cfg, BCFG, max_length=256)

@@ -4,8 +4,8 @@ Generated tokens are fed one per row per step, and what the planner does with a 
 position, the beacons inserted after it, whether it completes a window and which raw-region
 entries the memory keeps) depends only on how many tokens each row has been fed, never on the
 token's value: ``Planner.plan_row`` reads the ids only to copy them into the step's input slots
-(``tok[~isb] = raw_ids``; labels are absent in generation, and the ratio draws follow the row's
-own RNG state and positions). So the decode steps are planned here with a placeholder id,
+(``_fill(isb, ids[raw], ...)``; labels are absent in generation, and the ratio draws follow the
+row's own RNG state and positions). So the decode steps are planned here with a placeholder id,
 ``PLAN_BLOCK`` steps at a time before the loop reaches them; the device step writes the sampled
 token into the step's one raw slot (``last_slot``). Windows completing inside the loop are planned
 steps like any other.
@@ -25,8 +25,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from longjax.beacon.memory import BeaconState
-from longjax.beacon.step import Carry, _chunks, run_step
-from longjax.beacon.planner import assemble, stack
+from longjax.beacon.planner import stack
+from longjax.beacon.schedule import segments
+from longjax.beacon.step import Carry, window_step
 from longjax.decode_loop import DevicePlan, Segment
 from longjax.models.decoder import Decoder
 
@@ -44,8 +45,8 @@ class BeaconDecodeStep:
     ids = plan.tokens.at[jnp.arange(b), plan.last_slot].set(tokens.astype(plan.tokens.dtype),
                                                             mode="drop")
     plan = dataclasses.replace(plan, tokens=ids)
-    carry, _ = run_step(self.model, self.sink_cap, params, carry, plan, mem_size=self.mem_size,
-                        want_loss=False, want_hidden=False)
+    carry, _ = window_step(self.model, self.sink_cap, params, carry, plan, mem_size=self.mem_size,
+                           want_loss=False, want_hidden=False)
     return carry.last, carry
 
 
@@ -76,13 +77,12 @@ def _segments(lm, capacity: int, rows_after: list, n_feeds: int):
   for f0 in range(0, n_feeds, PLAN_BLOCK):
     step_descs, needs = [], []
     for _ in range(f0, min(f0 + PLAN_BLOCK, n_feeds)):
-      descs, rows, sd, _, need, _ = lm._plan(placeholder, None, None, rows_after[-1], False, None,
-                                             0)
-      if len(sd) != 1 or any(len(d) != 1 for d in descs):
+      call = lm.schedule.call(placeholder, None, None, rows_after[-1], False, None, 0)
+      if len(call.steps) != 1 or any(len(d) != 1 for d in call.descs):
         raise AssertionError("a one-token decode step planned as more than one official call")
-      rows_after.append(rows)
-      step_descs.append(sd[0])
-      needs.append(need[0])
+      rows_after.append(call.rows)
+      step_descs.append(call.steps[0])
+      needs.append(call.needs[0])
     yield from _block_segments(lm, capacity, f0, step_descs, needs)
 
 
@@ -91,29 +91,29 @@ def _block_segments(lm, capacity: int, f0: int, step_descs, needs):
 
   Each step runs with the query slots the host step gives it: the decode bucket, or all slots for
   a step that inserts many beacons (append layout: a completing window), alone in its segment."""
+  sch = lm.schedule
   b, n = len(step_descs[0]), len(step_descs)
-  q_small, q_big = lm.decode_slots, lm.q_slots
+  q_small, q_big = sch.decode_slots, sch.q_slots
   small = [all(d.n <= q_small for d in sd) for sd in step_descs]
   shared = None
   if any(small):
-    noop = assemble([None] * b, q_small, lm.r_slots, lm.alt_slots(q_small))
-    plans = [assemble(sd, q_small, lm.r_slots, lm.alt_slots(q_small)) if ok else noop
-             for sd, ok in zip(step_descs, small)]
+    noop = sch.assemble([None] * b, q_small)
+    plans = [sch.assemble(sd, q_small) if ok else noop for sd, ok in zip(step_descs, small)]
     shared = _stacked(plans + [noop] * (PLAN_BLOCK - n), capacity)  # one shape for every block
-  buckets = [lm.memory_bucket(x, capacity) for x in needs]
+  buckets = [sch.memory_bucket(x, capacity) for x in needs]
   step = functools.partial(BeaconDecodeStep, lm.model, lm.sink_cap)
   i = 0
   while i < n:
     if not small[i]:
-      one = _stacked([assemble(step_descs[i], q_big, lm.r_slots, lm.alt_slots(q_big))], capacity)
+      one = _stacked([sch.assemble(step_descs[i], q_big)], capacity)
       yield Segment(f0 + i + 1, step(buckets[i]), one, first=f0 + i)
       i += 1
       continue
     j = i
     while j < n and small[j]:
       j += 1
-    for c0, c1 in _chunks(buckets[i:j], j - i):
-      yield Segment(f0 + i + c1, step(buckets[i + c0]), shared, first=f0)
+    for _, c1, bucket in segments(buckets[i:j]):
+      yield Segment(f0 + i + c1, step(bucket), shared, first=f0)
     i = j
 
 

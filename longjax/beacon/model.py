@@ -1,18 +1,9 @@
-"""Activation Beacon on the shared decoder, host side: planning, the ``lax.scan`` prefill in chunks,
-the loss, and the generation method (``prefill`` / ``step``) that ``longjax.generate`` drives (the
-device step itself, pure and jitted, is ``step.py``).
+"""Activation Beacon on the shared decoder: ``BeaconLM``, the generation method (``prefill`` /
+``step``) that ``longjax.generate`` drives, its prefill in ``lax.scan`` chunks and its loss.
 
-Device compute has static shapes:
-
-* query slots ``Q = W + W / r_min`` (interleave) or ``W + S / r_min`` (append) per step, or a small
-  decode bucket when every row's step fits (generation: 1 raw token, maybe a beacon);
-* memory buffers of ``capacity = sink + beacon capacity + R`` entries with ``R = Q`` (the raw
-  region slab), with explicit lengths from the planner;
-* the part of the buffer that attention sees: a *memory-size bucket* ``M`` (``0``, then powers of
-  two from ``memory_bucket_min``, split into ``memory_bucket_steps`` buckets per octave where the
-  memory is large, capped at ``capacity``) chosen on the host from the planner's exact memory
-  lengths, so a step costs what its filled memory costs (not the whole buffer sized for
-  ``max_length``). Each bucket is one compiled program: ``O(steps * log capacity)`` of them.
+The host planning of its calls (query slots, memory-size buckets, segments, stacked plans) is
+``schedule.py`` over the per-row ``planner.py``; the device step itself, pure and jitted, is
+``step.py``.
 
 Prefill runs the planned steps through ``lax.scan`` in chunks of at most ``scan_chunk`` steps that
 share one bucket (a chunk starts a new bucket when the memory outgrows the current one); a
@@ -21,15 +12,14 @@ any number of windows (full windows and the final partial window alike). Decode 
 jitted step per (query slots, bucket).
 
 ``loss`` and the training task run the same scan (``scan_windows`` over a ``WindowPlan``) as one
-jitted program over all windows: ``plan`` stacks every step in bucket segments, ``loss_terms``
-runs them from an empty buffer sized to the input.
+jitted program over all windows: ``Schedule.plan`` stacks every step in bucket segments.
 """
 from __future__ import annotations
 
 import dataclasses
 import logging
 import sys
-from typing import Optional, Sequence
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
@@ -38,25 +28,16 @@ import numpy as np
 from longjax import program_cache
 from longjax.beacon.config import BeaconConfig
 from longjax.beacon.memory import BeaconState, empty_state
-from longjax.beacon.planner import (BeaconInputError, Planner, RowState, StepDesc, WindowPlan,
-                                    assemble, stack)
-from longjax.beacon.step import Carry, _chunks, _loss_jit, _scan_jit, _step_jit, loss_terms
-from longjax.errors import LongjaxError
+from longjax.beacon.planner import stack
+from longjax.beacon.schedule import (BeaconSetupError, CapacityError, Schedule, rows_of,
+                                     segments)
+from longjax.beacon.step import Carry, _loss_jit, _scan_jit, _step_jit
 from longjax.kernels import MaskRule
 from longjax.models.config import ModelConfig
 from longjax.models.decoder import Decoder
 from longjax.models.head import lm_head
-from longjax.sizes import next_pow2, round_up
 
 _log = logging.getLogger("longjax.beacon")
-
-
-class BeaconSetupError(LongjaxError, ValueError):
-  """The model / checkpoint cannot run Activation Beacon as configured."""
-
-
-class CapacityError(LongjaxError, ValueError):
-  """An input does not fit the memory capacity this BeaconLM was built for."""
 
 
 @dataclasses.dataclass
@@ -75,8 +56,6 @@ class ForwardOutput:
     return jnp.sum(self.loss_sum) / jnp.maximum(jnp.sum(self.loss_count), 1)
 
 
-
-
 def frozen_base(params):
   """``params`` with gradients stopped everywhere but the beacon tensors (official training:
   only ``beacon_*``, here ``alt_*``, is trained), so the base gets no gradient computed."""
@@ -87,7 +66,8 @@ def frozen_base(params):
 
 
 class BeaconLM:
-  """Activation Beacon over a frozen decoder; a ``longjax.generate`` method.
+  """Activation Beacon over a frozen decoder; a ``longjax.generate`` method. The host planning
+  of its calls (query slots, memory-size buckets, stacked plans) is ``self.schedule``.
 
   Args:
     cfg: the decoder config; must have the beacon projections (``alt_projections`` ⊇ ``param``)
@@ -133,8 +113,11 @@ class BeaconLM:
           "or use a checkpoint that has beacon_* tensors")
     if ratio is not None:
       bcfg.check_ratio(ratio)
-    if max_length < 1:
-      raise CapacityError(f"max_length must be >= 1, got {max_length}")
+    self.schedule = Schedule(bcfg, cfg.vocab_size, cfg.max_positions, max_length=max_length,
+                             decode_slots=decode_slots, memory_buckets=memory_buckets,
+                             memory_bucket_min=memory_bucket_min,
+                             memory_bucket_steps=memory_bucket_steps, training=training,
+                             ratio=ratio)
     if cfg.has_sliding_window:
       # The official Activation Beacon code never applies a sliding window (Mistral's is not passed
       # to its attention; it only warns): follow it, so logits match its outputs. PlainLM keeps it.
@@ -143,156 +126,23 @@ class BeaconLM:
       cfg = cfg.replace(sliding_windows=None)
     self.cfg = cfg
     self.bcfg = bcfg
-    self.max_length = int(max_length)
+    self.max_length = self.schedule.max_length
+    self.capacity = self.schedule.capacity  # KV entries per layer and row of a state's buffers
     self.scan_chunk = int(scan_chunk)
-    self.ratio = ratio
-    self.training = training
     self.progress = progress
     rule = MaskRule(causal=True, kind_sees=(0b01, 0b11) if bcfg.attn == "step-expansion" else None)
     # remat True / "dots": the decoder's per-layer policy (ModelConfig.remat).
     self.model = Decoder(cfg.replace(remat=remat) if remat else cfg, rule=rule, impl=impl)
-    self.q_slots = bcfg.query_slots
-    self.r_slots = self.q_slots
-    self.decode_slots = min(int(decode_slots), self.q_slots)
-    self.sink_cap = bcfg.sink_size
-    self.beacon_capacity = (self.max_length // bcfg.window) * bcfg.max_memory_per_window
-    self.capacity = self.sink_cap + self.beacon_capacity + self.r_slots
-    self.memory_buckets = bool(memory_buckets)
-    self.memory_bucket_min = max(1, int(memory_bucket_min))
-    if int(memory_bucket_steps) < 1:
-      raise BeaconSetupError(f"memory_bucket_steps must be >= 1 (buckets per octave of memory "
-                             f"size), got {memory_bucket_steps}: pass 1 for powers of two, 4 "
-                             f"(the default) for finer buckets")
-    self.memory_bucket_steps = int(memory_bucket_steps)
-    # The finest bucket step: the largest power of two <= half the window's query slots.
-    self._bucket_step_min = next_pow2(self.q_slots // 2 + 1) // 2
-    self.planner = Planner(bcfg, cfg.vocab_size, cfg.max_positions, self.beacon_capacity)
+    self.sink_cap = self.schedule.sink_cap
     self.remat = remat
     self._static = dict(model=self.model, sink_cap=self.sink_cap)
 
-  # ------------------------------------------------------------------------------------------
-  def memory_need(self, d: Optional[StepDesc]) -> int:
-    """Buffer entries a step's attention must see: its valid memory is ``[0, need)``."""
-    if d is None:
-      return 0
-    rest = d.beacon_len + d.raw_len
-    return max(d.sink_len, self.sink_cap + rest if rest else 0)
-
-  def alt_slots(self, q_slots: int) -> int:
-    """Beacon slots of a ``q_slots``-slot step: the only tokens projected with the beacon
-    q/k/v(/o) (static; the planner checks every step fits)."""
-    return min(q_slots, self.bcfg.max_beacons_per_call)
-
-  def memory_bucket(self, need: int, capacity: Optional[int] = None) -> int:
-    """The memory-size bucket (static attention length over a buffer of ``capacity`` entries,
-    default ``self.capacity``) for ``need`` entries."""
-    capacity = self.capacity if capacity is None else capacity
-    if not self.memory_buckets:
-      return capacity
-    if need <= 0:
-      return 0
-    b = max(self.memory_bucket_min, next_pow2(need))
-    step = max(b // (2 * self.memory_bucket_steps), self._bucket_step_min, 1)
-    if step < b:  # ``need`` lies in (b / 2, b]: the next multiple of ``step``
-      b = max(self.memory_bucket_min, min(b, round_up(need, step)))
-    return min(b, capacity)
-
-  def bucket_sizes(self) -> list:
-    """Every bucket ``memory_bucket`` can return (an upper bound on compiles per program)."""
-    needs = {0, 1, self.capacity}
-    for i in range(self.capacity.bit_length() + 1):
-      top = 1 << i  # each bucket of the octave (top / 2, top] is hit by one of these needs
-      needs.update(range(top // 2 + 1, top + 1, max(1, top // (2 * self.memory_bucket_steps))))
-    return sorted({self.memory_bucket(n) for n in needs if n <= self.capacity})
-
-  # ------------------------------------------------------------------------------------------
-  # ------------------------------------------------------------------------------------------
   def init_state(self, batch: int) -> BeaconState:
     c = self.cfg
     return empty_state(c.num_layers, batch, self.capacity, c.num_kv_heads, c.head_dim,
                        c.compute_dtype)
 
-  def _check_room(self, rows: Sequence[RowState], new: Sequence[int], extra: int = 0):
-    for i, (r, n) in enumerate(zip(rows, new)):
-      need = r.fed + n + extra
-      if need > self.max_length:
-        raise CapacityError(
-            f"row {i}: {r.fed} tokens already in memory + {n} new"
-            + (f" + {extra} to generate" if extra else "")
-            + f" = {need} tokens exceed this BeaconLM's max_length={self.max_length} (memory "
-            f"capacity {self.capacity} KV entries per layer: sink {self.sink_cap} + beacons "
-            f"{self.beacon_capacity} + window {self.r_slots}); build it with "
-            f"BeaconLM(..., max_length={round_up(need, self.bcfg.window)}) or more")
-
-  def _plan(self, ids, labels, lengths, rows, training, ratio, reserve):
-    """Host planning of one official call: ``(descs per row, new row states, step_descs per
-    step, query slots, memory need per step)``."""
-    rows_ids = _rows(ids, lengths)
-    rows_labels = None if labels is None else _rows(labels, lengths)
-    training = self.training if training is None else training
-    ratio = self.ratio if ratio is None else ratio
-    if ratio is not None:
-      self.bcfg.check_ratio(ratio)
-    if len(rows_ids) != len(rows):
-      raise BeaconInputError(f"{len(rows_ids)} rows of ids for a state of batch {len(rows)}")
-    if any(len(r) == 0 for r in rows_ids):
-      raise BeaconInputError("empty input: every row needs at least one token")
-    self._check_room(rows, [len(r) for r in rows_ids], reserve)
-    descs, new_rows = [], []
-    for i, ids_i in enumerate(rows_ids):
-      labels_i = None if rows_labels is None else rows_labels[i]
-      d, st = self.planner.plan_row(rows[i], ids_i, labels_i, training, ratio)
-      descs.append(d)
-      new_rows.append(st)
-    n_steps = max(len(d) for d in descs)
-    small = all(x.n <= self.decode_slots for d in descs for x in d)
-    q = self.decode_slots if n_steps == 1 and small else self.q_slots
-    step_descs = [[d[s] if s < len(d) else None for d in descs] for s in range(n_steps)]
-    needs = [max(self.memory_need(x) for x in sd) for sd in step_descs]
-    return descs, tuple(new_rows), step_descs, q, needs, rows_ids
-
-  def plan(self, ids, labels=None, *, lengths=None, state: Optional[BeaconState] = None,
-           rows: Optional[Sequence[RowState]] = None, training: Optional[bool] = None,
-           ratio: Optional[int] = None, steps_multiple: int = 1) -> WindowPlan:
-    """Plan one official call (as ``forward`` would) as one stacked ``WindowPlan`` for
-    ``loss_terms``: every step, in memory-bucket segments, padded with no-op steps to a
-    multiple of ``steps_multiple``.
-
-    After ``state``; or from empty memory, with ``rows`` (e.g. ``RowState.seeded(rng)``: the
-    ratio draws) as the planner's start. From empty memory the plan's buffer holds what this
-    input needs (``sink + (T // W) * W / r_min + Q`` entries), not ``max_length``.
-    """
-    if state is not None:
-      rows, capacity = state.rows, state.capacity
-    else:
-      b = len(_rows(ids, lengths))
-      rows = tuple(rows) if rows is not None else tuple(RowState() for _ in range(b))
-      if any(r.fed or r.sizes != (0, 0, 0) for r in rows):
-        raise BeaconInputError("plan(rows=...) starts from empty memory: pass state= to continue")
-      capacity = None
-    _, _, step_descs, q, needs, rows_ids = self._plan(ids, labels, lengths, rows, training,
-                                                      ratio, 0)
-    if capacity is None:
-      longest = max(len(r) for r in rows_ids)
-      capacity = min(self.capacity, self.sink_cap + self.r_slots
-                     + (longest // self.bcfg.window) * self.bcfg.max_memory_per_window)
-    buckets = [self.memory_bucket(n, capacity) for n in needs]
-    segments = [[c1 - c0, buckets[c0]] for c0, c1 in _chunks(buckets, len(buckets))]
-    pad = round_up(len(step_descs), max(1, int(steps_multiple))) - len(step_descs)
-    segments[-1][0] += pad
-    segments = _no_single_steps(segments)
-    b = len(rows)
-    plans = [assemble(sd, q, self.r_slots, self.alt_slots(q)) for sd in step_descs]
-    plans += [assemble([None] * b, q, self.r_slots, self.alt_slots(q))] * pad
-    return stack(plans, segments, capacity, compact_labels=True, guard=False)
-
-  def loss_terms(self, params, plan: WindowPlan, state: Optional[BeaconState] = None):
-    """``(loss_sum [B], loss_count [B])`` of a ``plan`` (pure and jittable: the training step
-    calls it inside its own jit); from ``state``'s memory or empty buffers. In training mode the
-    LM head is frozen (no gradient reaches it, as in ``loss``)."""
-    k, v = (None, None) if state is None else (state.k, state.v)
-    return loss_terms(params, plan, k, v, frozen_head=self.training, **self._static)
-
+  # ------------------------------------------------------------------------------------------
   def forward(self, params, ids, *, lengths=None, labels=None, state: Optional[BeaconState] = None,
               training: Optional[bool] = None, ratio: Optional[int] = None,
               collect_logits: bool = False, use_scan: bool = True, reserve: int = 0
@@ -304,52 +154,62 @@ class BeaconLM:
     the logits of every new raw token (tests / analysis: ``[n, V]`` per row).
     """
     if state is None:
-      state = self.init_state(len(_rows(ids, lengths)))
-    descs, new_rows, step_descs, q, needs, rows_ids = self._plan(
-        ids, labels, lengths, state.rows, training, ratio, reserve)
-    n_steps = len(step_descs)
-    want_loss = labels is not None
+      state = self.init_state(len(rows_of(ids, lengths)))
+    call = self.schedule.call(ids, labels, lengths, state.rows, training, ratio, reserve)
     b = state.batch
     # Host zeros: jnp.zeros would compile three tiny programs in every new process.
     carry = Carry(state.k, state.v, np.zeros((b, self.cfg.vocab_size), np.float32),
                   np.zeros((b,), np.float32), np.zeros((b,), np.int32))
-    hidden_chunks = []
-    buckets = [self.memory_bucket(n) for n in needs]
-    used = []
-    flags = dict(want_loss=want_loss, want_hidden=collect_logits, **self._static)
-    if not use_scan or (n_steps == 1 and q == self.decode_slots):
-      for s in range(n_steps):
-        plan = assemble(step_descs[s], q, self.r_slots, self.alt_slots(q))
-        carry, hid = program_cache.call("beacon_step", _step_jit,
-                                        dict(flags, mem_size=buckets[s]), params, carry, plan)
-        used.append(buckets[s])
-        if collect_logits:
-          hidden_chunks.append(hid[None])
+    flags = dict(want_loss=labels is not None, want_hidden=collect_logits, **self._static)
+    if not use_scan or (len(call.steps) == 1 and call.q_slots == self.schedule.decode_slots):
+      carry, hidden, used = self._run_steps(params, carry, call, flags)
     else:
-      chunk = self.scan_chunk
-      bar = self._progress_bar(n_steps)
-      for c0, c1 in _chunks(buckets, chunk):
-        # Every chunk is padded to scan_chunk skipped steps: one compiled chunk per bucket.
-        plans = [assemble(step_descs[s], q, self.r_slots, self.alt_slots(q)) for s in range(c0, c1)]
-        plans += [assemble([None] * b, q, self.r_slots, self.alt_slots(q))] * (chunk - len(plans))
-        plan = stack(plans, [(chunk, buckets[c0])], state.capacity)
-        carry, hid = program_cache.call("beacon_scan", _scan_jit, flags, params, carry, plan)
-        used.append(buckets[c0])
-        if collect_logits:
-          hidden_chunks.append(hid[:c1 - c0])
-        if bar is not None:
-          bar.update(c1 - c0)
-      if bar is not None:
-        bar.close()
-    state = BeaconState(carry.k, carry.v, new_rows)
+      carry, hidden, used = self._run_chunks(params, carry, call, flags, state.capacity)
+    state = BeaconState(carry.k, carry.v, call.rows)
     out = ForwardOutput(next_logits=carry.last, state=state, loss_sum=carry.loss_sum,
-                        loss_count=carry.loss_count, steps=descs, mem_buckets=used)
+                        loss_count=carry.loss_count, steps=call.descs, mem_buckets=used)
     if collect_logits:
-      hidden = jnp.concatenate(hidden_chunks, axis=0)  # [steps, B, Q, H]
-      out.raw_logits = self._gather_raw_logits(params, hidden, descs, rows_ids)
+      hidden = jnp.concatenate(hidden, axis=0)  # [steps, B, Q, H]
+      out.raw_logits = self._gather_raw_logits(params, hidden, call.descs)
     return out
 
-  def _gather_raw_logits(self, params, hidden, descs, rows_ids):
+  def _run_steps(self, params, carry: Carry, call, flags: dict):
+    """Each step of ``call`` as one jitted window step at its memory bucket (decode steps):
+    ``(carry, per step hidden [1, B, Q, H], the buckets used)``."""
+    hidden, used = [], []
+    for step, need in zip(call.steps, call.needs):
+      bucket = self.schedule.memory_bucket(need)
+      plan = self.schedule.assemble(step, call.q_slots)
+      carry, hid = program_cache.call("beacon_step", _step_jit, dict(flags, mem_size=bucket),
+                                      params, carry, plan)
+      used.append(bucket)
+      if flags["want_hidden"]:
+        hidden.append(hid[None])
+    return carry, hidden, used
+
+  def _run_chunks(self, params, carry: Carry, call, flags: dict, capacity: int):
+    """The steps of ``call`` in scan chunks of at most ``scan_chunk`` steps at one memory
+    bucket: ``(carry, per chunk hidden [n, B, Q, H], the buckets used)``."""
+    chunk, b = self.scan_chunk, len(call.rows)
+    buckets = [self.schedule.memory_bucket(n) for n in call.needs]
+    hidden, used = [], []
+    bar = self._progress_bar(len(call.steps))
+    for c0, c1, bucket in segments(buckets, most=chunk):
+      # Every chunk is padded to scan_chunk skipped steps: one compiled chunk per bucket.
+      plans = [self.schedule.assemble(step, call.q_slots) for step in call.steps[c0:c1]]
+      plans += [self.schedule.assemble([None] * b, call.q_slots)] * (chunk - len(plans))
+      plan = stack(plans, [(chunk, bucket)], capacity)
+      carry, hid = program_cache.call("beacon_scan", _scan_jit, flags, params, carry, plan)
+      used.append(bucket)
+      if flags["want_hidden"]:
+        hidden.append(hid[:c1 - c0])
+      if bar is not None:
+        bar.update(c1 - c0)
+    if bar is not None:
+      bar.close()
+    return carry, hidden, used
+
+  def _gather_raw_logits(self, params, hidden, descs):
     res = []
     for i, d in enumerate(descs):
       idx_s, idx_q, where = [], [], []
@@ -381,14 +241,15 @@ class BeaconLM:
            state: Optional[BeaconState] = None, ratio: Optional[int] = None):
     """Official loss (labels default to ids; mean CE over labelled raw tokens); differentiable.
 
-    One jitted program over all windows (``loss_terms``; see ``remat``). In
+    One jitted program over all windows (``step.loss_terms``; see ``remat``). In
     training mode the base is frozen as in the official training: only the beacon tensors
     (``alt_*``) get a gradient; the base's gradient is zero and never computed.
     """
     if labels is None:
       labels = ids
-    training = self.training if training is None else training
-    plan = self.plan(ids, labels, lengths=lengths, state=state, training=training, ratio=ratio)
+    training = self.schedule.training if training is None else training
+    plan = self.schedule.plan(ids, labels, lengths=lengths, state=state, training=training,
+                              ratio=ratio)
     if training:
       params = frozen_base(params)
     k, v = (None, None) if state is None else (state.k, state.v)
@@ -426,7 +287,7 @@ class Resumed:
     self.carry = carry_tokens
 
   def prefill(self, params, tokens, lengths, max_new_tokens):
-    rows = _rows(tokens, lengths)
+    rows = rows_of(tokens, lengths)
     n_state = len(self.state.sizes())
     # zip would silently drop rows: a prompt fed to another row's memory answers the wrong question
     if len(rows) != n_state:
@@ -447,41 +308,3 @@ class Resumed:
 
   def device_plan(self, state, n_feeds):
     return self.lm.device_plan(state, n_feeds)
-
-
-def _no_single_steps(segments):
-  """Merge every 1-step segment into a neighbour (which then runs at the larger bucket): XLA
-  turns a 1-step scan into straight-line code and schedules its backward pass worse (SmolLM2,
-  4 windows: 565 MB of temporaries instead of 407 MB)."""
-  out = []
-  for n, m in segments:
-    if out and out[-1][0] == 1:
-      out[-1] = [n + 1, max(m, out[-1][1])]
-    else:
-      out.append([n, m])
-  if len(out) > 1 and out[-1][0] == 1:
-    out[-2:] = [[out[-2][0] + 1, max(out[-2][1], out[-1][1])]]
-  return out
-
-
-def _rows(ids, lengths=None) -> list:
-  """``[T]`` / ``[B, T]`` (+ lengths) / list of lists -> list of 1-D int arrays; float ids are
-  refused (casting would truncate them)."""
-  from longjax.generate import check_integer_ids
-  if isinstance(ids, (list, tuple)) and ids and isinstance(ids[0], (list, tuple, np.ndarray)):
-    check_integer_ids(ids, what="ids")
-    rows = [np.asarray(r, np.int64).reshape(-1) for r in ids]
-  else:
-    check_integer_ids([ids], what="ids")
-    arr = np.asarray(ids, np.int64)
-    if arr.ndim == 1:
-      arr = arr[None]
-    if arr.ndim != 2:
-      raise BeaconInputError(f"ids must be [T] or [B, T], got shape {arr.shape}")
-    rows = list(arr)
-  if lengths is not None:
-    lengths = np.asarray(lengths).reshape(-1)
-    if len(lengths) != len(rows):
-      raise BeaconInputError(f"{len(lengths)} lengths for {len(rows)} rows")
-    rows = [r[:int(n)] for r, n in zip(rows, lengths)]
-  return rows

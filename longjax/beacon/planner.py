@@ -175,6 +175,42 @@ class Planner:
       c.check_ratio(force_ratio)
     if ids.size == 0:
       return [], st
+    lab = self._shifted_labels(ids, labels)
+    base = st.fed
+    total = st.fed + ids.size
+    steps = []
+    while st.fed < total:
+      end = st.start + c.window
+      full = end <= total
+      if not full:
+        end = total
+      n = end - st.fed
+      raw = slice(st.fed - base, end - base)
+      raw_lab = lab[raw].copy()
+      if training and st.start == 0 and not (c.pos == "interleave" and c.attn == "full-coverage"):
+        raw_lab[:] = IGNORE  # spec §6.5: first window unlabelled outside interleave+full-coverage
+      train_last = training and end == total
+      isb, ratio, rem, st = self._beacons(st, n, full, train_last, total, training, force_ratio)
+      keep = isb.copy()
+      if ratio == 0 and not train_last:
+        keep[:] = True  # r = 0: the window's raw activations become memory
+      pos, order = self._positions(st, n, isb.size, ratio)
+      src, nxt = self._kept(st, full, keep, ratio)
+      capture = c.sink_size > 0 and st.beacon_len == 0
+      # Raw tokens fill the slots that are not beacons; beacon slots hold the beacon id.
+      steps.append(StepDesc(ids=_fill(isb, ids[raw], self.vocab_size), alt=isb, pos=pos,
+                            order=order, labels=_fill(isb, raw_lab, IGNORE),
+                            raw_index=_fill(isb, np.arange(raw.start, raw.stop), -1), src=src,
+                            sink_len=st.sink_len, beacon_len=st.beacon_len, raw_len=st.raw_len,
+                            capture=capture, ratio=ratio, full=full))
+      if capture:
+        nxt["sink_len"] = min(c.sink_size, isb.size)
+      st = dataclasses.replace(st, fed=end, rem=rem, **nxt)
+    return steps, st
+
+  def _shifted_labels(self, ids: np.ndarray, labels) -> np.ndarray:
+    """The next-token label of every id (``IGNORE`` for the last and without ``labels``), after
+    checking the ids and the labels' shape."""
     if np.any(ids < 0) or np.any(ids >= self.vocab_size):
       bad = ids[(ids < 0) | (ids >= self.vocab_size)][:5].tolist()
       raise BeaconInputError(f"token ids must be in [0, {self.vocab_size}) (the beacon id "
@@ -185,97 +221,80 @@ class Planner:
       if labels.shape != ids.shape:
         raise BeaconInputError(f"labels {labels.shape} must match ids {ids.shape}")
       lab[:-1] = labels[1:]
-    base = st.fed
-    total = st.fed + ids.size
-    steps = []
-    while st.fed < total:
-      end = st.start + c.window
-      full = end <= total
-      if not full:
-        end = total
-      n = end - st.fed
-      raw_ids = ids[st.fed - base:end - base]
-      raw_lab = lab[st.fed - base:end - base].copy()
-      raw_idx = np.arange(st.fed - base, end - base)
-      if training and st.start == 0 and not (c.pos == "interleave" and c.attn == "full-coverage"):
-        raw_lab[:] = IGNORE  # spec §6.5: first window unlabelled outside interleave+full-coverage
-      train_last = training and end == total
+    return lab
 
-      ratio: Optional[int]
-      rem = st.rem
-      if c.pos == "interleave":
-        if st.need_ratio:
-          r, st = self._choose_ratio(st, total, training, force_ratio)
-          st = dataclasses.replace(st, ratio=r, need_ratio=False)
-        ratio = st.ratio
-        if train_last or ratio == 0:
-          isb = np.zeros(n, bool)
-        else:
-          tot = n + rem
-          nb = tot // ratio
-          p = np.arange(n + nb)
-          isb = (p % (ratio + 1)) == (ratio - rem)
-          rem = tot % ratio
-      else:
-        ratio = None
-        isb = np.zeros(n, bool)
-        if full and not train_last:
-          ratio, st = self._choose_ratio(st, total, training, force_ratio)
-          st = dataclasses.replace(st, ratio=ratio)
-          if ratio > 0:
-            isb = np.concatenate([isb, np.ones(c.stride // ratio, bool)])
-      length = isb.size
-      keep = isb.copy()
-      if ratio == 0 and not train_last:
-        keep[:] = True  # r = 0: the window's raw activations become memory
+  def _beacons(self, st: RowState, n: int, full: bool, train_last: bool, total: int,
+               training: bool, force_ratio: Optional[int]):
+    """Where a step of ``n`` raw tokens has its beacons: ``(isb, ratio, rem, st)``, ``isb`` one
+    flag per slot (interleave: a beacon after every ``ratio`` raw tokens, continuing the
+    remainder ``rem`` of the window's earlier steps; append: ``stride / ratio`` beacons after a
+    full window; none in training's last window), with ``st``'s ratio choice updated."""
+    c = self.cfg
+    rem = st.rem
+    if c.pos == "interleave":
+      if st.need_ratio:
+        r, st = self._choose_ratio(st, total, training, force_ratio)
+        st = dataclasses.replace(st, ratio=r, need_ratio=False)
+      ratio = st.ratio
+      if train_last or ratio == 0:
+        return np.zeros(n, bool), ratio, rem, st
+      tot = n + rem
+      p = np.arange(n + tot // ratio)
+      return (p % (ratio + 1)) == (ratio - rem), ratio, tot % ratio, st
+    isb = np.zeros(n, bool)
+    if not full or train_last:
+      return isb, None, rem, st
+    ratio, st = self._choose_ratio(st, total, training, force_ratio)
+    st = dataclasses.replace(st, ratio=ratio)
+    if ratio > 0:
+      isb = np.concatenate([isb, np.ones(c.stride // ratio, bool)])
+    return isb, ratio, rem, st
 
-      tok = np.full(length, self.vocab_size, np.int64)
-      tok[~isb] = raw_ids
-      labels_slot = np.full(length, IGNORE, np.int64)
-      labels_slot[~isb] = raw_lab
-      raw_index = np.full(length, -1, np.int64)
-      raw_index[~isb] = raw_idx
-      m = st.sink_len + st.beacon_len + st.raw_len
-      p = np.arange(length)
-      if c.attn == "step-expansion":  # append only (config): spec §3.4, attend_prev=True
-        nraw = n
-        pos = np.empty(length, np.int64)
-        order = np.empty(length, np.int64)
-        pos[:nraw] = m + p[:nraw]
-        order[:nraw] = 2 * (st.raw_len + p[:nraw])
-        b = np.arange(length - nraw)
-        if b.size:
-          pos[nraw:] = st.sink_len + st.beacon_len + (b + 1) * (ratio + 1) - 1
-          order[nraw:] = 2 * ((b + 1) * ratio - 1) + 1
-      else:
-        pos = m + p
-        order = 2 * (st.raw_len + p)
+  def _positions(self, st: RowState, n: int, length: int, ratio: Optional[int]):
+    """RoPE positions and mask orders of a step's ``length`` slots (its ``n`` raw tokens first
+    with step-expansion) after ``st``'s memory."""
+    m = st.sink_len + st.beacon_len + st.raw_len
+    p = np.arange(length)
+    if self.cfg.attn != "step-expansion":
+      return m + p, 2 * (st.raw_len + p)
+    # append only (config): spec §3.4, attend_prev=True
+    pos = np.empty(length, np.int64)
+    order = np.empty(length, np.int64)
+    pos[:n] = m + p[:n]
+    order[:n] = 2 * (st.raw_len + p[:n])
+    b = np.arange(length - n)
+    if b.size:
+      pos[n:] = st.sink_len + st.beacon_len + (b + 1) * (ratio + 1) - 1
+      order[n:] = 2 * ((b + 1) * ratio - 1) + 1
+    return pos, order
 
-      capture = c.sink_size > 0 and st.beacon_len == 0
-      new_slots = -(p + 1)
-      if full:
-        old_keep = np.flatnonzero(np.asarray(st.raw_keep, bool)) if st.raw_keep else np.zeros(0, int)
-        src = np.concatenate([old_keep, new_slots[keep]]).astype(np.int64)
-        beacon_len = st.beacon_len + src.size
-        if beacon_len > self.beacon_capacity:
-          raise MemoryFullError(
-              f"beacon memory full: this window would bring it to {beacon_len} entries but the "
-              f"capacity is {self.beacon_capacity}; create the BeaconLM with a larger max_length")
-        nxt = dict(beacon_len=beacon_len, raw_len=0, raw_keep=(), start=st.start + c.stride,
-                   windows_done=st.windows_done + 1, need_ratio=True,
-                   used_zero=st.used_zero or ratio == 0)
-      else:
-        src = np.concatenate([np.arange(st.raw_len), new_slots]).astype(np.int64)
-        nxt = dict(raw_len=st.raw_len + length,
-                   raw_keep=st.raw_keep + tuple(int(x) for x in keep))
-      steps.append(StepDesc(ids=tok, alt=isb, pos=pos, order=order, labels=labels_slot,
-                            raw_index=raw_index, src=src, sink_len=st.sink_len,
-                            beacon_len=st.beacon_len, raw_len=st.raw_len, capture=capture,
-                            ratio=ratio, full=full))
-      if capture:
-        nxt["sink_len"] = min(c.sink_size, length)
-      st = dataclasses.replace(st, fed=end, rem=rem, **nxt)
-    return steps, st
+  def _kept(self, st: RowState, full: bool, keep: np.ndarray, ratio: Optional[int]):
+    """What the raw region keeps after a step whose slots ``keep`` go to memory: ``(src, the
+    row state's next fields)``. A full window moves the kept entries to the beacon memory and
+    empties the raw region; a partial one appends every new slot."""
+    c = self.cfg
+    new_slots = -(np.arange(keep.size) + 1)
+    if not full:
+      src = np.concatenate([np.arange(st.raw_len), new_slots]).astype(np.int64)
+      return src, dict(raw_len=st.raw_len + keep.size,
+                       raw_keep=st.raw_keep + tuple(int(x) for x in keep))
+    old_keep = np.flatnonzero(np.asarray(st.raw_keep, bool)) if st.raw_keep else np.zeros(0, int)
+    src = np.concatenate([old_keep, new_slots[keep]]).astype(np.int64)
+    beacon_len = st.beacon_len + src.size
+    if beacon_len > self.beacon_capacity:
+      raise MemoryFullError(
+          f"beacon memory full: this window would bring it to {beacon_len} entries but the "
+          f"capacity is {self.beacon_capacity}; create the BeaconLM with a larger max_length")
+    return src, dict(beacon_len=beacon_len, raw_len=0, raw_keep=(), start=st.start + c.stride,
+                     windows_done=st.windows_done + 1, need_ratio=True,
+                     used_zero=st.used_zero or ratio == 0)
+
+
+def _fill(isb: np.ndarray, raw: np.ndarray, fill: int) -> np.ndarray:
+  """One int64 entry per slot: ``raw`` in the raw-token slots, ``fill`` in the beacon slots."""
+  out = np.full(isb.size, fill, np.int64)
+  out[~isb] = raw
+  return out
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,12 +1,14 @@
 """The pure device side of Activation Beacon: one window step, the scan over a stacked plan, the
 training loss over it (hard labels or soft targets), and their jitted programs. Everything here is
-a function of arrays and static settings; the host side (planning, ``BeaconLM``) is ``model.py``,
-the decode loop's plans ``decode.py``; both import this module, never the reverse.
+a function of arrays and static settings. The host side is the planning (``planner.py``, whose
+``WindowPlan`` this module runs, and ``schedule.py``) and ``BeaconLM`` (``model.py``); ``model.py``,
+the decode loop's plans (``decode.py``) and the training task import this module, never the
+reverse.
 """
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple, Optional, Sequence
+from typing import NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -117,42 +119,69 @@ def _token_loss(cfg, params, h, plan, frozen_head: bool):
   return _soft_ce(cfg, params, h, plan.soft_idx, plan.soft_p)
 
 
-def window_step(model: Decoder, sink_cap: int, params, k, v, plan: WindowPlan, *,
-                want_loss: bool, want_hidden: bool, mem_size: Optional[int] = None,
+def window_step(model: Decoder, sink_cap: int, params, carry: Carry, plan: WindowPlan, *,
+                mem_size: Optional[int], want_loss: bool, want_hidden: bool,
                 frozen_head: bool = False):
-  """One official call for every row (a no-op for rows without one).
+  """One official call for every row (a no-op for rows without one), folded into ``carry``.
 
   ``mem_size`` (static): the attention sees only the buffer's first ``mem_size`` entries (a
   memory-size bucket; every row's valid memory must lie inside them, see
-  ``BeaconLM.memory_need``); ``None``: the whole buffer. The write-back always goes to the full
+  ``Schedule.memory_need``); ``None``: the whole buffer. The write-back always goes to the full
   buffer. ``frozen_head``: the loss's gradient stops at the hidden states (``_token_nll``).
 
-  Returns ``(k, v, out)`` with ``out`` holding ``last_logits [B, V]``, ``has_last [B]``,
-  ``loss_sum [B]``, ``loss_count [B]`` and optionally ``hidden [B, Q, H]``.
+  Returns ``(carry, hidden [B, Q, H] or None)``: the memory written back, the logits after each
+  row's last raw token (kept from ``carry`` for rows without one) and the summed loss.
   """
   cfg = model.cfg
-  b, q = plan.tokens.shape
-  cap = k.shape[2]
+  b = plan.tokens.shape[0]
+  cap = carry.k.shape[2]
   m = cap if mem_size is None else min(int(mem_size), cap)
-  r_slots = plan.src.shape[1]
   kinds = model.rule.kind_sees is not None
-  memory = None
-  if m > 0:  # m == 0: nothing valid in memory (the first window): attend to the window only
-    j = jnp.arange(m, dtype=jnp.int32)[None]
-    jr = j - sink_cap
-    nb = plan.beacon_len[:, None]
-    in_sink = j < sink_cap
-    mem_valid = jnp.where(in_sink, j < plan.sink_len[:, None],
-                          (jr >= 0) & (jr < nb + plan.raw_len[:, None]))
-    mem_pos = jnp.where(in_sink, j, plan.sink_len[:, None] + jr)
-    mem_order = jnp.where(jr >= nb, 2 * (jr - nb), -1)
-    mem_meta = TokenMeta.causal(mem_order, valid=mem_valid,
-                                kind=jnp.zeros((b, m), jnp.int32) if kinds else None)
-    mk, mv = (k, v) if m == cap else (k[:, :, :m], v[:, :, :m])
-    memory = KVPrefix(mk, mv, mem_pos, mem_meta)
+  # m == 0: nothing valid in memory (the first window): attend to the window only
+  memory = _memory_prefix(carry.k, carry.v, plan, m, sink_cap, kinds) if m > 0 else None
   q_meta = TokenMeta.causal(plan.order, valid=plan.valid, kind=plan.kind if kinds else None)
   hidden, (nk, nv) = model.apply({"params": params}, plan.tokens, plan.pos, q_meta=q_meta,
                                  alt=plan.alt_slot, memory=memory, head=False)
+  k = _write_back(carry.k, nk, plan, sink_cap)
+  v = _write_back(carry.v, nv, plan, sink_cap)
+
+  last = jnp.maximum(plan.last_slot, 0)
+  h_last = jnp.take_along_axis(hidden, last[:, None, None], axis=1)[:, 0]
+  last = jnp.where((plan.last_slot >= 0)[:, None], lm_head(cfg, params, h_last), carry.last)
+  if want_loss:
+    h = jnp.take_along_axis(hidden, plan.label_slot[..., None], axis=1)  # [B, L, H]
+    ok = plan.labels != IGNORE
+    loss_sum = jnp.sum(_token_loss(cfg, params, h, plan, frozen_head), axis=-1)
+    loss_count = jnp.sum(ok, axis=-1, dtype=jnp.int32)
+  else:
+    loss_sum = jnp.zeros((b,), jnp.float32)
+    loss_count = jnp.zeros((b,), jnp.int32)
+  carry = Carry(k, v, last, carry.loss_sum + loss_sum, carry.loss_count + loss_count)
+  return carry, (hidden if want_hidden else None)
+
+
+def _memory_prefix(k, v, plan: WindowPlan, m: int, sink_cap: int, kinds: bool) -> KVPrefix:
+  """The first ``m`` buffer entries as the attention's KV prefix: positions and mask metadata
+  from the step's region lengths (sink, beacons, raw region)."""
+  b = plan.tokens.shape[0]
+  j = jnp.arange(m, dtype=jnp.int32)[None]
+  jr = j - sink_cap
+  nb = plan.beacon_len[:, None]
+  in_sink = j < sink_cap
+  mem_valid = jnp.where(in_sink, j < plan.sink_len[:, None],
+                        (jr >= 0) & (jr < nb + plan.raw_len[:, None]))
+  mem_pos = jnp.where(in_sink, j, plan.sink_len[:, None] + jr)
+  mem_order = jnp.where(jr >= nb, 2 * (jr - nb), -1)
+  mem_meta = TokenMeta.causal(mem_order, valid=mem_valid,
+                              kind=jnp.zeros((b, m), jnp.int32) if kinds else None)
+  mk, mv = (k, v) if m == k.shape[2] else (k[:, :, :m], v[:, :, :m])
+  return KVPrefix(mk, mv, mem_pos, mem_meta)
+
+
+def _write_back(buf, new, plan: WindowPlan, sink_cap: int):
+  """Every row's raw-region slab of ``buf [L, B, C, H, D]`` replaced by the entries ``plan.src``
+  keeps of it and of the step's new KV ``new [L, B, Q, H, D]``; the sink (re)captured."""
+  r_slots = plan.src.shape[1]
 
   def update(buf, new, base, src, capture):  # one row: buf [L, C, H, D], new [L, Q, H, D]
     new = new.astype(buf.dtype)
@@ -167,36 +196,7 @@ def window_step(model: Decoder, sink_cap: int, params, k, v, plan: WindowPlan, *
     return buf
 
   upd = jax.vmap(update, in_axes=(1, 1, 0, 0, 0), out_axes=1)
-  base = sink_cap + plan.beacon_len
-  k = upd(k, nk, base, plan.src, plan.capture)
-  v = upd(v, nv, base, plan.src, plan.capture)
-
-  last = jnp.maximum(plan.last_slot, 0)
-  h_last = jnp.take_along_axis(hidden, last[:, None, None], axis=1)[:, 0]
-  out = dict(last_logits=lm_head(cfg, params, h_last), has_last=plan.last_slot >= 0)
-  if want_loss:
-    h = jnp.take_along_axis(hidden, plan.label_slot[..., None], axis=1)  # [B, L, H]
-    ok = plan.labels != IGNORE
-    out["loss_sum"] = jnp.sum(_token_loss(cfg, params, h, plan, frozen_head), axis=-1)
-    out["loss_count"] = jnp.sum(ok, axis=-1, dtype=jnp.int32)
-  else:
-    out["loss_sum"] = jnp.zeros((b,), jnp.float32)
-    out["loss_count"] = jnp.zeros((b,), jnp.int32)
-  if want_hidden:
-    out["hidden"] = hidden
-  return k, v, out
-
-
-def run_step(model: Decoder, sink_cap: int, params, carry: Carry, plan: WindowPlan, *,
-             mem_size: Optional[int], want_loss: bool, want_hidden: bool,
-             frozen_head: bool = False):
-  """``window_step`` folded into the carry: ``(carry, hidden [B, Q, H] or None)``."""
-  k, v, out = window_step(model, sink_cap, params, carry.k, carry.v, plan, want_loss=want_loss,
-                          want_hidden=want_hidden, mem_size=mem_size, frozen_head=frozen_head)
-  last = jnp.where(out["has_last"][:, None], out["last_logits"], carry.last)
-  carry = Carry(k, v, last, carry.loss_sum + out["loss_sum"],
-                carry.loss_count + out["loss_count"])
-  return carry, (out["hidden"] if want_hidden else None)
+  return upd(buf, new, sink_cap + plan.beacon_len, plan.src, plan.capture)
 
 
 def scan_windows(model: Decoder, sink_cap: int, params, carry: Carry, plan: WindowPlan, *,
@@ -204,9 +204,9 @@ def scan_windows(model: Decoder, sink_cap: int, params, carry: Carry, plan: Wind
   """Run a stacked plan's steps (``[n, ...]`` leaves) over ``carry``: pure and jittable.
 
   The one window scan of prefill (``BeaconLM.forward``), ``BeaconLM.loss`` and the training
-  task. Each of ``plan.segments`` is one ``lax.scan`` whose attention reads that segment's
-  memory-size bucket of the buffer, so a window costs what its filled memory costs. With
-  ``plan.guard``, inactive (padding) steps are skipped with ``lax.cond``. Memory under
+  task. Each of ``plan.segments`` is one ``lax.scan`` of ``window_step`` whose attention reads
+  that segment's memory-size bucket of the buffer, so a window costs what its filled memory
+  costs. With ``plan.guard``, inactive (padding) steps are skipped with ``lax.cond``. Memory under
   ``jax.grad``: with ``model.cfg.remat`` (``BeaconLM(remat=True)``) each window keeps its layer
   inputs and memory slices, and its layers are recomputed one at a time in the backward pass.
 
@@ -216,26 +216,40 @@ def scan_windows(model: Decoder, sink_cap: int, params, carry: Carry, plan: Wind
   for n, mem_size in plan.segments:
     seg = jax.tree.map(lambda x, s0=s0, n=n: x[s0:s0 + n], plan)
     s0 += n
-    run = functools.partial(run_step, model, sink_cap, mem_size=mem_size, want_loss=want_loss,
-                            want_hidden=want_hidden, frozen_head=frozen_head)
-
-    def step(params, c, p, run=run):
-      if not plan.guard:
-        return run(params, c, p)
-
-      def skip(c):
-        hid = None
-        if want_hidden:
-          b, q = p.tokens.shape
-          hid = jnp.zeros((b, q, params_hidden(params)), c.k.dtype)
-        return c, hid
-      return jax.lax.cond(p.active, lambda c: run(params, c, p), skip, c)
-
-    carry, hid = jax.lax.scan(lambda c, p, step=step: step(params, c, p), carry, seg)
+    step = functools.partial(window_step, model, sink_cap, params, mem_size=mem_size,
+                             want_loss=want_loss, want_hidden=want_hidden, frozen_head=frozen_head)
+    if plan.guard:
+      step = _skip_inactive(step, want_hidden, params["embedding"].shape[-1])
+    carry, hid = jax.lax.scan(step, carry, seg)
     outs.append(hid)
   if s0 != plan.n_steps:
     raise AssertionError(f"segments {plan.segments} do not cover the plan's {plan.n_steps} steps")
   return carry, (jnp.concatenate(outs, axis=0) if want_hidden else None)
+
+
+def _skip_inactive(step, want_hidden: bool, hidden_size: int):
+  """``step(carry, plan)`` run under ``lax.cond``: an inactive (padding) step leaves the carry as
+  it is (and gives zero hidden states)."""
+  def guarded(c, p):
+    def skip(c):
+      hid = None
+      if want_hidden:
+        b, q = p.tokens.shape
+        hid = jnp.zeros((b, q, hidden_size), c.k.dtype)
+      return c, hid
+    return jax.lax.cond(p.active, lambda c: step(c, p), skip, c)
+  return guarded
+
+
+def start_carry(cfg: ModelConfig, plan: WindowPlan, k=None, v=None) -> Carry:
+  """The carry a loss scan starts from: the memory ``k``/``v`` (default: empty buffers of
+  ``plan.capacity`` entries), no logits, no loss."""
+  b = plan.tokens.shape[1]
+  if k is None:
+    shape = (cfg.num_layers, b, plan.capacity, cfg.num_kv_heads, cfg.head_dim)
+    k = v = jnp.zeros(shape, cfg.compute_dtype)
+  return Carry(k, v, jnp.zeros((b, cfg.vocab_size), jnp.float32), jnp.zeros((b,), jnp.float32),
+               jnp.zeros((b,), jnp.int32))
 
 
 def loss_terms(params, plan: WindowPlan, k=None, v=None, *, model: Decoder, sink_cap: int,
@@ -244,15 +258,8 @@ def loss_terms(params, plan: WindowPlan, k=None, v=None, *, model: Decoder, sink
   empty buffers of ``plan.capacity`` entries): pure and jittable. ``frozen_head``: no gradient
   reaches the LM head / tied embedding (training: the base is frozen), which saves a head matmul
   and the logits' memory in the backward pass."""
-  cfg = model.cfg
-  b = plan.tokens.shape[1]
-  if k is None:
-    shape = (cfg.num_layers, b, plan.capacity, cfg.num_kv_heads, cfg.head_dim)
-    k = v = jnp.zeros(shape, cfg.compute_dtype)
-  carry = Carry(k, v, jnp.zeros((b, cfg.vocab_size), jnp.float32), jnp.zeros((b,), jnp.float32),
-                jnp.zeros((b,), jnp.int32))
-  carry, _ = scan_windows(model, sink_cap, params, carry, plan, want_loss=True,
-                          want_hidden=False, frozen_head=frozen_head)
+  carry, _ = scan_windows(model, sink_cap, params, start_carry(model.cfg, plan, k, v), plan,
+                          want_loss=True, want_hidden=False, frozen_head=frozen_head)
   return carry.loss_sum, carry.loss_count
 
 
@@ -271,25 +278,8 @@ def _scan_jit(params, carry, plan, *, model, sink_cap, want_loss, want_hidden):
 
 @functools.partial(jax.jit, static_argnames=_STATIC + ("mem_size",))
 def _step_jit(params, carry, plan, *, model, sink_cap, want_loss, want_hidden, mem_size):
-  return run_step(model, sink_cap, params, carry, plan, mem_size=mem_size, want_loss=want_loss,
-                  want_hidden=want_hidden)
+  return window_step(model, sink_cap, params, carry, plan, mem_size=mem_size, want_loss=want_loss,
+                     want_hidden=want_hidden)
 
 
 _loss_jit = jax.jit(loss_terms, static_argnames=("model", "sink_cap", "frozen_head"))
-
-def params_hidden(params) -> int:
-  return params["embedding"].shape[-1]
-
-
-def _chunks(buckets: Sequence[int], size: int):
-  """Split steps ``[0, n)`` into scan chunks ``(c0, c1)`` of at most ``size`` steps whose memory
-  buckets are all ``<= buckets[c0]`` (the chunk runs at its first step's bucket); a step that
-  needs a larger bucket starts a new chunk."""
-  c0 = 0
-  n = len(buckets)
-  while c0 < n:
-    c1 = c0 + 1
-    while c1 < n and c1 - c0 < size and buckets[c1] <= buckets[c0]:
-      c1 += 1
-    yield c0, c1
-    c0 = c1

@@ -173,7 +173,20 @@ def load_hf(hf_dir, *, param_dtype: Optional[str] = None, alt_init: Optional[str
   if param_dtype is not None:
     cfg = cfg.replace(param_dtype=param_dtype)
   expected = expected_names(cfg)
+  _check_names(hf_dir, cfg, expected, names, _initialisable(expected, alt_init, alt_embed_init))
+  shapes = param_shapes(cfg)
+  by_file = {}
+  for name in sorted(set(expected) & names):
+    by_file.setdefault(names_to_file[name], []).append(name)
+  _check_shapes(hf_dir, cfg, expected, shapes, by_file)
+  params = _read_tensors(cfg, expected, shapes, by_file)
+  _init_missing_alt(cfg, params, names, alt_embed_init)
+  return cfg, params
 
+
+def _initialisable(expected, alt_init, alt_embed_init) -> set:
+  """The expected tensors that ``alt_init`` / ``alt_embed_init`` fill when the checkpoint lacks
+  them."""
   initialisable = set()
   if alt_init == "copy":
     initialisable |= {n for n, (row, _) in expected.items() if is_alt_projection(row.path)}
@@ -183,6 +196,11 @@ def load_hf(hf_dir, *, param_dtype: Optional[str] = None, alt_init: Optional[str
     initialisable.add(ALT_EMBEDDING_NAME)
   elif alt_embed_init is not None:
     raise CheckpointError(f"alt_embed_init must be 'eos', 'bos' or None, got {alt_embed_init!r}")
+  return initialisable
+
+
+def _check_names(hf_dir, cfg, expected, names, initialisable):
+  """Every tensor the config expects is in the checkpoint (or initialisable), and nothing else."""
   missing = set(expected) - names - initialisable
   extra = {n for n in names - set(expected) if not n.endswith(IGNORED_SUFFIXES)}
   if missing or extra:
@@ -197,12 +215,9 @@ def load_hf(hf_dir, *, param_dtype: Optional[str] = None, alt_init: Optional[str
       lines.append(f"  unexpected tensors ({len(extra)}): {_listing(extra)}")
     raise CheckpointError("\n".join(lines))
 
-  shapes = param_shapes(cfg)
-  by_file = {}
-  for name in sorted(set(expected) & names):
-    by_file.setdefault(names_to_file[name], []).append(name)
 
-  # Pass 1: headers only, so every shape mismatch is reported before any data is read.
+def _check_shapes(hf_dir, cfg, expected, shapes, by_file):
+  """Pass 1: headers only, so every shape mismatch is reported before any data is read."""
   bad = []
   for path, file_names in by_file.items():
     with safe_open(path, framework="np") as f:
@@ -216,7 +231,9 @@ def load_hf(hf_dir, *, param_dtype: Optional[str] = None, alt_init: Optional[str
   if bad:
     raise CheckpointError(f"shape mismatches in {hf_dir} ({len(bad)}):\n  " + "\n  ".join(bad))
 
-  # Pass 2: preallocate the output, then fill it shard by shard, tensor by tensor.
+
+def _read_tensors(cfg, expected, shapes, by_file) -> dict:
+  """Pass 2: preallocate the output, then fill it shard by shard, tensor by tensor."""
   dtype = np.dtype(cfg.params_dtype)
   params: dict = {}
   for row in rows_for(cfg):
@@ -238,9 +255,7 @@ def load_hf(hf_dir, *, param_dtype: Optional[str] = None, alt_init: Optional[str
         else:
           target[layer] = value
         del value
-
-  _init_missing_alt(cfg, params, names, alt_embed_init)
-  return cfg, params
+  return params
 
 
 def _init_missing_alt(cfg, params, names, alt_embed_init):

@@ -379,8 +379,60 @@ class Trainer:
 
   # ------------------------------------------------------------------------------------------
   def run(self) -> dict:
-    # One run per workdir: two would interleave checkpoints, metrics and the export. Process 0
-    # takes it on behalf of all the processes of a multi-process run.
+    """Set up, train ``num_steps`` steps (resuming from the workdir's latest readable
+    checkpoint), save and export: ``{start_step, final_step, last_saved, seconds}`` and
+    ``export`` (the export's directory) or ``params`` (a method that exports nothing)."""
+    with self._workdir_lock():
+      tc = self.c.train
+      self.setup()
+      ck = Checkpointer(self.workdir / "checkpoints", keep=int(tc.get("keep", 3)),
+                        async_save=bool(tc.get("async_checkpoint", True)))
+      metrics = MetricsWriter(self.workdir, tensorboard=bool(tc.get("tensorboard", True)),
+                              primary=self.primary)
+      start = self._resume(ck, metrics)
+      trainable, opt_state = self.state["params"], self.state["opt_state"]
+      save_every = int(tc.get("save_every", 100))
+      kill_after = int(self.c.debug.get("kill_after_step", -1))
+      bar = _progress(self.num_steps, start, self.primary and bool(tc.get("progress", True)),
+                      self.c.method)
+      records = _StepRecords(metrics, bar, max(1, int(tc.get("log_every", 1))), self.num_steps)
+      last_saved, step, t_start = start, start, time.time()
+      try:
+        for step in range(start + 1, self.num_steps + 1):
+          t0 = time.time()
+          preps = self._prepare(step)
+          if self.accum == 1:
+            trainable, opt_state, m = self._fused(trainable, opt_state, self.frozen,
+                                                  self._device_plans(preps[0]["plans"]))
+          else:
+            trainable, opt_state, m = self._accumulated_step(trainable, opt_state, preps)
+          m = self._host_metrics(step, m)
+          dt = time.time() - t0
+          self._judge(ck, step, m, trainable, opt_state, preps)
+          records.write(dict(step=step, loss=m["loss"], lr=m["lr"], grad_norm=m["grad_norm"],
+                             label_tokens=int(m["label_tokens"]),
+                             tokens=sum(p["tokens"] for p in preps), step_time_s=round(dt, 4),
+                             epoch=self.batches.epoch), dt)
+          if save_every and step % save_every == 0 or step == self.num_steps:
+            self._save(ck, step, trainable, opt_state)
+            last_saved = step
+          if kill_after == step:
+            ck.wait()
+            os.kill(os.getpid(), signal.SIGKILL)
+        ck.wait()
+      finally:
+        records.close()
+        with contextlib.suppress(Exception):
+          ck.close()
+      self.state = {"params": trainable, "opt_state": opt_state, "step": self.state["step"]}
+      result = dict(start_step=start, final_step=step, last_saved=last_saved,
+                    seconds=time.time() - t_start)
+      return self._finish(trainable, result)
+
+  @contextlib.contextmanager
+  def _workdir_lock(self):
+    """One run per workdir: two would interleave checkpoints, metrics and the export. Process 0
+    takes it on behalf of all the processes of a multi-process run."""
     if self.workdir.exists() and not self.workdir.is_dir():
       raise TrainingError(f"--config.workdir={self.workdir} is a file, not a directory; choose "
                           "another --config.workdir")
@@ -397,18 +449,15 @@ class Trainer:
       raise refused or lock.WorkdirLocked(
           f"process 0 could not take the lock of {self.workdir} (its error says why)")
     try:
-      return self._run()
+      yield
     finally:
       if held:
         lock.release(held)
 
-  def _run(self) -> dict:
+  def _resume(self, ck, metrics) -> int:
+    """The step to continue after: the latest readable checkpoint's (its state, data position
+    and metrics restored), or 0 for a new run; the run's config is written beside them."""
     c, tc = self.c, self.c.train
-    self.setup()
-    ck = Checkpointer(self.workdir / "checkpoints", keep=int(tc.get("keep", 3)),
-                      async_save=bool(tc.get("async_checkpoint", True)))
-    metrics = MetricsWriter(self.workdir, tensorboard=bool(tc.get("tensorboard", True)),
-                            primary=self.primary)
     start = 0
     if ck.all_steps():
       if not self.resume:
@@ -430,85 +479,56 @@ class Trainer:
     log.info("%s: %d trainable / %d frozen parameters, %d steps, mesh %s, global batch %d",
              c.method, self.n_trainable, self.n_frozen, self.num_steps, dict(self.mesh.shape),
              int(tc.global_batch))
-    trainable, opt_state = self.state["params"], self.state["opt_state"]
-    save_every = int(tc.get("save_every", 100))
-    log_every = max(1, int(tc.get("log_every", 1)))
-    bar = _progress(self.num_steps, start, self.primary and bool(tc.get("progress", True)),
-                    c.method)
-    last_saved = start
-    t_start = time.time()
-    tokens_since = 0
-    t_log = time.time()
-    result = {"start_step": start}
-    step = start
-    try:
-      for step in range(start + 1, self.num_steps + 1):
-        t0 = time.time()
-        idx = next(self.batches)
-        micro = np.array_split(np.asarray(idx), self.accum)
-        offsets = np.cumsum([0] + [len(m) for m in micro])
-        preps = [self.task.prepare(self.ds, m, step, row_offset=int(o))
-                 for m, o in zip(micro, offsets)]
-        ntok = sum(p["tokens"] for p in preps)
-        if self.accum == 1:
-          trainable, opt_state, m = self._fused(trainable, opt_state, self.frozen,
-                                                self._device_plans(preps[0]["plans"]))
-        else:
-          gsum, lsum, lab = None, 0.0, 0
-          for p in preps:
-            (l, nt), g = self._grad(trainable, self.frozen, self._device_plans(p["plans"]))
-            gsum = g if gsum is None else jax.tree.map(jnp.add, gsum, g)
-            lsum, lab = lsum + l, lab + nt
-          grads = jax.tree.map(lambda x: x / self.accum, gsum)
-          trainable, opt_state, flags = self._apply(trainable, opt_state, grads, lsum / self.accum)
-          m = dict(loss=lsum / self.accum, grad_norm=optax.tree.norm(grads), label_tokens=lab,
-                   **flags)
-        m = {k: float(v) for k, v in jax.device_get(m).items()}
-        m["lr"] = float(self.schedule(step - 1))
-        if int(c.debug.get("nan_at_step", -1)) == step:
-          m["loss"] = float("nan")
-        dt = time.time() - t0
-        tokens_since += ntok
-        finite_in = bool(m.pop("finite_in")) and math.isfinite(m["loss"])
-        finite_out = bool(m.pop("finite_out"))
-        if not (finite_in and finite_out):
-          _stop_nonfinite(ck, step, m, finite_in)
-        if step == self.num_steps:  # no next step will judge these weights: judge them now
-          self._check_final(ck, step, trainable, opt_state, preps)
-        rec = dict(step=step, loss=m["loss"], lr=m["lr"], grad_norm=m["grad_norm"],
-                   label_tokens=int(m["label_tokens"]), tokens=ntok, step_time_s=round(dt, 4),
-                   epoch=self.batches.epoch)
-        if step % log_every == 0 or step == self.num_steps:
-          el = time.time() - t_log
-          rec["tokens_per_s"] = round(tokens_since / max(el, 1e-9), 1)
-          tokens_since, t_log = 0, time.time()
-          metrics.write(rec)
-        if bar is not None:
-          bar.set_postfix(loss=f"{m['loss']:.4f}", tok_s=f"{ntok / max(dt, 1e-9):.0f}",
-                          step_s=f"{dt:.2f}")
-          bar.update(1)
-        if save_every and step % save_every == 0 or step == self.num_steps:
-          self.state = {"params": trainable, "opt_state": opt_state,
-                        "step": shd.put_global(np.int32(step), shd.replicated(self.mesh))}
-          ck.save(step, self.state, self.batches.get_state(), self.meta)
-          last_saved = step
-        if int(c.debug.get("kill_after_step", -1)) == step:
-          ck.wait()
-          os.kill(os.getpid(), signal.SIGKILL)
-      ck.wait()
-    finally:
-      if bar is not None:
-        bar.close()
-      metrics.close()
-      with contextlib.suppress(Exception):
-        ck.close()
-    self.state = {"params": trainable, "opt_state": opt_state, "step": self.state["step"]}
-    result.update(final_step=step, last_saved=last_saved, seconds=time.time() - t_start)
+    return start
+
+  def _prepare(self, step: int) -> list:
+    """The next global batch, prepared on the host as ``grad_accum`` micro-batches."""
+    idx = next(self.batches)
+    micro = np.array_split(np.asarray(idx), self.accum)
+    offsets = np.cumsum([0] + [len(m) for m in micro])
+    return [self.task.prepare(self.ds, m, step, row_offset=int(o))
+            for m, o in zip(micro, offsets)]
+
+  def _accumulated_step(self, trainable, opt_state, preps):
+    """One update from the micro-batches' gradients, averaged (``grad_accum > 1``)."""
+    gsum, lsum, lab = None, 0.0, 0
+    for p in preps:
+      (l, nt), g = self._grad(trainable, self.frozen, self._device_plans(p["plans"]))
+      gsum = g if gsum is None else jax.tree.map(jnp.add, gsum, g)
+      lsum, lab = lsum + l, lab + nt
+    grads = jax.tree.map(lambda x: x / self.accum, gsum)
+    trainable, opt_state, flags = self._apply(trainable, opt_state, grads, lsum / self.accum)
+    m = dict(loss=lsum / self.accum, grad_norm=optax.tree.norm(grads), label_tokens=lab, **flags)
+    return trainable, opt_state, m
+
+  def _host_metrics(self, step: int, m: dict) -> dict:
+    m = {k: float(v) for k, v in jax.device_get(m).items()}
+    m["lr"] = float(self.schedule(step - 1))
+    if int(self.c.debug.get("nan_at_step", -1)) == step:
+      m["loss"] = float("nan")
+    return m
+
+  def _judge(self, ck, step, m, trainable, opt_state, preps):
+    """Stop the run on a step whose update was not applied (non-finite), and judge the last
+    step's weights (no next step will)."""
+    finite_in = bool(m.pop("finite_in")) and math.isfinite(m["loss"])
+    finite_out = bool(m.pop("finite_out"))
+    if not (finite_in and finite_out):
+      _stop_nonfinite(ck, step, m, finite_in)
+    if step == self.num_steps:
+      self._check_final(ck, step, trainable, opt_state, preps)
+
+  def _save(self, ck, step, trainable, opt_state):
+    self.state = {"params": trainable, "opt_state": opt_state,
+                  "step": shd.put_global(np.int32(step), shd.replicated(self.mesh))}
+    ck.save(step, self.state, self.batches.get_state(), self.meta)
+
+  def _finish(self, trainable, result: dict) -> dict:
     if not self.method.exports:  # the tiny base's pretraining: its parameters are the result
       full = merge_params(distributed.to_host(trainable), distributed.to_host(self.frozen))
       result["params"] = full
       return result
-    if bool(tc.get("export", True)):
+    if bool(self.c.train.get("export", True)):
       result["export"] = str(self.export())
     return result
 
@@ -558,6 +578,32 @@ class Trainer:
     return out
 
 
+class _StepRecords:
+  """Each step's record: to the metrics (every ``log_every`` steps and the last, with the tokens
+  per second since the previous record) and the progress bar."""
+
+  def __init__(self, metrics: MetricsWriter, bar, log_every: int, last_step: int):
+    self.metrics, self.bar, self.log_every, self.last_step = metrics, bar, log_every, last_step
+    self.tokens, self.t_log = 0, time.time()
+
+  def write(self, rec: dict, dt: float):
+    self.tokens += rec["tokens"]
+    if rec["step"] % self.log_every == 0 or rec["step"] == self.last_step:
+      el = time.time() - self.t_log
+      rec["tokens_per_s"] = round(self.tokens / max(el, 1e-9), 1)
+      self.tokens, self.t_log = 0, time.time()
+      self.metrics.write(rec)
+    if self.bar is not None:
+      self.bar.set_postfix(loss=f"{rec['loss']:.4f}", tok_s=f"{rec['tokens'] / max(dt, 1e-9):.0f}",
+                           step_s=f"{dt:.2f}")
+      self.bar.update(1)
+
+  def close(self):
+    if self.bar is not None:
+      self.bar.close()
+    self.metrics.close()
+
+
 def _stop_nonfinite(ck, step, m, finite_in: bool):
   """Stop the run on a step whose update was not applied (see ``apply``). A non-finite loss or
   gradient at ``step`` was computed from the weights of step-1: finite but poisoned ones (e.g.
@@ -599,20 +645,3 @@ def _progress(total, start, enabled, desc):
     return None
   return tqdm(total=total, initial=start, desc=f"train {desc}", unit="step", mininterval=1.0,
               file=sys.stderr, dynamic_ncols=True)
-
-
-def run_main(c, *, resume: bool = True, debug: bool = False) -> int:
-  """The CLI entry: run, print a summary; known failures (:class:`LongjaxError`, the OSError of
-  a bad path) print one line and give status 1 (``debug``: the traceback instead)."""
-  from longjax.errors import one_line
-  try:
-    out = Trainer(c, resume=resume).run()
-  except (LongjaxError, OSError) as e:
-    if debug:
-      raise
-    print(f"train.py: error: {one_line(e)}", file=sys.stderr)
-    return 1
-  print(f"train.py: done: steps {out['start_step']}..{out['final_step']} in "
-        f"{out['seconds']:.1f}s; workdir {Path(c.workdir).absolute()}"
-        + (f"; exported {out['export']}" if out.get("export") else ""))
-  return 0
