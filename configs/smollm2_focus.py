@@ -6,10 +6,14 @@ frozen base, fp32 master weights. The last <= 128 local tokens (the dynamic prom
 to every chunk. Objectives (official, spec focusllm.md §5): continuation or repetition with the
 loss on one target token per sample; passkey documents (input/output records) take the answer
 objective instead: the target is a digit of the answer, the local context ends just before it
-(longjax.data.pipeline.focus_indices). Data: the beacon campaign's offline prose and passkey
-files (configs/smollm2_beacon.py says how to write them).
+(longjax.data.pipeline.focus_indices); copy-task records (input/output) likewise target a token
+of the copied continuation. Data: the beacon campaign's offline prose, copy and passkey files
+(configs/smollm2_beacon.py says how to write them); held out: pydoc_data.topics.
 
   python train.py --config=configs/smollm2_focus.py          # rerun the same command to resume
+  # continue from the committed asset on a fresh machine (fresh optimizer):
+  python train.py --config=configs/smollm2_focus.py --config.train.init_from=assets/smollm2_focus
+  python -m longjax.focus.asset --workdir runs/focus_campaign/run --out assets/smollm2_focus --overwrite
 """
 import ml_collections
 
@@ -28,10 +32,13 @@ def get_config():
                                            min_len_threshold=0, min_local=30,
                                            objective="answer"))
   c.data = common.data_defaults(sources="jsonl:runs/campaign/prose.jsonl,"
+                                        "jsonl:runs/campaign/copy.jsonl,"
                                         "jsonl:runs/campaign/passkey.jsonl",
                                 min_length=300, max_length=1400)
-  c.train = common.train_defaults(num_steps=1500, global_batch=8, lr=1e-4, warmup_steps=20,
-                                  save_every=50, keep=40, log_every=1, progress=False)
+  # lr 2e-4 (official: 5e-5 over far more steps): the overfit check (16 twin documents) learned
+  # at 3e-4 in < 100 steps; the schedule decays over 400 steps, what a CPU session can run
+  c.train = common.train_defaults(num_steps=400, global_batch=8, lr=2e-4, warmup_steps=10,
+                                  save_every=25, keep=40, log_every=1, progress=False)
   c.debug = common.debug_defaults()
   from longjax.eval.config import eval_config  # noqa: E402
   c.eval = eval_config("focus", preset="tiny")
