@@ -12,7 +12,9 @@ tokens), in the official Activation Beacon prompt format (chat template, greedy)
               docs/learning.md for what they reach), else window W, ratio 4 with
               the official untrained init (copies of q/k/v, embedding from EOS), which
               degenerates: untrained beacons are not a method;
-  focus       FocusLLM with local window W and chunks of W, untrained candidates (copies of q/k/v/o).
+  focus       FocusLLM, local window W and chunks of W: the trained candidate projections of
+              --focus_asset (default assets/smollm2_focus, settings and training record in its
+              focus.json; docs/learning.md), else the untrained official init (copies of q/k/v/o).
 
 Prints an accuracy table (exact 5-digit match) and writes results JSON + per-method PNG heatmaps.
 About 3-4 minutes on 2 CPU cores after the one-off fetch.
@@ -45,9 +47,10 @@ from longjax.methods import Beacon, Focus  # noqa: E402
 # the rows of the two methods carry their registry names (next to the plain "full" and "truncated")
 BEACON, FOCUS = Beacon.name, Focus.name
 ASSET = Path(__file__).resolve().parents[1] / "assets" / "smollm2_beacon"
+FOCUS_ASSET = Path(__file__).resolve().parents[1] / "assets" / "smollm2_focus"
 
 
-def build_methods(hf_dir, window, asset, which, workdir=None):
+def build_methods(hf_dir, window, asset, which, workdir=None, focus_asset=None):
   from longjax.beacon import BeaconConfig, BeaconLM, load_beacon
   from longjax.convert import load_hf
   from longjax.focus import FocusConfig, FocusLLM, focus_from_llama
@@ -76,11 +79,17 @@ def build_methods(hf_dir, window, asset, which, workdir=None):
     methods[BEACON] = (BeaconLM(bcfg_cfg, bcfg, max_length=16 * window + 256), bparams, None,
                        desc)
   if FOCUS in which:
-    fcfg = FocusConfig(local_window=window, chunk_stride=window, min_len_threshold=0,
-                       bos_id=int(cfg.bos_token_id))
-    fmodel_cfg, fcfg, fparams = focus_from_llama(hf_dir, fcfg)
-    methods[FOCUS] = (FocusLLM(fmodel_cfg, fcfg), jax.tree.map(jnp.asarray, fparams), None,
-                      f"FocusLLM W=S={window}, UNTRAINED (copies of q/k/v/o)")
+    if focus_asset is not None and Path(focus_asset).exists():
+      from longjax.focus.asset import load_focus_asset
+      fmodel_cfg, fcfg, fparams = load_focus_asset(focus_asset, hf_dir)
+      desc = (f"FocusLLM W=S={fcfg.local_window}, trained candidates "
+              f"({Path(focus_asset).name})")
+    else:
+      fcfg = FocusConfig(local_window=window, chunk_stride=window, min_len_threshold=0,
+                         bos_id=int(cfg.bos_token_id))
+      fmodel_cfg, fcfg, fparams = focus_from_llama(hf_dir, fcfg)
+      desc = f"FocusLLM W=S={window}, UNTRAINED (copies of q/k/v/o)"
+    methods[FOCUS] = (FocusLLM(fmodel_cfg, fcfg), jax.tree.map(jnp.asarray, fparams), None, desc)
   return cfg, methods
 
 
@@ -94,10 +103,12 @@ def main(argv=None):
                   help="N > 0: N depths per length evenly spread over 0-100 %% (overrides --depths)")
   ap.add_argument("--beacon_workdir", default="",
                   help="evaluate the newest checkpoint of a train.py beacon run instead of the asset")
-  ap.add_argument("--methods", default="full,truncated,beacon",
-                  help="any of full,truncated,beacon,focus (focus adds ~3 min: its decode re-runs every chunk)")
+  ap.add_argument("--methods", default="full,truncated,beacon,focus",
+                  help="any of full,truncated,beacon,focus")
   ap.add_argument("--beacon_asset", default=str(ASSET),
                   help="trained beacon tensors (used when the directory exists)")
+  ap.add_argument("--focus_asset", default=str(FOCUS_ASSET),
+                  help="trained FocusLLM candidates (used when the directory exists)")
   ap.add_argument("--seed", type=int, default=2024, help="seed of the passkeys")
   ap.add_argument("--max_new_tokens", type=int, default=16)
   ap.add_argument("--compile_cache", default="auto",
@@ -112,7 +123,8 @@ def main(argv=None):
   hf_dir = smollm2.get()
   tok = Tokenizer(AutoTokenizer.from_pretrained(hf_dir, trust_remote_code=False))
   which = [m.strip() for m in args.methods.split(",") if m.strip()]
-  cfg, methods = build_methods(hf_dir, args.window, args.beacon_asset, which, args.beacon_workdir)
+  cfg, methods = build_methods(hf_dir, args.window, args.beacon_asset, which, args.beacon_workdir,
+                               args.focus_asset)
   lengths = [int(x) for x in args.lengths.split(",")]
   depths = ([round(float(d), 2) for d in np.linspace(0, 100, args.samples)] if args.samples > 0
             else [float(x) for x in args.depths.split(",")])
