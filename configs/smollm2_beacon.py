@@ -1,7 +1,7 @@
 """Activation Beacon on frozen SmolLM2-135M-Instruct: the real-model learning campaign (round 2).
 
 W = S = 256 (1/32 of SmolLM2's 8K context). The start point was chosen by measurement
-(scripts/learn_diagnostics.py start: untrained perplexity on held-out prose after the first
+(experiments/learn_diagnostics.py start: untrained perplexity on held-out prose after the first
 window; results/learn_smollm2.json "start_point"): append + step-expansion, ratio 8, sink 1 (19.7;
 truncation 12.8) instead of interleave + full-coverage ratio 2 (508.6), whose untrained beacons
 sit between the raw tokens of every window. Beacon q/k/v + embedding trained from the official
@@ -14,9 +14,9 @@ prose (King James Bible, Debian Administrator's Handbook), a copy task (the last
 span of an earlier one after a cue) and passkey documents with keys outside the last window;
 500-1400 tokens (2-6 windows). Held-out evaluation text: pydoc_data.topics, never trained on.
 
-  python scripts/long_text_data.py --kind prose --out runs/campaign/prose.jsonl --count 3000 --min 500 --max 1100
-  python scripts/long_text_data.py --kind copy --out runs/campaign/copy.jsonl --count 1500 --min 500 --max 1100 --seed 4
-  python scripts/passkey_data.py --out runs/campaign/passkey.jsonl --count 3000 --min 500 --max 1400 \
+  python experiments/long_text_data.py --kind prose --out runs/campaign/prose.jsonl --count 3000 --min 500 --max 1100
+  python experiments/long_text_data.py --kind copy --out runs/campaign/copy.jsonl --count 1500 --min 500 --max 1100 --seed 4
+  python experiments/passkey_data.py --out runs/campaign/passkey.jsonl --count 3000 --min 500 --max 1400 \
       --digits 5-8 --before_last 1.0 --seed 11
   python train.py --config=configs/smollm2_beacon.py     # rerun the same command to resume
   # continue from the committed asset on a fresh machine (fresh optimizer):

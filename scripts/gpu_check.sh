@@ -11,5 +11,5 @@ export OUT
 PY="${PYTHON:-python}"
 # Leave XLA's default preallocation alone but let two processes (this + pytest) coexist.
 export XLA_PYTHON_CLIENT_MEM_FRACTION="${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.85}"
-timeout 470 "$PY" scripts/gpu_check.py --budget "${GPU_CHECK_BUDGET:-400}" "$@" 2>&1 | tee "$OUT/gpu_check.log"
+timeout 470 "$PY" hardware/gpu_check.py --budget "${GPU_CHECK_BUDGET:-400}" "$@" 2>&1 | tee "$OUT/gpu_check.log"
 exit "${PIPESTATUS[0]}"

@@ -102,7 +102,8 @@ def test_method_names_are_spelled_only_in_the_registry():
   from pathlib import Path
   root = Path(__file__).resolve().parents[1]
   allowed = ('OBJECTIVES = ("lm"', 'else "lm")', "payload['beacon']")
-  files = [f for d in ("longjax", "scripts", "bench") for f in sorted((root / d).rglob("*.py"))]
+  folders = ("longjax", "scripts", "experiments", "hardware", "bench")
+  files = [f for d in folders for f in sorted((root / d).rglob("*.py"))]
   files += sorted(root.glob("*.py"))
   found = []
   for f in files:

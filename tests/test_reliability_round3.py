@@ -379,7 +379,8 @@ def test_tokenizers_never_trust_remote_code(tmp_path, monkeypatch):
   get_tokenizer(str(tmp_path / "tok"))
   assert seen == [False]
   # every other call site
-  files = [*REPO.glob("longjax/**/*.py"), *REPO.glob("scripts/*.py"), REPO / "eval.py",
+  files = [*REPO.glob("longjax/**/*.py"), *REPO.glob("scripts/*.py"),
+           *REPO.glob("experiments/*.py"), *REPO.glob("hardware/*.py"), REPO / "eval.py",
            REPO / "train.py"]
   for f in files:
     text = f.read_text()

@@ -19,7 +19,7 @@ kernel with **Triton**, selected explicitly by passing ``compiler_params=plt.Com
   bounds (per-block KV lists) and scalar loads we need are all supported by the Triton lowering.
 * If a future jax removes the Triton backend, :func:`available` turns false: ``impl="auto"`` then
   falls back to XLA and says why, and ``impl="pallas"`` raises (no silent fallback).
-  ``scripts/gpu_check.py`` prints which backend ran. A Mosaic GPU (FA3-style, warp-specialised)
+  ``hardware/gpu_check.py`` prints which backend ran. A Mosaic GPU (FA3-style, warp-specialised)
   kernel is the follow-up once it can be developed on a GPU.
 * The decision for jax >= 0.11 (Triton kept, Mosaic GPU the follow-up, tokamax not adopted: its
   masks are causal, key ranges or dense) and how the kernel is lowered for ``cuda`` on a CPU host

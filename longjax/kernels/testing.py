@@ -1,5 +1,5 @@
 """Attention test cases shared by ``tests/test_kernels.py`` (CPU, interpret mode) and
-``scripts/gpu_check.py`` (on a GPU): the mask layouts longjax runs, random inputs for them, and
+``hardware/gpu_check.py`` (on a GPU): the mask layouts longjax runs, random inputs for them, and
 the error measures. Kept in the package so that the GPU script need not load a test file by path.
 """
 from __future__ import annotations

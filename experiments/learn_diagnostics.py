@@ -13,12 +13,12 @@ a real model, round 2). Every number lands in results/learn_smollm2.json (atomic
             training and inference layouts, and the memory-swap difference
             delta = NLL(answer | twin's memory) - NLL(answer | own memory)
 
-  python scripts/learn_diagnostics.py start
-  python scripts/learn_diagnostics.py data --out runs/overfit/train.jsonl
+  python experiments/learn_diagnostics.py start
+  python experiments/learn_diagnostics.py data --out runs/overfit/train.jsonl
   python train.py --config=configs/smollm2_beacon.py --config.workdir=runs/overfit/run \\
       --config.data.sources=jsonl:runs/overfit/train.jsonl --config.data.loss_on=all \\
       --config.train.layout=inference --config.train.num_steps=200 --config.train.lr=5e-4
-  python scripts/learn_diagnostics.py overfit --data runs/overfit/train.jsonl --workdir runs/overfit/run
+  python experiments/learn_diagnostics.py overfit --data runs/overfit/train.jsonl --workdir runs/overfit/run
 """
 import argparse
 import json

@@ -3,10 +3,10 @@
 Each record is ``{"input": "", "output": chunk}``, so with ``data.loss_on="answer"`` (the
 passkey recipe) every token of the chunk is scored: mixed with the passkey documents, the beacons
 are asked from the first step to keep the frozen model's language modelling intact, not only to
-carry one key. The held-out perplexity text of ``scripts/learn_passkey_real.py ppl``
+carry one key. The held-out perplexity text of ``experiments/learn_passkey_real.py ppl``
 (``pydoc_data.topics``) is not used here.
 
-  python scripts/real_text_data.py --out runs/smollm2_beacon_data/text.jsonl --count 1500
+  python experiments/real_text_data.py --out runs/smollm2_beacon_data/text.jsonl --count 1500
 """
 import argparse
 import importlib

@@ -14,7 +14,7 @@
    first 80 %), greedy decoding of the key, exact match (and per-symbol accuracy), N samples:
    (a) truncation: the base model on the last W tokens; (b) the trained method on everything.
 
-  python scripts/learn_passkey.py [--method beacon,focus] [--workdir runs/learn] [--samples 100]
+  python experiments/learn_passkey.py [--method beacon,focus] [--workdir runs/learn] [--samples 100]
 
 Writes <workdir>/results.json and prints a Markdown table.
 """

@@ -3,7 +3,7 @@
 
 Run on one GPU (written for an H200, jax 0.11 with CUDA), from the repository root:
 
-    python scripts/gpu_check.py            # or: bash scripts/gpu_check.sh
+    python hardware/gpu_check.py            # or: bash scripts/gpu_check.sh
 
 Budget: under 8 minutes (a deadline, ``--budget`` seconds, default 450, skips what is left and still
 writes the table). Every section is guarded: a failure prints its traceback and the script goes on.

@@ -11,8 +11,8 @@ Kinds of record (``--kind``):
              cue ('The passage that begins "<first words>" reads: ' then the span), so the
              continuation can only be predicted from the memory ({"text": ...})
 
-  python scripts/long_text_data.py --kind prose --out runs/campaign/prose.jsonl --count 2000
-  python scripts/long_text_data.py --kind copy --out runs/campaign/copy.jsonl --count 1000
+  python experiments/long_text_data.py --kind prose --out runs/campaign/prose.jsonl --count 2000
+  python experiments/long_text_data.py --kind copy --out runs/campaign/copy.jsonl --count 1000
 """
 import argparse
 import html.parser

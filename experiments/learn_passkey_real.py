@@ -22,9 +22,9 @@ atomically after every sample, so an interrupted run resumes where it stopped):
   report   the results as a markdown table (README): exact-match accuracy, and in brackets the
            key digits right in place (chance 10 %)
 
-  python scripts/learn_passkey_real.py curve --workdir runs/smollm2_beacon
-  python scripts/learn_passkey_real.py passkey --asset assets/smollm2_beacon --conditions trained
-  python scripts/learn_passkey_real.py ppl --asset assets/smollm2_beacon
+  python experiments/learn_passkey_real.py curve --workdir runs/smollm2_beacon
+  python experiments/learn_passkey_real.py passkey --asset assets/smollm2_beacon --conditions trained
+  python experiments/learn_passkey_real.py ppl --asset assets/smollm2_beacon
 """
 import argparse
 import json

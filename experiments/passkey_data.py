@@ -12,9 +12,9 @@ answer span; with ``data.loss_on="answer"`` only it is scored):
 
 The filler is the official noise sentence for half of the documents and shuffled sentences of
 plain English prose (``FILLER`` below) for the other half, so the beacons do not learn one template.
-Keys come from ``--seed``; evaluation uses other seeds (scripts/learn_passkey_real.py).
+Keys come from ``--seed``; evaluation uses other seeds (experiments/learn_passkey_real.py).
 
-  python scripts/passkey_data.py --out runs/passkey_train.jsonl --count 4000 --min 768 --max 1536
+  python experiments/passkey_data.py --out runs/passkey_train.jsonl --count 4000 --min 768 --max 1536
 """
 import argparse
 import json
