@@ -113,6 +113,7 @@ def _task(spec):
   import jax.numpy as jnp
   import numpy as np
   from configs import smollm2_beacon
+  from longjax.convert import layout
   from longjax.train import loop
   tmp = Path(tempfile.mkdtemp(prefix="bench_beacon_train_"))
   data = tmp / "train.jsonl"
@@ -137,7 +138,7 @@ def _task(spec):
   ds = DS()
   ds.ids, ds.answer = [ids], [None]
   # The forwards get their own copy of the trainable tensors: the fused step donates its inputs.
-  params = loop.merge_params(jax.tree.map(jnp.copy, tr.state["params"]), tr.frozen)
+  params = layout.merge_trainable(jax.tree.map(jnp.copy, tr.state["params"]), tr.frozen)
   timers = _forward_timers(tr.cfg, tr.task.bcfg, params, ids)
   state = dict(trainable=tr.state["params"], opt=tr.state["opt_state"])
 

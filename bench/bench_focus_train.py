@@ -41,7 +41,7 @@ def build(batch: int, chunks: int):
   from longjax.focus.losses import FocusLoss, freeze_base
   from longjax.focus.planner import ChunkBatch
   from longjax.models import smollm2
-  from longjax.models.head import lm_head
+  from longjax.models.head import head_nll
 
   fcfg = FocusConfig(local_window=256, chunk_stride=256, prompt_cap=128, min_len_threshold=0)
   cfg, fcfg, params = focus_from_llama(smollm2.get(), fcfg)
@@ -59,8 +59,7 @@ def build(batch: int, chunks: int):
     ck, cv, _, _ = C.condense(fl.model, p, cb.tokens, cb.positions, cb.valid, cb.lengths)
     h = C.local_hidden(fl.model, p, ck, cv, cb.gather, cb.cand_valid, b.local.tokens,
                        b.local.lengths, b.local.n_chunks)
-    logp = jax.nn.log_softmax(lm_head(cfg, p, C.last_hidden(h, b.local.lengths)), -1)
-    return -jnp.mean(jnp.take_along_axis(logp, b.targets[:, None], -1))
+    return jnp.mean(head_nll(cfg, p, C.last_hidden(h, b.local.lengths), b.targets))
 
   fns = {"forward": fl.loss, "whole-row": jax.jit(jax.value_and_grad(whole_row)),
          "candidates": fl.value_and_grad}

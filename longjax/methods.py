@@ -203,15 +203,14 @@ class Focus:
   def suffix_nll(self, model, params, cfg, ids, n: int):
     """FocusLLM protocol (``inference_ppl_forward``): prefill on the context, then teacher-forced
     decode steps over the held-out tokens, each scored by the logits before it."""
-    import jax
     import jax.numpy as jnp
+    from longjax.models.head import token_nll
     ctx, tgt = ids[:len(ids) - n], ids[len(ids) - n:]
     logits, state = model.prefill(params, ctx[None].astype(np.int32),
                                   np.array([len(ctx)], np.int32), n)
     total = 0.0
     for j, y in enumerate(tgt):
-      lp = jax.nn.log_softmax(jnp.asarray(logits)[0].astype(jnp.float32))
-      total -= float(lp[int(y)])
+      total += float(token_nll(jnp.asarray(logits)[0].astype(jnp.float32), int(y)))
       if j < n - 1:
         logits, state = model.step(params, state, np.array([int(y)], np.int32))
     return total, n

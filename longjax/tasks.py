@@ -30,6 +30,7 @@ from longjax.focus.losses import FocusLoss
 from longjax.focus.planner import pack_chunks, pack_local, split_training
 from longjax.models.config import ModelConfig
 from longjax.models.decoder import Decoder
+from longjax.models.head import token_nll
 from longjax.sizes import round_up
 from longjax.errors import LongjaxError
 
@@ -169,9 +170,9 @@ def distill_targets(task: "BeaconTask", base, plans):
   soft_idx, soft_p = top[bi, row], p[bi, row]  # [n, B, L, K]
   if task.distill.alpha:
     lt, _ = task.truncated.apply({"params": base}, ids, pos)
-    nxt = jnp.concatenate([ids[:, 1:], ids[:, -1:]], axis=1)[..., None]
-    lp_full = jnp.take_along_axis(logp, nxt, -1)[..., 0]
-    lp_trunc = jnp.take_along_axis(jax.nn.log_softmax(lt, axis=-1), nxt, -1)[..., 0]
+    nxt = jnp.concatenate([ids[:, 1:], ids[:, -1:]], axis=1)
+    lp_full = jnp.take_along_axis(logp, nxt[..., None], -1)[..., 0]  # from the top-k table above
+    lp_trunc = -token_nll(lt, nxt)
     soft_p = soft_p * token_weights(lp_full, lp_trunc, task.distill.alpha)[bi, row][..., None]
   soft = plans["soft"]
   labels = plan.labels
@@ -295,7 +296,6 @@ class LMTask:
     toks, mask = plans["tokens"], plans["mask"]
     pos = jnp.broadcast_to(jnp.arange(toks.shape[1]), toks.shape)
     logits, _ = self.model.apply({"params": params}, toks, pos)
-    logp = jax.nn.log_softmax(logits[:, :-1], axis=-1)
-    nll = -jnp.take_along_axis(logp, toks[:, 1:, None], axis=-1)[..., 0]
+    nll = token_nll(logits[:, :-1], toks[:, 1:])
     ok = mask[:, 1:] & (toks[:, 1:] != 0) if self.answer_only else mask[:, 1:]
     return jnp.sum(jnp.where(ok, nll, 0.0), axis=1), jnp.sum(ok, axis=1, dtype=jnp.int32)

@@ -32,6 +32,7 @@ from longjax.beacon.planner import stack
 from longjax.beacon.schedule import (BeaconSetupError, CapacityError, Schedule, rows_of,
                                      segments)
 from longjax.beacon.step import Carry, _loss_jit, _scan_jit, _step_jit
+from longjax.convert import layout
 from longjax.kernels import MaskRule
 from longjax.models.config import ModelConfig
 from longjax.models.decoder import Decoder
@@ -59,10 +60,7 @@ class ForwardOutput:
 def frozen_base(params):
   """``params`` with gradients stopped everywhere but the beacon tensors (official training:
   only ``beacon_*``, here ``alt_*``, is trained), so the base gets no gradient computed."""
-  def f(path, x):
-    beacon = any(str(getattr(p, "key", "")).startswith("alt_") for p in path)
-    return x if beacon else jax.lax.stop_gradient(x)
-  return jax.tree_util.tree_map_with_path(f, params)
+  return layout.freeze(params, layout.is_alt)
 
 
 class BeaconLM:

@@ -18,7 +18,7 @@ from longjax.beacon.planner import IGNORE, WindowPlan
 from longjax.kernels import TokenMeta
 from longjax.models.config import ModelConfig
 from longjax.models.decoder import Decoder, KVPrefix
-from longjax.models.head import lm_head
+from longjax.models.head import head_nll, lm_head
 
 
 class Carry(NamedTuple):
@@ -41,10 +41,9 @@ def _token_nll(cfg: ModelConfig, params, h, labels, frozen_head: bool):
 def _nll(cfg, params, h, labels, with_grad=False):
   ok = labels != IGNORE
   safe = jnp.where(ok, labels, 0)[..., None]
-  logits = lm_head(cfg, params, h)
   if not with_grad:
-    logp = jax.nn.log_softmax(logits, axis=-1)
-    return jnp.where(ok, -jnp.take_along_axis(logp, safe, axis=-1)[..., 0], 0.0)
+    return jnp.where(ok, head_nll(cfg, params, h, safe[..., 0]), 0.0)
+  logits = lm_head(cfg, params, h)
   # One pass over the [B, L, V] logits for both the NLL and its gradient (softmax - onehot).
   m = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
   e = jnp.exp(logits - m)

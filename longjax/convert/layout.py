@@ -7,6 +7,9 @@ rest of the code asks about those tensors, so that no other file spells a parame
 * :func:`is_alt` / :func:`is_alt_projection`: the parameters the methods add (each method object
   in :mod:`longjax.methods` says which of them it trains); :func:`trainable_mask` applies such a
   rule to a parameter tree;
+* freezing the base by such a rule, the one home of it: :func:`freeze` (gradients stopped inside
+  a loss: the beacon and FocusLLM losses) and :func:`split_trainable` / :func:`merge_trainable`
+  (the trainer's step differentiates the trainable subtree only; the frozen one is an argument);
 * :func:`add_alt_params` and its pieces: the alternative (beacon / candidate) parameters of a
   plain checkpoint, initialised as the official ``from_pretrained`` does.
 
@@ -18,6 +21,7 @@ from typing import Callable, Mapping, Optional
 
 import jax
 import numpy as np
+from flax import traverse_util
 
 from longjax.convert.table import ROWS
 from longjax.models.config import ModelConfig, ModelConfigError
@@ -62,6 +66,32 @@ def trainable_mask(params, is_trainable: Callable[[str], bool]):
       return {k: walk(v, path + (k,)) for k, v in tree.items()}
     return is_trainable("/".join(path))
   return walk(params, ())
+
+
+def freeze(params, is_trainable: Callable[[str], bool]):
+  """``params`` with ``stop_gradient`` on every leaf whose path ``is_trainable`` rejects: the
+  frozen base gets no gradient computed (the official training freezes every non-``beacon``
+  parameter)."""
+  def f(path, x):
+    return x if is_trainable("/".join(str(getattr(k, "key", k)) for k in path)) \
+        else jax.lax.stop_gradient(x)
+  return jax.tree_util.tree_map_with_path(f, params)
+
+
+def split_trainable(params, is_trainable: Callable[[str], bool]):
+  """``(trainable, frozen)``: the subtrees of ``params`` whose paths ``is_trainable`` accepts,
+  and the rest (:func:`merge_trainable` joins them again)."""
+  flat = traverse_util.flatten_dict(params, sep="/")
+  tr = {k: v for k, v in flat.items() if is_trainable(k)}
+  fr = {k: v for k, v in flat.items() if not is_trainable(k)}
+  return traverse_util.unflatten_dict(tr, sep="/"), traverse_util.unflatten_dict(fr, sep="/")
+
+
+def merge_trainable(trainable, frozen):
+  """The full parameter tree of :func:`split_trainable`'s two halves."""
+  flat = traverse_util.flatten_dict(frozen, sep="/")
+  flat.update(traverse_util.flatten_dict(trainable, sep="/"))
+  return traverse_util.unflatten_dict(flat, sep="/")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from longjax.focus.config import FocusConfig, check_model
 from longjax.focus.planner import ChunkBatch, LocalBatch, pack_chunks, pack_local, split_training
 from longjax.models.config import ModelConfig
 from longjax.models.decoder import Decoder
-from longjax.models.head import lm_head
+from longjax.models.head import head_nll
 
 INDEX_KEYS = ("memory_len", "local_start", "local_size", "stride")
 
@@ -39,8 +39,7 @@ def trainable_mask(params):
 
 def freeze_base(params):
   """``params`` with ``stop_gradient`` on everything but the candidate projections."""
-  return jax.tree.map(lambda p, t: p if t else jax.lax.stop_gradient(p), params,
-                      trainable_mask(params))
+  return layout.freeze(params, layout.is_alt_projection)
 
 
 @jax.tree_util.register_dataclass
@@ -89,9 +88,7 @@ class FocusLoss:
     cand_k, cand_v = self._condense(params, cb.tokens, cb.positions, cb.valid, cb.lengths)
     hidden = C.local_hidden(self.model, params, cand_k, cand_v, cb.gather, cb.cand_valid,
                             lb.tokens, lb.lengths, lb.n_chunks)
-    logits = lm_head(self.cfg, params, C.last_hidden(hidden, lb.lengths))
-    logp = jax.nn.log_softmax(logits, axis=-1)
-    return -jnp.take_along_axis(logp, batch.targets[:, None], axis=-1)[:, 0]
+    return head_nll(self.cfg, params, C.last_hidden(hidden, lb.lengths), batch.targets)
 
   def _loss(self, params, batch: TrainBatch):
     return jnp.mean(self.per_sample(params, batch))

@@ -9,7 +9,7 @@ import numpy as np
 
 from longjax.models.config import ModelConfig
 from longjax.models.decoder import Decoder
-from longjax.models.head import lm_head
+from longjax.models.head import head_nll
 from longjax.sizes import round_up
 
 BLOCK = 256
@@ -45,9 +45,7 @@ def _nll_fn(cfg: ModelConfig, block: int):
 
     def one(xs):
       h, y, w = xs
-      logits = lm_head(cfg, params, h)
-      nll = jax.nn.logsumexp(logits, axis=-1) - jnp.take_along_axis(logits, y[:, None], -1)[:, 0]
-      return jnp.sum(nll * w)
+      return jnp.sum(head_nll(cfg, params, h, y) * w)
 
     return jnp.sum(jax.lax.map(one, (hb, tb, wb)))
 

@@ -35,6 +35,7 @@ from longjax.train.checkpointing import Checkpointer, fingerprint
 from longjax.train.config_check import validate
 from longjax.train.metrics import MetricsWriter
 from longjax import methods
+from longjax.convert import layout
 from longjax.errors import LongjaxError
 from longjax.models.config import remat_mode
 from longjax.train.errors import TrainingError
@@ -46,18 +47,10 @@ log = logging.getLogger("longjax.train")
 # parameters
 def split_params(params, method: "methods.Method"):
   """``(trainable, frozen)`` subtrees of ``params`` by ``method``'s trainable set."""
-  flat = traverse_util.flatten_dict(params, sep="/")
-  tr = {k: v for k, v in flat.items() if method.is_trainable(k)}
-  fr = {k: v for k, v in flat.items() if not method.is_trainable(k)}
+  tr, fr = layout.split_trainable(params, method.is_trainable)
   if not tr:
     raise TrainingError(f"no trainable parameters for method {method.name!r} in this model")
-  return traverse_util.unflatten_dict(tr, sep="/"), traverse_util.unflatten_dict(fr, sep="/")
-
-
-def merge_params(trainable, frozen):
-  flat = traverse_util.flatten_dict(frozen, sep="/")
-  flat.update(traverse_util.flatten_dict(trainable, sep="/"))
-  return traverse_util.unflatten_dict(flat, sep="/")
+  return tr, fr
 
 
 def make_optimizer(tc, total_steps: int):
@@ -242,7 +235,7 @@ def step_functions(task, opt):
   ``(loss_sum, loss_count)``; ``opt`` is the optax optimizer."""
 
   def loss_fn(trainable, frozen, plans):
-    params = merge_params(trainable, frozen)
+    params = layout.merge_trainable(trainable, frozen)
     ls, lc = task.loss(params, plans)
     valid = lc > 0
     per = ls / jnp.maximum(lc, 1).astype(jnp.float32)
@@ -525,7 +518,8 @@ class Trainer:
 
   def _finish(self, trainable, result: dict) -> dict:
     if not self.method.exports:  # the tiny base's pretraining: its parameters are the result
-      full = merge_params(distributed.to_host(trainable), distributed.to_host(self.frozen))
+      full = layout.merge_trainable(distributed.to_host(trainable),
+                                    distributed.to_host(self.frozen))
       result["params"] = full
       return result
     if bool(self.c.train.get("export", True)):
