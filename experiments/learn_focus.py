@@ -13,11 +13,11 @@ lands in results/learn_smollm2_focus.json (atomic, merged; the layout of learn_s
 Each answer digit is scored exactly as FocusLLM generates it: the chunks re-read with the answer's
 earlier tokens appended to the dynamic prompt (``FocusLLM.forward(prompt, generated)``).
 
-  python scripts/learn_diagnostics.py data --twins --out runs/overfit2/train.jsonl
+  python experiments/learn_diagnostics.py data --twins --out runs/overfit2/train.jsonl
   python train.py --config=configs/smollm2_focus.py --config.workdir=runs/focus_overfit/run \\
       --config.data.sources=jsonl:runs/overfit2/train.jsonl --config.train.num_steps=200 \\
       --config.train.lr=3e-4
-  python scripts/learn_focus.py overfit --data runs/overfit2/train.jsonl --workdir runs/focus_overfit/run
+  python experiments/learn_focus.py overfit --data runs/overfit2/train.jsonl --workdir runs/focus_overfit/run
 """
 import argparse
 import json
