@@ -9,7 +9,6 @@ finished), so a long run can be shipped at any step.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import sys
@@ -138,12 +137,7 @@ def params_from_workdir(workdir, step=None):
 
 
 def main(argv=None):
-  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  ap.add_argument("--workdir", required=True, help="a train.py beacon run directory")
-  ap.add_argument("--out", required=True)
-  ap.add_argument("--overwrite", action="store_true")
-  ap.add_argument("--debug", action="store_true", help="show tracebacks")
-  args = ap.parse_args(argv)
+  args = assets.export_parser(__doc__, "beacon").parse_args(argv)
 
   def export():
     from longjax.atomic_dir import check_output_apart

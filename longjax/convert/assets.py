@@ -97,7 +97,7 @@ def read_tensors(asset_dir: Path, stem: str) -> dict:
 def set_tensors(cfg, params, tensors: dict, where: str, expected=None):
   """Write HF-named ``tensors`` into ``params`` (in place) through the conversion table; every
   name must belong to ``cfg`` and every name ``expected(name)`` accepts must be present."""
-  from longjax.convert.table import expected_names, get_path
+  from longjax.convert.table import expected_names, put_tensor
   names = expected_names(cfg)
   if expected is not None:
     missing = sorted(n for n in names if expected(n) and n not in tensors)
@@ -107,13 +107,19 @@ def set_tensors(cfg, params, tensors: dict, where: str, expected=None):
     if name not in names:
       raise AssetError(f"{where}: tensor {name} does not fit this base model")
     row, layer = names[name]
-    value = row.transform.to_jax(value, cfg)
-    target = get_path(params, row.path)
-    if layer is None:
-      target[...] = value
-    else:
-      target[layer] = value
+    put_tensor(params, row, layer, row.transform.to_jax(value, cfg))
   return params
+
+
+def export_parser(doc: str, run_kind: str):
+  """The command line of an asset export (``python -m longjax.<method>.asset``)."""
+  import argparse
+  ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap.add_argument("--workdir", required=True, help=f"a train.py {run_kind} run directory")
+  ap.add_argument("--out", required=True)
+  ap.add_argument("--overwrite", action="store_true")
+  ap.add_argument("--debug", action="store_true", help="show tracebacks")
+  return ap
 
 
 # ------------------------------------------------------------------------------------------------

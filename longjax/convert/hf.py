@@ -22,8 +22,8 @@ from longjax.atomic_dir import atomic_dir
 from longjax.convert.layout import (alt_embedding_row, copy_projection, embed_init_token, is_alt,
                                     is_alt_projection)
 from longjax.convert.table import (ALT_EMBEDDING_NAME, IGNORED_SUFFIXES, alt_proj_name,
-                                   alt_projections_in, expected_names, get_path, hf_shape, rows_for,
-                                   set_path)
+                                   alt_projections_in, expected_names, get_path, hf_shape,
+                                   put_tensor, rows_for, set_path)
 from longjax.models.config import ModelConfig
 from longjax.models.decoder import param_shapes
 from longjax.errors import LongjaxError
@@ -249,11 +249,7 @@ def _read_tensors(cfg, expected, shapes, by_file) -> dict:
               from None
         value = row.transform.to_jax(tensor, cfg)
         del tensor  # at most one source tensor alive (the one-tensor memory bound)
-        target = get_path(params, row.path)
-        if layer is None:
-          target[...] = value
-        else:
-          target[layer] = value
+        put_tensor(params, row, layer, value)
         del value
   return params
 

@@ -160,6 +160,16 @@ def get_path(tree, path):
   return tree
 
 
+def put_tensor(params, row, layer, value):
+  """Write ``value`` (already in JAX layout) where ``row`` keeps it: the whole array, or one
+  layer's slice of the stacked per-layer array."""
+  target = get_path(params, row.path)
+  if layer is None:
+    target[...] = value
+  else:
+    target[layer] = value
+
+
 def set_path(tree, path, value):
   for p in path[:-1]:
     tree = tree.setdefault(p, {})

@@ -10,7 +10,6 @@ finished), so a long run can be shipped at any step.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -107,13 +106,8 @@ def params_from_workdir(workdir, step: Optional[int] = None):
 
 
 def main(argv=None):
-  ap = argparse.ArgumentParser(description=__doc__,
-                               formatter_class=argparse.RawDescriptionHelpFormatter)
-  ap.add_argument("--workdir", required=True, help="a train.py FocusLLM run directory")
+  ap = assets.export_parser(__doc__, "FocusLLM")
   ap.add_argument("--step", type=int, default=None, help="that checkpoint (default: the newest)")
-  ap.add_argument("--out", required=True)
-  ap.add_argument("--overwrite", action="store_true")
-  ap.add_argument("--debug", action="store_true", help="show tracebacks")
   args = ap.parse_args(argv)
 
   def export():
