@@ -17,7 +17,8 @@ tokens), in the official Activation Beacon prompt format (chat template, greedy)
               focus.json; docs/learning.md), else the untrained official init (copies of q/k/v/o).
 
 Prints an accuracy table (exact 5-digit match) and writes results JSON + per-method PNG heatmaps.
-About 3-4 minutes on 2 CPU cores after the one-off fetch.
+About 4 minutes on 2 CPU cores after the one-off fetch (FocusLLM, which re-reads every chunk at each
+decoded token, takes half of it).
 
   python scripts/smollm2_passkey.py [--out runs/smollm2_passkey] [--lengths 1024,2048]
 """

@@ -137,7 +137,7 @@ def params_from_workdir(workdir, step=None):
 
 
 def main(argv=None):
-  args = assets.export_parser(__doc__, "beacon").parse_args(argv)
+  args = assets.export_parser(__doc__, BEACON.title).parse_args(argv)
 
   def export():
     from longjax.atomic_dir import check_output_apart
