@@ -202,18 +202,15 @@ class Focus:
 
   def suffix_nll(self, model, params, cfg, ids, n: int):
     """FocusLLM protocol (``inference_ppl_forward``): prefill on the context, then teacher-forced
-    decode steps over the held-out tokens, each scored by the logits before it."""
-    import jax.numpy as jnp
-    from longjax.models.head import token_nll
+    decode steps over the held-out tokens, each scored by the logits before it (one device loop:
+    ``decode_loop.teacher_forced_nll``)."""
+    from longjax import decode_loop
+    ids = np.asarray(ids, np.int32)
     ctx, tgt = ids[:len(ids) - n], ids[len(ids) - n:]
-    logits, state = model.prefill(params, ctx[None].astype(np.int32),
-                                  np.array([len(ctx)], np.int32), n)
-    total = 0.0
-    for j, y in enumerate(tgt):
-      total += float(token_nll(jnp.asarray(logits)[0].astype(jnp.float32), int(y)))
-      if j < n - 1:
-        logits, state = model.step(params, state, np.array([int(y)], np.int32))
-    return total, n
+    logits, state = model.prefill(params, ctx[None], np.array([len(ctx)], np.int32), n)
+    nll = decode_loop.teacher_forced_nll(model.device_plan(state, n - 1), params, logits,
+                                         tgt[None])
+    return float(np.sum(nll)), n
 
   def export(self, out, cfg, settings, params):
     from longjax.focus import save_focus

@@ -240,3 +240,66 @@ def test_bad_loop_arguments(plain):
   # "auto" runs such a method on the host loop.
   auto = longjax.generate(_HostOnly(lm), params, p, max_new_tokens=4)
   assert auto.tokens == longjax.generate(lm, params, p, max_new_tokens=4, loop="device").tokens
+
+
+# ------------------------------------------------------------------------------------------------
+# Teacher forcing (FocusLLM's perplexity protocol): the device loop fed given tokens.
+def _prefill_rows(method, params, prompts, max_new_tokens):
+  tokens = np.zeros((len(prompts), max(map(len, prompts))), np.int32)
+  for i, p in enumerate(prompts):
+    tokens[i, :len(p)] = p
+  lengths = np.array([len(p) for p in prompts], np.int32)
+  return method.prefill(params, tokens, lengths, max_new_tokens)
+
+
+def _host_forced_nll(method, params, prompts, targets):
+  """The reference: prefill, then one host ``step`` per target, each target scored by the logits
+  before it."""
+  b = len(prompts)
+  logits, state = _prefill_rows(method, params, prompts, targets.shape[1])
+  out = []
+  for t in range(targets.shape[1]):
+    z = np.asarray(logits, np.float64)
+    z = z - z.max(-1, keepdims=True)
+    logp = z - np.log(np.exp(z).sum(-1, keepdims=True))
+    out.append(-logp[np.arange(b), targets[:, t]])
+    if t + 1 < targets.shape[1]:
+      logits, state = method.step(params, state, targets[:, t])
+  return np.stack(out, 1)
+
+
+def _device_forced_nll(method, params, prompts, targets):
+  logits, state = _prefill_rows(method, params, prompts, targets.shape[1])
+  plan = _no_host_steps(method).device_plan(state, targets.shape[1] - 1)
+  return decode_loop.teacher_forced_nll(plan, params, logits, targets)
+
+
+@pytest.mark.parametrize("kind", ["plain", "beacon", "focus"])
+def test_teacher_forcing_equals_host_steps(kind, plain, beacon_params):
+  if kind == "plain":
+    method, params = plain
+    prompts = [_ids(17, 1), _ids(5, 2)]
+  elif kind == "beacon":  # window 16: the 20 fed targets complete windows inside the loop
+    cfg, params = beacon_params
+    method = BeaconLM(cfg, BCFG.replace(sink_size=1), max_length=256)
+    prompts = [_ids(13, 7), _ids(30, 8)]
+  else:
+    cfg, params = tiny_model()
+    method = FocusLLM(cfg, tiny_focus(), bucket=16)
+    prompts = [list(prompt(100, 0)), list(prompt(61, 1))]  # 5 and 3 chunks
+  targets = np.random.default_rng(3).integers(3, 90, (2, 21)).astype(np.int32)
+  want = _host_forced_nll(method, params, prompts, targets)
+  host_step = method.step
+  try:
+    got = _device_forced_nll(method, params, prompts, targets)
+  finally:
+    method.step = host_step
+  assert got.shape == (2, 21) and np.all(got > 0)
+  np.testing.assert_allclose(got, want, atol=2e-5, rtol=0)
+
+
+def test_teacher_forcing_rejects_bad_targets(plain):
+  lm, params = plain
+  logits, state = lm.prefill(params, np.array([_ids(5, 1)], np.int32), np.array([5]), 4)
+  with pytest.raises(decode_loop.DevicePlanError, match="targets"):
+    decode_loop.teacher_forced_nll(lm.device_plan(state, 3), params, logits, np.zeros((3, 4)))
