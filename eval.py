@@ -37,9 +37,16 @@ def main(argv):
     sys.exit("eval.py: the config has no 'eval' section; add to its get_config():\n"
              "  from longjax.eval.config import eval_config\n"
              "  c.eval = eval_config(c.method)   # official grids; preset='tiny' for CPU smoke runs")
+  sys.exit(cli.run("eval.py", lambda: _eval(config), debug=_DEBUG.value,
+                   compile_cache=_COMPILE_CACHE.value))
+
+
+def _eval(config) -> int:
   from longjax.eval.runner import parse_tasks, run
-  sys.exit(cli.run("eval.py", lambda: run(config, parse_tasks(config.eval.task)) and 0,
-                   debug=_DEBUG.value, compile_cache=_COMPILE_CACHE.value))
+  from longjax.run_config import from_config
+  run_config = from_config(config)  # the one typed, checked config of this run
+  run(run_config, parse_tasks(run_config.eval.task))
+  return 0
 
 
 if __name__ == "__main__":

@@ -45,13 +45,16 @@ def _train(config):
                       force=True)
   for noisy in ("absl", "orbax", "jax._src", "etils"):
     logging.getLogger(noisy).setLevel(logging.WARNING)
+  import dataclasses
+  from longjax.run_config import from_config
   from longjax.train import sharding
-  tc = config.get("train", {})
-  sharding.maybe_initialize_distributed(tc.get("distributed", "auto"), tc.get("cluster"))
+  run = from_config(config)  # the one typed, checked config of this run (a bad key: one line)
+  sharding.maybe_initialize_distributed(run.train.distributed,
+                                        dataclasses.asdict(run.train.cluster))
   from longjax.train.loop import Trainer
-  out = Trainer(config, resume=_RESUME.value).run()  # a known failure: cli.run's one line
+  out = Trainer(run, resume=_RESUME.value).run()  # a known failure: cli.run's one line
   print(f"train.py: done: steps {out['start_step']}..{out['final_step']} in "
-        f"{out['seconds']:.1f}s; workdir {Path(config.workdir).absolute()}"
+        f"{out['seconds']:.1f}s; workdir {Path(run.workdir).absolute()}"
         + (f"; exported {out['export']}" if out.get("export") else ""))
 
 

@@ -114,6 +114,7 @@ def _task(spec):
   import numpy as np
   from configs import smollm2_beacon
   from longjax.convert import layout
+  from longjax.run_config import from_config
   from longjax.train import loop
   tmp = Path(tempfile.mkdtemp(prefix="bench_beacon_train_"))
   data = tmp / "train.jsonl"
@@ -129,7 +130,7 @@ def _task(spec):
   if spec["mode"] == "task-noremat":  # every activation kept (no recompute in the backward)
     with c.train.ignore_type():  # the config's remat is the string "dots"
       c.train.remat = False
-  tr = loop.Trainer(c)
+  tr = loop.Trainer(from_config(c))
   tr.setup()
   ids = np.random.default_rng(0).integers(10, tr.cfg.vocab_size, spec["tokens"])
 

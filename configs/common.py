@@ -1,47 +1,32 @@
 """Shared defaults of the training configs (each config file calls these and overrides)."""
 import ml_collections
 
+from longjax.run_config import sections, to_dict
+
+
+def _section(cls, **kw) -> ml_collections.ConfigDict:
+  """A config file's section: ``cls``'s defaults (longjax.run_config.sections, their one home)
+  with ``kw`` over them."""
+  return ml_collections.ConfigDict(to_dict(cls(**kw)))
+
 
 def train_defaults(**kw):
-  t = dict(num_steps=0, num_epochs=1, global_batch=8, grad_accum=1, lr=5e-5, end_lr=0.0,
-           warmup_steps=0, weight_decay=0.0, b1=0.9, b2=0.999, eps=1e-8, max_grad_norm=1.0,
-           remat=True, step_bucket=1, log_every=1, save_every=1000, keep=3,
-           async_checkpoint=True, export=True, distributed="auto", impl="auto",
-           tensorboard=True, progress=True,
-           # beacon: "official" (last window without beacons) or "inference" (as generation sees it)
-           layout="official",
-           # a committed asset (longjax.beacon.asset) whose method tensors start this run
-           init_from="")
-  t.update(kw)
-  mesh = t.pop("mesh", dict(data=-1, fsdp=1, tensor=1))
-  # A multi-process run (longjax.train.distributed): empty / 0 / -1 = from $JAX_COORDINATOR_ADDRESS,
-  # $JAX_NUM_PROCESSES, $JAX_PROCESS_ID, else detected by JAX (TPU pod, SLURM, Open MPI).
-  cluster = t.pop("cluster", dict(coordinator_address="", num_processes=0, process_id=-1))
-  # data.loss_on="distill" or a source "...@distill": the teacher's top_k tokens per position;
-  # alpha > 0 weights tokens that need far context more (longjax.tasks.DistillSettings)
-  distill = t.pop("distill", dict(top_k=32, alpha=0.0))
-  cd = ml_collections.ConfigDict(t)
-  cd.mesh = ml_collections.ConfigDict(mesh)
-  cd.cluster = ml_collections.ConfigDict(cluster)
-  cd.distill = ml_collections.ConfigDict(distill)
-  return cd
+  # mesh, cluster (a multi-process run), distill (data.loss_on="distill"): dicts over their defaults
+  for name, cls in (("mesh", sections.MeshSection), ("cluster", sections.ClusterSection),
+                    ("distill", sections.DistillSettings)):
+    if name in kw:
+      kw[name] = cls(**kw[name])
+  return _section(sections.TrainSection, **kw)
 
 
 def data_defaults(**kw):
-  # tokenizer "": the model's own (the checkpoint's files; byte for the tiny model). Naming one
-  # overrides it ("byte" with a checkpoint that has its own tokenizer is an error).
-  d = dict(sources="", tokenizer="", text_field="text", tfds_data_dir="", tfds_split="train",
-           min_length=0, max_length=1 << 30, append_eos=True, add_bos="auto", max_per_source=0,
-           loss_on="all")
-  synthetic = kw.pop("synthetic", dict(count=256, min_chars=256, max_chars=512, digits=5))
-  d.update(kw)
-  cd = ml_collections.ConfigDict(d)
-  cd.synthetic = ml_collections.ConfigDict(synthetic)
-  return cd
+  # synthetic: the sizes of generated documents, a dict over their defaults
+  return _section(sections.DataSection,
+                  **dict(kw, synthetic=sections.SyntheticSection(**kw.get("synthetic", {}))))
 
 
 def debug_defaults():
-  return ml_collections.ConfigDict(dict(kill_after_step=-1, nan_at_step=-1))
+  return _section(sections.DebugSection)
 
 
 def real_model(name, **kw):

@@ -174,6 +174,7 @@ def main():
   logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
   for noisy in ("absl", "orbax", "jax._src", "etils"):
     logging.getLogger(noisy).setLevel(logging.WARNING)
+  from longjax.run_config import from_config
   from longjax.train.loop import Trainer
   work = Path(a.workdir)
   work.mkdir(parents=True, exist_ok=True)
@@ -188,7 +189,7 @@ def main():
       shutil.copytree(shared_base, Path(c.workdir) / "base")
     shared_base = Path(c.workdir) / "base"
     t0 = time.time()
-    tr = Trainer(c, resume=True)
+    tr = Trainer(from_config(c), resume=True)
     out = tr.run()
     train_s = time.time() - t0
     from longjax.train.metrics import read_metrics

@@ -198,6 +198,7 @@ def beacon_train(slice_name: str, *, config: str = "beacon_qwen2", length: Optio
   from longjax import methods
   from longjax.kernels import flash
   from longjax.models.config import remat_mode
+  from longjax.run_config import from_config
   from longjax.train import loop, sharding as shd
   c = importlib.import_module(f"configs.{config}").get_config()
   shape = shape or SHAPES[config]
@@ -209,10 +210,11 @@ def beacon_train(slice_name: str, *, config: str = "beacon_qwen2", length: Optio
     c.train.impl = impl
   if mesh is not None:
     c.train.mesh.update(mesh)
+  c = from_config(c)  # the overrides above in, then typed and checked once
   length = int(length or c.data.max_length)
   gb = int(c.train.global_batch)
   note = (f"{config}: {gb} x {length} tokens, W={c.beacon.window}, remat={c.model.remat}, "
-          f"attention {c.train.impl}, mesh {dict(c.train.mesh)}")
+          f"attention {c.train.impl}, mesh {dataclasses.asdict(c.train.mesh)}")
 
   def build():
     method = methods.get(c.method)
@@ -221,7 +223,7 @@ def beacon_train(slice_name: str, *, config: str = "beacon_qwen2", length: Optio
     cfg = _model_config(shape, alt_projections=projections, num_alt_embeddings=n_embed,
                         dtype=c.model.dtype, param_dtype=c.model.param_dtype,
                         remat=remat_mode(c.model.remat))
-    mesh = _mesh(slice_name, dict(c.train.mesh))
+    mesh = _mesh(slice_name, dataclasses.asdict(c.train.mesh))
     with flash.target_platform("tpu"):
       task = method.make_task(c, cfg, settings, max_length=length)
     params = _abstract_params(cfg, mesh, jnp.dtype(c.model.param_dtype))

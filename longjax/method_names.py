@@ -12,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
+from longjax.errors import LongjaxError
+
 
 @dataclasses.dataclass(frozen=True)
 class MethodName:
@@ -34,3 +36,19 @@ PLAIN = MethodName("plain", None, "the plain decoder")
 PLAIN_PRETRAIN = "lm"
 
 ALL = (BEACON, FOCUS, PLAIN)
+
+
+class UnknownMethodError(LongjaxError, ValueError):
+  pass
+
+
+def entry(name) -> MethodName:
+  """The method called ``name`` (``lm``: the plain decoder, as train.py spells it when it
+  pretrains a tiny base); :func:`longjax.methods.get` hands out its object."""
+  key = str(name).lower()
+  key = PLAIN.name if key == PLAIN_PRETRAIN else key
+  for m in ALL:
+    if m.name == key:
+      return m
+  raise UnknownMethodError(f"unknown method {name!r}; valid: {', '.join(m.name for m in ALL)} "
+                           "(train.py also takes 'lm' for the plain decoder)")

@@ -16,17 +16,15 @@ from typing import Optional
 import numpy as np
 
 from longjax import method_names
-from longjax.errors import LongjaxError
+# UnknownMethodError: what get refuses (raised by method_names.entry, below this registry)
+from longjax.method_names import UnknownMethodError, entry
 from longjax.sizes import round_up
 
 
-class UnknownMethodError(LongjaxError, ValueError):
-  pass
-
-
 def _tiny_shape(model_section, tokenizer, **fields):
-  """The ModelConfig of a tiny model shaped by ``config.model`` around ``tokenizer`` (train.py
-  pretrains one; eval.py builds a random one when no checkpoint is given)."""
+  """The ModelConfig of a tiny model shaped by ``config.model`` (``run_config.ModelSection``)
+  around ``tokenizer`` (train.py pretrains one; eval.py builds a random one when no checkpoint is
+  given)."""
   from longjax.models.config import ModelConfig
   m = model_section
   return ModelConfig(family=m.family, vocab_size=tokenizer.vocab_size,
@@ -35,12 +33,13 @@ def _tiny_shape(model_section, tokenizer, **fields):
                      num_kv_heads=m.num_kv_heads, head_dim=m.head_dim,
                      attention_bias=m.family == "qwen2", bos_token_id=tokenizer.bos_id,
                      eos_token_id=tokenizer.eos_id, pad_token_id=0,
-                     max_position_embeddings=int(m.get("max_position_embeddings", 32768)),
-                     rope_theta=float(m.get("rope_theta", 10000.0)), **fields)
+                     max_position_embeddings=int(m.max_position_embeddings),
+                     rope_theta=float(m.rope_theta), **fields)
 
 
 def tiny_model_config(config, tokenizer, method: "Method"):
-  """The tiny model of ``config.model`` with ``method``'s extra parameters declared."""
+  """The tiny model of ``config.model`` with ``method``'s extra parameters declared (``config``:
+  the run's ``RunConfig``)."""
   projections, n_embed, _ = method.extra_params(method.settings(config, tokenizer.bos_id))
   return _tiny_shape(config.model, tokenizer, alt_projections=projections,
                      num_alt_embeddings=n_embed)
@@ -61,12 +60,8 @@ class Beacon:
   """Activation Beacon: the ``beacon`` config section, the official ``beacon_*`` tensors."""
   name = method_names.BEACON.name
   section = method_names.BEACON.section  # the run config's section of its settings
-  # the keys of that section (train.py refuses others)
-  section_keys = frozenset({"window", "stride", "ratios", "ratio_mix", "pos", "attn", "param",
-                            "sink_size", "embed_init", "attend_prev"})
   eval_protocols = method_names.BEACON  # eval_config's defaults: the Activation Beacon paper's
   assets = True  # its trained tensors travel as a small asset (train.init_from starts from one)
-  distills = True  # data.loss_on = "distill" (KL to the full-attention base) is for it
   reads_bos = False  # settings do not depend on the model's BOS
   plan_batch_axis = 1  # WindowPlan leaves are [windows, batch, ...]
   groups_by_windows = True  # batches of equal window counts: one compile per count
@@ -94,17 +89,13 @@ class Beacon:
     return cfg, params
 
   def make_task(self, config, cfg, settings, *, max_length: int, lm_length=None):
-    from longjax.tasks import BeaconTask, DistillSettings
+    from longjax.tasks import BeaconTask
     from longjax.models.config import remat_mode
-    tc = config.train
+    tc, loss_on = config.train, config.data.loss_on
     return BeaconTask(cfg, settings, max_length=max_length, seed=int(config.seed),
-                      remat=remat_mode(tc.get("remat", True)),
-                      step_bucket=int(tc.get("step_bucket", 1)), impl=tc.get("impl", "auto"),
-                      answer_only=config.data.get("loss_on", "all") == "answer",
-                      layout=tc.get("layout", "official"),
-                      distill=DistillSettings(**dict(tc.get("distill", {}))),
-                      default_objective={"all": "lm"}.get(config.data.get("loss_on", "all"),
-                                                          config.data.get("loss_on", "all")))
+                      remat=remat_mode(tc.remat), step_bucket=int(tc.step_bucket), impl=tc.impl,
+                      answer_only=loss_on == "answer", layout=tc.layout, distill=tc.distill,
+                      default_objective={"all": "lm"}.get(loss_on, loss_on))
 
   def inference_model(self, cfg, settings, *, max_length: Optional[int] = None):
     from longjax.beacon import BeaconLM
@@ -145,11 +136,8 @@ class Focus:
   """FocusLLM: the ``focus`` config section, candidate projections stored as ``beacon_*``."""
   name = method_names.FOCUS.name
   section = method_names.FOCUS.section
-  section_keys = frozenset({"local_window", "stride", "strides", "prompt_cap", "param",
-                            "min_len_threshold", "min_local", "objective"})
   eval_protocols = method_names.FOCUS  # the FocusLLM paper's
   assets = True  # its candidate projections travel as a small asset (longjax/focus/asset.py)
-  distills = False
   reads_bos = True  # every chunk starts with the model's BOS
   plan_batch_axis = 0
   groups_by_windows = False
@@ -181,10 +169,8 @@ class Focus:
     from longjax.models.config import remat_mode
     f, tc = config.focus, config.train
     return FocusTask(cfg, settings, dict(window=f.local_window, strides=tuple(f.strides),
-                                         min_local=f.get("min_local", 30),
-                                         objective=f.get("objective", "random")),
-                     seed=int(config.seed), impl=tc.get("impl", "auto"),
-                     remat=remat_mode(tc.get("remat", False)))
+                                         min_local=f.min_local, objective=f.objective),
+                     seed=int(config.seed), impl=tc.impl, remat=remat_mode(tc.remat))
 
   def inference_model(self, cfg, settings, *, max_length: Optional[int] = None):
     from longjax.focus import FocusLLM
@@ -228,10 +214,8 @@ class Plain:
   pretraining of the tiny bases in train.py (``lm``, every parameter trained)."""
   name = method_names.PLAIN.name
   section = method_names.PLAIN.section  # None: no settings of its own
-  section_keys = frozenset()
   eval_protocols = method_names.BEACON  # the truncation baseline of the Activation Beacon paper
   assets = False
-  distills = False
   reads_bos = False
   plan_batch_axis = 0
   groups_by_windows = False
@@ -256,7 +240,7 @@ class Plain:
   def make_task(self, config, cfg, settings, *, max_length: int, lm_length=None):
     from longjax.tasks import LMTask
     return LMTask(cfg, length=lm_length, seed=int(config.seed),
-                  answer_only=config.data.get("loss_on", "all") == "answer")
+                  answer_only=config.data.loss_on == "answer")
 
   def inference_model(self, cfg, settings, *, max_length: Optional[int] = None):
     from longjax.plain import BucketedPlainLM
@@ -283,19 +267,13 @@ Method = Beacon | Focus | Plain
 _REGISTRY = {m.name: m for m in (Beacon(), Focus(), Plain())}
 # train.py's config.method spells the plain decoder "lm" (it pretrains it)
 PRETRAIN = method_names.PLAIN_PRETRAIN
-_ALIASES = {PRETRAIN: Plain.name}
 NAMES = tuple(_REGISTRY)
 ALL = tuple(_REGISTRY.values())
 
 
 def get(name: str) -> Method:
   """The method called ``name`` (``beacon``, ``focus``, ``plain``; ``lm`` = ``plain``)."""
-  key = _ALIASES.get(str(name).lower(), str(name).lower())
-  try:
-    return _REGISTRY[key]
-  except KeyError:
-    raise UnknownMethodError(f"unknown method {name!r}; valid: {', '.join(NAMES)} "
-                             "(train.py also takes 'lm' for the plain decoder)") from None
+  return _REGISTRY[entry(name).name]
 
 
 def load(method: Method, path, config, *, param_dtype=None):

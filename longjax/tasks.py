@@ -31,12 +31,11 @@ from longjax.focus.planner import pack_chunks, pack_local, split_training
 from longjax.models.config import ModelConfig
 from longjax.models.decoder import Decoder
 from longjax.models.head import token_nll
+# train.layout (LAYOUTS) and train.distill (DistillSettings) are run config sections
+from longjax.run_config.sections import LAYOUTS, DistillSettings
 from longjax.sizes import round_up
 from longjax.errors import LongjaxError
 
-
-# train.layout (beacon): where the last window's beacons go in training (see BeaconTask)
-LAYOUTS = ("official", "inference")
 
 
 class TaskConfigError(LongjaxError, ValueError):
@@ -135,16 +134,6 @@ class BeaconTask:
     if const is None:
       return carry.loss_sum, carry.loss_count
     return carry.loss_sum + const, carry.loss_count
-
-
-@dataclasses.dataclass(frozen=True)
-class DistillSettings:
-  """``train.distill``: the teacher's top ``top_k`` tokens per position (renormalised) are the
-  target; ``alpha`` > 0 weights each token by ``1 + alpha * clip(log p_full - log p_trunc, 0, 2)``
-  (how much more likely the full-context base finds the next token than the base reading only
-  the last W tokens: the tokens that need far context count up to 1 + 2 alpha times)."""
-  top_k: int = 32
-  alpha: float = 0.0
 
 
 def token_weights(logp_full, logp_trunc, alpha: float):

@@ -164,16 +164,15 @@ def test_campaign_record_carries_the_started_from_asset(tmp_path):
 def test_bad_objective_settings_are_refused_before_anything_loads():
   import ml_collections
   from configs import tiny_beacon
-  from longjax import methods
-  from longjax.train.config_check import ConfigError, validate
+  from longjax.run_config import ConfigError, from_config
   for key, value, msg in (("data.loss_on", "distil", "use 'all'"),
                           ("train.layout", "inferense", "train.layout='inferense'")):
     c = tiny_beacon.get_config()
     sec, k = key.split(".")
     c[sec][k] = value
     with pytest.raises(ConfigError, match=msg):
-      validate(c, methods.get(c.method))
+      from_config(c)
   c = tiny_beacon.get_config()
   c.train.distill = ml_collections.ConfigDict(dict(top_k=0, alpha=0.0))
   with pytest.raises(ConfigError, match="top_k >= 1"):
-    validate(c, methods.get(c.method))
+    from_config(c)

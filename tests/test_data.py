@@ -8,16 +8,18 @@ import pytest
 from longjax.data import pipeline
 from longjax.data.sources import DataError
 from longjax.data.tokenizers import get_tokenizer
+from longjax.run_config import DataSection, SyntheticSection
 
 TOK = get_tokenizer("byte")
 
 
 def dc(**kw):
+  """A run's data section (run_config.DataSection): the byte tokenizer, small synthetic sizes."""
   d = dict(sources="", tokenizer="byte", text_field="text", tfds_data_dir="", tfds_split="train",
            min_length=0, max_length=1 << 30, append_eos=True, add_bos="auto", max_per_source=0,
-           loss_on="all", synthetic=dict(count=16, min_chars=50, max_chars=90, digits=5))
+           loss_on="all", synthetic=SyntheticSection(count=16, min_chars=50, max_chars=90, digits=5))
   d.update(kw)
-  return d
+  return DataSection(**d)
 
 
 def test_jsonl_text_filter_truncate_eos(tmp_path):

@@ -15,6 +15,7 @@ from longjax.eval import passkey as P
 from longjax.eval.models import build_method
 from longjax.eval.perplexity import last_windows, load_documents, sliding_chunks
 from longjax.eval.runner import parse_tasks, run
+from longjax.run_config import from_config
 from longjax.eval.synthetic import write_all
 
 
@@ -50,7 +51,7 @@ def with_data(c, data):
 @pytest.fixture(scope="module")
 def tiny_beacon(tmp_path_factory):
   c = load_config("tiny_beacon", tmp_path_factory.mktemp("wd"))
-  return c, build_method(c)
+  return c, build_method(from_config(c))
 
 
 @pytest.fixture
@@ -135,11 +136,11 @@ def test_suffix_nll_paths_agree(beacon, tmp_path):
   """The plain forward, teacher-forced decoding and the beacon loss (inside one window, where
   beacon = plain) score the same tokens identically."""
   c, _ = beacon
-  plain = build_method(c, "plain")
+  plain = build_method(from_config(c), "plain")
   ids = list(np.random.default_rng(0).integers(3, 250, 40))
   s_plain, n_plain = plain.suffix_nll(ids, 10)
   s_tf, n_tf = methods.Focus().suffix_nll(plain.method, plain.params, plain.cfg, np.asarray(ids), 10)
-  b = build_method(c, "beacon")
+  b = build_method(from_config(c), "beacon")
   s_b, n_b = b.suffix_nll(ids, 10)
   assert n_plain == n_tf == n_b == 10
   np.testing.assert_allclose([s_tf, s_b], [s_plain, s_plain], rtol=2e-4)
@@ -152,7 +153,7 @@ def test_all_tasks_beacon(beacon, data, tmp_path):
   c, built = beacon
   c = with_data(c, data)
   c.eval.output_dir = str(tmp_path)
-  out = run(c, "all", built=built, log=lambda s: None)
+  out = run(from_config(c), "all", built=built, log=lambda s: None)
   assert set(out) == {"passkey", "needle", "perplexity", "longbench", "infbench"}
   pk = out["passkey"]
   assert pk["n_samples"] == 6 and len(pk["cells"]) == 6 and 0 <= pk["acc"] <= 1
@@ -177,20 +178,20 @@ def test_all_tasks_beacon(beacon, data, tmp_path):
 def test_resume_skips_scored_samples(beacon, tmp_path, monkeypatch):
   c, built = beacon
   c.eval.output_dir = str(tmp_path)
-  first = run(c, "passkey", built=built, log=lambda s: None)["passkey"]
+  first = run(from_config(c), "passkey", built=built, log=lambda s: None)["passkey"]
   calls = []
   monkeypatch.setattr(built, "generate", lambda *a, **k: calls.append(1) or ([], ""))
   lines = []
-  again = run(c, "passkey", built=built, log=lines.append)["passkey"]
+  again = run(from_config(c), "passkey", built=built, log=lines.append)["passkey"]
   assert not calls and again["acc"] == first["acc"] and any("resuming: 6" in ln for ln in lines)
   # a partial file: only the missing samples are run
   path = tmp_path / "beacon_passkey.samples.jsonl"
   path.write_text("\n".join(path.read_text().splitlines()[:4]) + "\n")
-  run(c, "passkey", built=built, log=lambda s: None)
+  run(from_config(c), "passkey", built=built, log=lambda s: None)
   assert len(calls) == 3
   c.eval.passkey.max_new_tokens = 7  # other settings: the old file is kept aside, all rerun
   lines = []
-  run(c, "passkey", built=built, log=lines.append)
+  run(from_config(c), "passkey", built=built, log=lines.append)
   assert len(calls) == 3 + 6 and any("other settings" in ln for ln in lines)
   assert (tmp_path / "beacon_passkey.samples.jsonl.stale-1").exists()
 
@@ -203,7 +204,7 @@ def test_focus_tasks(data, tmp_path):
   c.eval.perplexity.max_docs = 1
   c.eval.perplexity.last_n = 16
   c.eval.infbench.tasks = "passkey,kv_retrieval"
-  out = run(c, "passkey,perplexity,infbench", log=lambda s: None)
+  out = run(from_config(c), "passkey,perplexity,infbench", log=lambda s: None)
   pk = out["passkey"]
   assert pk["protocol"] == "focus" and pk["n_samples"] == 2 and "acc_official" in pk
   ppl = out["perplexity"]
@@ -216,7 +217,7 @@ def test_plain_truncation_baseline(data, tmp_path):
                 data)
   c.eval.output_dir = str(tmp_path)
   c.eval.longbench.tasks = "qasper,trec"
-  out = run(c, "passkey,longbench", log=lambda s: None)
+  out = run(from_config(c), "passkey,longbench", log=lambda s: None)
   assert out["passkey"]["method"] == "plain"
   recs = [json.loads(x) for x in (tmp_path / "plain_passkey.samples.jsonl").read_text().splitlines()[1:]]
   assert all(r["n_tokens"] <= 200 - 24 for r in recs)
@@ -240,23 +241,23 @@ def test_bad_data(beacon, data, tmp_path):
   quiet = dict(built=built, log=lambda s: None)
   c.eval.needle.haystack_dir = str(tmp_path / "missing")
   with pytest.raises(EvalError, match="haystack_dir .* is not a directory"):
-    run(c, "needle", **quiet)
+    run(from_config(c), "needle", **quiet)
   c.eval.longbench.data_dir = str(tmp_path / "nope")
   with pytest.raises(EvalError, match="longbench.data_dir .* is not a directory"):
-    run(c, "longbench", **quiet)
+    run(from_config(c), "longbench", **quiet)
   bad = tmp_path / "lb"
   bad.mkdir()
   (bad / "qasper.jsonl").write_text(json.dumps({"context": "x", "input": "y", "answer": "z"}) + "\n")
   c.eval.longbench.data_dir = str(bad)
   c.eval.longbench.tasks = "qasper"
   with pytest.raises(EvalError, match=r"qasper.jsonl:1: missing field\(s\) \['answers'\]"):
-    run(c, "longbench", **quiet)
+    run(from_config(c), "longbench", **quiet)
   c.eval.longbench.tasks = "qasper,trek"
   with pytest.raises(EvalError, match="unknown LongBench task"):
-    run(c, "longbench", **quiet)
+    run(from_config(c), "longbench", **quiet)
   c.eval.perplexity.data = str(data["longbench"] / "qasper.jsonl")
   with pytest.raises(EvalError, match="no text field 'text'"):
-    run(c, "perplexity", **quiet)
+    run(from_config(c), "perplexity", **quiet)
 
 
 def test_grid_beyond_capacity(beacon, tmp_path):
@@ -265,7 +266,7 @@ def test_grid_beyond_capacity(beacon, tmp_path):
   # the tiny model holds (32768 positions - window 64) x ratio 4 + 64 = 130880 tokens
   c.eval.passkey.lengths = (640, 1000000)
   with pytest.raises(EvalError, match="more than this beacon model can hold"):
-    run(c, "passkey", built=built, log=lambda s: None)
+    run(from_config(c), "passkey", built=built, log=lambda s: None)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -332,6 +333,6 @@ def test_all_tasks_focus_and_plain(data, tmp_path):
   for cfg, method in (("tiny_focus", ""), ("tiny_beacon", "plain")):
     c = with_data(load_config(cfg, tmp_path / "wd", method=method), data)
     c.eval.output_dir = str(tmp_path / cfg)
-    out = run(c, "all", log=lambda s: None)
+    out = run(from_config(c), "all", log=lambda s: None)
     assert set(out) == {"passkey", "needle", "perplexity", "longbench", "infbench"}
     assert len(out["longbench"]["scores"]) == 14

@@ -9,6 +9,7 @@ from longjax import methods
 from longjax.beacon import BeaconConfig
 from longjax.eval.models import build_method
 from longjax.focus import FocusConfig
+from longjax.run_config import from_config
 from longjax.train import loop
 
 from hf_models import byte_level_tokenizer, save_tiny
@@ -25,8 +26,8 @@ def _config(name):
 @pytest.mark.parametrize("name", BEACON_CONFIGS)
 def test_beacon_settings_come_from_the_config_section(name):
   c = _config(name)
-  got = methods.get("beacon").settings(c)
-  assert got == BeaconConfig.from_config(c.beacon)
+  got = methods.get("beacon").settings(from_config(c))
+  assert got == BeaconConfig.from_config(from_config(c).beacon)
   assert got.ratios == tuple(c.beacon.ratios) and got.window == c.beacon.window
 
 
@@ -34,7 +35,7 @@ def test_beacon_settings_come_from_the_config_section(name):
 @pytest.mark.parametrize("bos", [1, 0, 11])
 def test_focus_settings_carry_the_models_bos(name, bos):
   c = _config(name)
-  got = methods.get("focus").settings(c, bos)
+  got = methods.get("focus").settings(from_config(c), bos)
   assert got.bos_id == bos and got.chunk_stride == c.focus.stride
 
 
@@ -57,9 +58,9 @@ def test_train_and_eval_build_identical_settings_from_one_config(tmp_path, hf_di
   model's BOS. Both sides now load the same checkpoint and settings through the method object."""
   c = micro_config(method, tmp_path / "w", steps=1)
   c.model.checkpoint = str(hf_dir)
-  trainer = loop.Trainer(c)
+  trainer = loop.Trainer(from_config(c))
   trainer.setup()
-  built = build_method(c)
+  built = build_method(from_config(c))
   assert built.extra == trainer.settings
   assert built.cfg.alt_projections == trainer.cfg.alt_projections
   if method == "focus":
@@ -73,25 +74,29 @@ def test_unknown_method_names_the_valid_ones():
 
 
 def test_config_check_asks_the_registry(tmp_path):
-  """train.py's config check takes the method object of ``config.method`` (``plain`` and ``lm``
+  """The run config is checked against the method of ``config.method`` (``plain`` and ``lm``
   name one method; an unknown name lists the registry's): its section and the distill rule."""
-  from longjax.train.config_check import ConfigError, validate
+  from longjax.run_config import ConfigError
   c = micro_config("beacon", tmp_path)
   for name in ("beacon", "lm", "plain"):
-    validate(c, methods.get(name))
+    with c.unlocked():
+      c.method = name
+    assert from_config(c).method == name
   with pytest.raises(methods.UnknownMethodError, match="unknown method 'llm'; valid: beacon, focus, plain"):
     methods.get("llm")
+  with c.unlocked():
+    c.method = "focus"
   with pytest.raises(ConfigError, match="no 'focus' section"):
-    validate(c, methods.get("focus"))  # a beacon config: no focus section
+    from_config(c)  # a beacon config: no focus section
   f = micro_config("focus", tmp_path)
   with f.unlocked():
     f.data.loss_on = "distill"
   with pytest.raises(ConfigError, match=r"not for method 'focus' \(it does not distill\)"):
-    validate(f, methods.get("focus"))
+    from_config(f)
   with c.unlocked():
     c.method = "llm"
   with pytest.raises(methods.UnknownMethodError, match="unknown method 'llm'"):
-    loop.Trainer(c)
+    from_config(c)
 
 
 def test_method_names_are_spelled_only_in_the_registry():

@@ -66,7 +66,7 @@ def test_every_project_exception_is_a_longjax_error():
                "longjax.eval.errors.EvalError", "longjax.data.errors.DataError",
                "longjax.train.errors.TrainingError", "longjax.data.tokenizers.TokenizerChoiceError",
                "longjax.train.checkpointing.CheckpointMismatch", "longjax.train.lock.WorkdirLocked",
-               "longjax.train.config_check.ConfigError", "longjax.models.config.ModelConfigError",
+               "longjax.run_config.build.ConfigError", "longjax.models.config.ModelConfigError",
                "longjax.train.sharding.MeshError"):
     assert name in found, name
   not_yet = sorted(n for n, c in found.items() if n != "longjax.errors.LongjaxError"

@@ -157,10 +157,11 @@ def micro_run(tmp_path_factory):
   """A finished micro beacon run over the tiny base (model.checkpoint ""), checkpoints 1 and 2."""
   from train_helpers import micro_config
   from longjax.train import loop
+  from longjax.run_config import from_config
   w = tmp_path_factory.mktemp("run") / "w"
   c = micro_config("beacon", w, steps=2, save_every=1)
   c.train.export = False
-  out = loop.Trainer(c).run()
+  out = loop.Trainer(from_config(c)).run()
   return w, out
 
 
@@ -204,10 +205,11 @@ def test_asset_of_a_tiny_base_run_embeds_its_base(micro_run, tmp_path, monkeypat
 def test_poisoned_last_update_is_neither_saved_nor_exported(tmp_path):
   from train_helpers import micro_config
   from longjax.train import loop
+  from longjax.run_config import from_config
   c = micro_config("beacon", tmp_path / "w", steps=1, save_every=1)
   c.train.lr, c.train.warmup_steps = 1e38, 0
   with pytest.raises(loop.TrainingError, match=r"last update \(step 1\).*non-finite"):
-    loop.Trainer(c).run()
+    loop.Trainer(from_config(c)).run()
   assert not (tmp_path / "w" / "export_hf").exists()
   ckpts = tmp_path / "w" / "checkpoints"
   assert not ckpts.exists() or not [p for p in ckpts.iterdir() if p.name.isdigit()]
@@ -557,13 +559,14 @@ def test_truncated_cached_tiny_base_is_one_line(micro_run, tmp_path):
   import shutil
   from train_helpers import micro_config
   from longjax.train import loop
+  from longjax.run_config import from_config
   w = tmp_path / "w"
   shutil.copytree(micro_run[0], w)
   big = max((p for p in (w / "base" / "params").rglob("*") if p.is_file()),
             key=lambda p: p.stat().st_size)
   big.write_bytes(big.read_bytes()[:20])
   with pytest.raises(loop.TrainingError, match=r"cached tiny base .* cannot be read.*delete"):
-    loop.Trainer(micro_config("beacon", w, steps=2, save_every=1)).run()
+    loop.Trainer(from_config(micro_config("beacon", w, steps=2, save_every=1))).run()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -702,6 +705,7 @@ def test_resume_refuses_a_base_changed_in_one_unsampled_value(micro_run, tmp_pat
   from train_helpers import micro_config
   from longjax import checkpoint
   from longjax.train import loop
+  from longjax.run_config import from_config
   from longjax.train.checkpointing import CheckpointMismatch, weights_hash
   w = tmp_path / "w"
   shutil.copytree(micro_run[0], w)
@@ -715,7 +719,7 @@ def test_resume_refuses_a_base_changed_in_one_unsampled_value(micro_run, tmp_pat
   assert weights_hash(params) == before  # invisible to the sampled hash
   checkpoint.save(w / "base", cfg, params, extra=extra, overwrite=True)
   with pytest.raises(CheckpointMismatch, match="base weights differ"):
-    loop.Trainer(micro_config("beacon", w, steps=3, save_every=1)).run()
+    loop.Trainer(from_config(micro_config("beacon", w, steps=3, save_every=1))).run()
 
 
 def test_gguf_out_error_names_the_gguf_not_a_vanished_temp_dir(tmp_path, capsys, monkeypatch):

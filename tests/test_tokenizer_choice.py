@@ -9,6 +9,7 @@ from longjax.data.tokenizers import (BYTE_MARKER, TokenizerChoiceError, choose_t
 from longjax.eval import EvalError
 from hf_models import byte_level_tokenizer
 from longjax.eval.models import build_method
+from longjax.run_config import from_config
 from longjax.train import loop
 
 
@@ -34,18 +35,18 @@ def _beacon(workdir, **model):
 def test_tiny_default_is_byte(tmp_path):
   c = _beacon(tmp_path)
   assert c.data.tokenizer == ""  # the tiny configs no longer name it: the tiny model implies it
-  assert choose_tokenizer(c, "") == "byte"
+  assert choose_tokenizer(from_config(c), "") == "byte"
   c.eval.method = "plain"
-  b = build_method(c)
+  b = build_method(from_config(c))
   assert not b.tokenizer.hf and b.cfg.vocab_size == 259
 
 
 def test_default_picks_the_checkpoint_tokenizer(tmp_path, hf_dir):
   c = _beacon(tmp_path, checkpoint=str(hf_dir))
-  assert choose_tokenizer(c, str(hf_dir)) == str(hf_dir)
+  assert choose_tokenizer(from_config(c), str(hf_dir)) == str(hf_dir)
   c.eval.method = "plain"
-  assert build_method(c).tokenizer.vocab_size == 258
-  t = loop.Trainer(c)
+  assert build_method(from_config(c)).tokenizer.vocab_size == 258
+  t = loop.Trainer(from_config(c))
   t.setup()
   assert t.tokenizer.name == str(hf_dir) and t.tokenizer.bos_id == 0
   # the export carries the tokenizer, so eval.py on it finds the model's own again
@@ -53,7 +54,7 @@ def test_default_picks_the_checkpoint_tokenizer(tmp_path, hf_dir):
   assert (out / "tokenizer.json").exists()
   c2 = _beacon(tmp_path / "e")
   c2.eval.checkpoint, c2.eval.method = str(out), "plain"
-  assert build_method(c2).tokenizer.hf
+  assert build_method(from_config(c2)).tokenizer.hf
 
 
 def test_byte_with_a_checkpoint_tokenizer_is_an_error(tmp_path, hf_dir):
@@ -62,39 +63,39 @@ def test_byte_with_a_checkpoint_tokenizer_is_an_error(tmp_path, hf_dir):
   msg = f"config.data.tokenizer='byte' but checkpoint {hf_dir} has its own tokenizer; clear it " \
         "with --config.data.tokenizer=''"
   with pytest.raises(TokenizerChoiceError) as e:
-    choose_tokenizer(c, str(hf_dir))
+    choose_tokenizer(from_config(c), str(hf_dir))
   assert msg in str(e.value)
   with pytest.raises(loop.TrainingError, match="has its own tokenizer"):
-    loop.Trainer(c).setup()
+    loop.Trainer(from_config(c)).setup()
   c.eval.method = "plain"
   with pytest.raises(EvalError, match="has its own tokenizer"):
-    build_method(c)
+    build_method(from_config(c))
 
 
 def test_explicit_tokenizer_wins_but_must_fit_the_vocab(tmp_path, hf_dir):
   from hf_models import save_tiny
   _, small = save_tiny(tmp_path, "llama2", vocab_size=200)  # no tokenizer files of its own
   c = _beacon(tmp_path, checkpoint=str(small))
-  assert choose_tokenizer(c, str(small)) == str(small)  # unknown: loading it explains
+  assert choose_tokenizer(from_config(c), str(small)) == str(small)  # unknown: loading it explains
   c.data.tokenizer = "byte"
-  assert choose_tokenizer(c, str(small)) == "byte"  # no own tokenizer: no conflict
+  assert choose_tokenizer(from_config(c), str(small)) == "byte"  # no own tokenizer: no conflict
   c.data.tokenizer = str(hf_dir)  # 258 ids > 200
-  assert choose_tokenizer(c, str(small)) == str(hf_dir)
+  assert choose_tokenizer(from_config(c), str(small)) == str(hf_dir)
   c.eval.method = "plain"
   with pytest.raises(EvalError, match="258 ids but the model's vocabulary is 200"):
-    build_method(c)
+    build_method(from_config(c))
 
 
 def test_byte_run_export_keeps_byte(tmp_path):
   """A tiny (byte) run's export has no HF files; its marker keeps eval on the byte tokenizer."""
   c = _beacon(tmp_path)
-  t = loop.Trainer(c)
+  t = loop.Trainer(from_config(c))
   t.setup()
   out = t.export()
   assert (out / BYTE_MARKER).exists()
-  assert choose_tokenizer(c, str(out)) == "byte"
+  assert choose_tokenizer(from_config(c), str(out)) == "byte"
   c.eval.method = "plain"
-  b = build_method(c)  # eval's default checkpoint: {workdir}/export_hf
+  b = build_method(from_config(c))  # eval's default checkpoint: {workdir}/export_hf
   assert b.description.startswith(f"plain {out}") and not b.tokenizer.hf
   # the tiny config's training ids are the byte tokenizer's, as when it named "byte"
-  assert get_tokenizer(choose_tokenizer(c, "")).encode("ab") == [100, 101]
+  assert get_tokenizer(choose_tokenizer(from_config(c), "")).encode("ab") == [100, 101]

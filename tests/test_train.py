@@ -17,7 +17,7 @@ from train_helpers import ROOT, micro_config
 from longjax import methods
 from longjax.train import loop
 from longjax.train.checkpointing import CheckpointMismatch
-from longjax.train.config_check import ConfigError
+from longjax.run_config import ConfigError, from_config
 from longjax.train.metrics import read_metrics
 
 ENV = dict(os.environ, JAX_PLATFORMS="cpu", HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT),
@@ -33,11 +33,11 @@ def _flat(t):
 @pytest.mark.parametrize("method", ["beacon", "focus"])
 def test_frozen_base_and_optimizer_state(tmp_path, method):
   c = micro_config(method, tmp_path / method, steps=3, save_every=3)
-  tr = loop.Trainer(c)
+  tr = loop.Trainer(from_config(c))
   tr.setup()
   frozen0 = {k: np.array(v) for k, v in _flat(tr.frozen).items()}
   train0 = {k: np.array(v) for k, v in _flat(tr.state["params"]).items()}
-  tr2 = loop.Trainer(c)
+  tr2 = loop.Trainer(from_config(c))
   out = tr2.run()
   assert out["final_step"] == 3
   frozen1, train1 = _flat(tr2.frozen), _flat(tr2.state["params"])
@@ -99,7 +99,7 @@ def test_resume_after_kill_is_bit_identical(tmp_path):
 
 def test_corrupt_latest_checkpoint_falls_back(tmp_path, caplog):
   c = micro_config("beacon", tmp_path / "w", steps=4, save_every=2)
-  loop.Trainer(c).run()
+  loop.Trainer(from_config(c)).run()
   step4 = Path(c.workdir) / "checkpoints" / "4"
   assert step4.is_dir()
   for f in step4.rglob("*"):
@@ -107,7 +107,7 @@ def test_corrupt_latest_checkpoint_falls_back(tmp_path, caplog):
       f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
   c.train.num_steps = 5
   with caplog.at_level("WARNING", logger="longjax.train"):
-    out = loop.Trainer(c).run()
+    out = loop.Trainer(from_config(c)).run()
   assert out["start_step"] == 2 and out["final_step"] == 5
   assert any("falling back" in r.getMessage() for r in caplog.records)
 
@@ -122,7 +122,7 @@ def test_nan_stops_and_keeps_last_good_checkpoint(tmp_path):
   # the NaN at step 3 came from step 2's weights: that checkpoint is set aside, not kept
   with pytest.raises(loop.TrainingError, match="non-finite loss .* step 3.*checkpoint of step 2.* "
                      "set aside.*last good checkpoint \\(step 1\\)"):
-    loop.Trainer(c).run()
+    loop.Trainer(from_config(c)).run()
   assert _ckpt_dirs(c.workdir) == ["1", "2.nonfinite"]
 
 
@@ -134,10 +134,10 @@ def test_poisoned_update_is_never_kept(tmp_path):
   c.train.lr, c.train.warmup_steps = 1e38, 2
   with pytest.raises(loop.TrainingError, match="non-finite loss .* step 3.*checkpoint of step 2.* "
                      "set aside.*last good checkpoint \\(step 1\\)"):
-    loop.Trainer(c).run()
+    loop.Trainer(from_config(c)).run()
   assert _ckpt_dirs(c.workdir) == ["1", "2.nonfinite"]
   c.train.lr = 1e-3
-  out = loop.Trainer(c).run()
+  out = loop.Trainer(from_config(c)).run()
   assert out["start_step"] == 1
   assert [r["step"] for r in read_metrics(c.workdir)] == [1, 2, 3, 4]
   assert all(np.isfinite(r["loss"]) for r in read_metrics(c.workdir))
@@ -146,7 +146,7 @@ def test_poisoned_update_is_never_kept(tmp_path):
   c.train.lr, c.train.warmup_steps = 1e39, 0
   with pytest.raises(loop.TrainingError, match="update to non-finite weights at step 1: training "
                      "stopped without applying it; no good checkpoint is left in"):
-    loop.Trainer(c).run()
+    loop.Trainer(from_config(c)).run()
   assert _ckpt_dirs(c.workdir) == []
 
 
@@ -167,38 +167,38 @@ def test_workdir_lock(tmp_path):
   finally:
     holder.kill()
     holder.wait()
-  out = loop.Trainer(c).run()  # the same lock, its pid now dead (as after kill -9): stale
+  out = loop.Trainer(from_config(c)).run()  # the same lock, its pid now dead (as after kill -9): stale
   assert out["final_step"] == 1 and not lock.exists()
 
 
 def test_changed_model_config_on_cached_tiny_base_is_refused(tmp_path):
   from longjax.data.tokenizers import get_tokenizer
   c = micro_config("beacon", tmp_path / "w")
-  loop.load_base(c, get_tokenizer("byte"), Path(c.workdir))  # caches the tiny base
+  loop.load_base(from_config(c), get_tokenizer("byte"), Path(c.workdir))  # caches the tiny base
   c.model.hidden_size, c.model.head_dim, c.model.num_layers = 48, 12, 3
   with pytest.raises(loop.TrainingError, match=r"w/base holds a tiny base model built for another "
                      r"config \(model.hidden_size 32 -> 48, model.num_layers 2 -> 3, "
                      r"model.head_dim 8 -> 12; cached -> this run\)"):
-    loop.Trainer(c).run()
+    loop.Trainer(from_config(c)).run()
   c = micro_config("beacon", tmp_path / "w", pretrain=5)
   with pytest.raises(loop.TrainingError, match=r"another config \(model.pretrain.steps 0 -> 5;"):
-    loop.Trainer(c).run()
+    loop.Trainer(from_config(c)).run()
 
 
 def test_checkpoint_from_other_model_is_refused(tmp_path):
   c = micro_config("beacon", tmp_path / "w", steps=2, save_every=2)
-  loop.Trainer(c).run()
+  loop.Trainer(from_config(c)).run()
   c2 = micro_config("beacon", tmp_path / "w", steps=4, save_every=2)
   c2.model.hidden_size = 48
   c2.model.head_dim = 12
   import shutil
   shutil.rmtree(Path(c2.workdir) / "base")
   with pytest.raises(CheckpointMismatch, match="different model"):
-    loop.Trainer(c2).run()
+    loop.Trainer(from_config(c2)).run()
   c3 = micro_config("focus", tmp_path / "w", steps=4)
   shutil.rmtree(Path(c3.workdir) / "base")  # (else refused first for its other tiny base)
   with pytest.raises(CheckpointMismatch, match="'beacon' run"):
-    loop.Trainer(c3).run()
+    loop.Trainer(from_config(c3)).run()
 
 
 def test_resume_refuses_other_base_weights_or_method_config(tmp_path, caplog):
@@ -206,7 +206,7 @@ def test_resume_refuses_other_base_weights_or_method_config(tmp_path, caplog):
   checkpoint written before these fingerprint fields existed still resumes (with a warning)."""
   from longjax import checkpoint as ckpt
   c = micro_config("beacon", tmp_path / "w", steps=2, save_every=2)
-  loop.Trainer(c).run()
+  loop.Trainer(from_config(c)).run()
   base = Path(c.workdir) / "base"
   cfg, params, extra = ckpt.load(base)
   ckpt.save(base, cfg, jax.tree.map(lambda x: np.asarray(x) * 1.01, params), extra=extra,
@@ -214,11 +214,11 @@ def test_resume_refuses_other_base_weights_or_method_config(tmp_path, caplog):
   c.train.num_steps = 3
   with pytest.raises(CheckpointMismatch, match=r"\(step 2\) is from a different model or method "
                      r"setup \(base weights differ \(content hash [0-9a-f]+ -> [0-9a-f]+\);"):
-    loop.Trainer(c).run()
+    loop.Trainer(from_config(c)).run()
   ckpt.save(base, cfg, params, extra=extra, overwrite=True)
   c.beacon.ratios = (4,)
   with pytest.raises(CheckpointMismatch, match=r"setup \(beacon.ratios \[2, 4\] -> \[4\]; "):
-    loop.Trainer(c).run()
+    loop.Trainer(from_config(c)).run()
   c.beacon.ratios = (2, 4)
   # today's checkpoints (written before this fingerprint): method, 8 model fields, shapes, digest
   meta_file = Path(c.workdir) / "checkpoints/2/meta/metadata"
@@ -229,7 +229,7 @@ def test_resume_refuses_other_base_weights_or_method_config(tmp_path, caplog):
                                        trainable_shapes=meta["trainable_shapes"],
                                        model={k: meta["model"][k] for k in old_keys})))
   with caplog.at_level("WARNING", logger="longjax.train"):
-    out = loop.Trainer(c).run()
+    out = loop.Trainer(from_config(c)).run()
   assert out["start_step"] == 2 and out["final_step"] == 3
   assert any("predates these fingerprint fields, not checked: model.rope_theta" in r.getMessage()
              and "beacon.ratios" in r.getMessage() and "base_weights" in r.getMessage()
@@ -241,7 +241,7 @@ def test_config_errors(tmp_path):
   with c.unlocked():
     c.train.lrr = 1.0
   with pytest.raises(ConfigError, match="unknown config key 'train.lrr' \\(did you mean 'lr'\\?\\)"):
-    loop.Trainer(c)
+    loop.Trainer(from_config(c))
   p = _run_cli(tmp_path / "x", "--config.train.no_such_key=1", check=False)
   assert p.returncode != 0 and "no_such_key" in p.stderr
   p = run_python(ROOT / "train.py", "--config=" + str(ROOT / "configs/beacon_qwen2.py"),
@@ -258,12 +258,13 @@ import json, sys
 sys.path.insert(0, "tests")
 from train_helpers import micro_config
 from longjax import methods
+from longjax.run_config import from_config
 from longjax.train import loop
 import jax
 assert jax.device_count() == 8, jax.devices()
 c = micro_config(sys.argv[1], sys.argv[2], steps=3, save_every=3, batch=8,
                  mesh=dict(data=2, fsdp=2, tensor=2))
-t = loop.Trainer(c)
+t = loop.Trainer(from_config(c))
 t.run()
 # the trained alternative projections are split like their base (embed: fsdp, heads: tensor)
 spec = t.state["params"]["layers"]["attn"]["alt_q_proj"]["kernel"].sharding.spec
@@ -274,7 +275,7 @@ assert tuple(spec) == (None, "fsdp", "tensor", None), spec
 @pytest.mark.parametrize("method", ["beacon", pytest.param("focus", marks=pytest.mark.slow)])
 def test_eight_fake_devices_match_one(tmp_path, method):
   one = micro_config(method, tmp_path / "one", steps=3, save_every=3, batch=8)
-  loop.Trainer(one).run()
+  loop.Trainer(from_config(one)).run()
   env = dict(ENV, XLA_FLAGS="--xla_force_host_platform_device_count=8")
   p = run_python("-c", EIGHT, method, tmp_path / "eight", env=env, timeout=600)
   assert p.returncode == 0, p.stderr[-3000:]
@@ -288,8 +289,8 @@ def test_gradient_accumulation_matches_full_batch(tmp_path):
   a = micro_config("beacon", tmp_path / "a", steps=2, save_every=2)
   b = micro_config("beacon", tmp_path / "b", steps=2, save_every=2)
   b.train.grad_accum = 2
-  loop.Trainer(a).run()
-  loop.Trainer(b).run()
+  loop.Trainer(from_config(a)).run()
+  loop.Trainer(from_config(b)).run()
   ra, rb = read_metrics(a.workdir), read_metrics(b.workdir)
   np.testing.assert_allclose([r["loss"] for r in rb], [r["loss"] for r in ra], rtol=1e-5)
   np.testing.assert_allclose([r["grad_norm"] for r in rb], [r["grad_norm"] for r in ra], rtol=1e-4)
@@ -304,10 +305,10 @@ def test_beacon_task_loss_equals_beaconlm_loss(tmp_path):
   c = micro_config("beacon", tmp_path / "w")
   c.beacon.ratios = (4,)
   tok = get_tokenizer("byte")
-  cfg, params = loop.load_base(c, tok, Path(c.workdir))
+  cfg, params = loop.load_base(from_config(c), tok, Path(c.workdir))
   params = jax.tree.map(jnp.asarray, params)
   ids = np.random.default_rng(0).integers(3, 200, size=100)
-  task = tasks.BeaconTask(cfg, methods.get("beacon").settings(c), max_length=128, seed=0, step_bucket=4)
+  task = tasks.BeaconTask(cfg, methods.get("beacon").settings(from_config(c)), max_length=128, seed=0, step_bucket=4)
 
   class DS:
     pass
@@ -315,7 +316,7 @@ def test_beacon_task_loss_equals_beaconlm_loss(tmp_path):
   ds.ids, ds.answer = [ids], [None]
   plans = jax.tree.map(jnp.asarray, task.prepare(ds, [0], step=0)["plans"])
   mine = lambda p: (lambda ls, lc: ls[0] / lc[0])(*task.loss(p, plans))
-  lm = BeaconLM(cfg, methods.get("beacon").settings(c), max_length=128, training=True)
+  lm = BeaconLM(cfg, methods.get("beacon").settings(from_config(c)), max_length=128, training=True)
   ref = lambda p: lm.loss(p, ids)
   np.testing.assert_allclose(float(jax.jit(mine)(params)), float(ref(params)), rtol=1e-5)
   ga = jax.grad(mine)(params)["layers"]["attn"]["alt_q_proj"]["kernel"]

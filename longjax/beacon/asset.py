@@ -104,22 +104,18 @@ def load_beacon_asset(asset_dir, base_dir: Optional[str] = None):
 def params_from_workdir(workdir, step=None):
   """Checkpoint ``step`` (default: the newest) of a train.py beacon run merged into its base:
   ``(ModelConfig, BeaconConfig, params, step, checkpoint name)``."""
-  import ml_collections
   from longjax.beacon.config import BeaconConfig
   from longjax import checkpoint
   from longjax.beacon.convert import load_beacon
   from longjax.models.smollm2 import resolve
   workdir = Path(workdir).absolute()
-  try:
-    c = ml_collections.ConfigDict(json.loads((workdir / "config.json").read_text(encoding="utf-8")))
-  except (ValueError, TypeError, AttributeError) as e:
-    raise AssetError(f"{workdir / 'config.json'} is not a train.py run config ({e})") from None
-  if c.get("method") != BEACON.name or BEACON.section not in c:
-    raise AssetError(f"{workdir} is a {c.get('method')!r} run, not an Activation Beacon one: a "
+  c, method = assets.run_config(workdir, BEACON)
+  if c is None:
+    raise AssetError(f"{workdir} is a {method!r} run, not an Activation Beacon one: a "
                      "beacon asset holds beacon tensors only; use that run's export_hf (or "
                      "train.py's export) instead")
-  bcfg = BeaconConfig.from_config(c[BEACON.section])
-  if str(c.model.get("checkpoint") or "").strip():
+  bcfg = BeaconConfig.from_config(c.beacon)
+  if str(c.model.checkpoint or "").strip():
     cfg, bcfg, params = load_beacon(resolve(c.model.checkpoint), init="official", beacon=bcfg,
                                     param_dtype="float32")
   else:  # the tiny base the run pretrained and cached in workdir/base

@@ -22,6 +22,7 @@ import re
 from typing import Optional, Sequence, Tuple
 
 from longjax.errors import LongjaxError
+from longjax.run_config.sections import BeaconSection
 
 RATIO_MIXES = ("step-random", "instance-random", "sequence")  # plus "adapt-N"
 POSITIONS = ("interleave", "append")
@@ -50,8 +51,8 @@ class BeaconConfigError(LongjaxError, ValueError):
 
 
 @dataclasses.dataclass(frozen=True)
-class BeaconConfig:
-  """Activation Beacon configuration (official defaults).
+class BeaconConfig(BeaconSection):
+  """Activation Beacon configuration (official defaults), validated.
 
   * ``window`` (W) raw tokens per window; ``stride`` (S) advance after a full window.
   * ``ratios``: candidate compression ratios (raw tokens per beacon); ``0`` keeps the window raw.
@@ -65,16 +66,7 @@ class BeaconConfig:
   * ``parallel_window``: official speed feature; only 1 is supported (it does not change results).
   * ``seed``: seed of the ratio RNG (official: ``np.random.default_rng(42)``).
   """
-  window: int = 1024
-  stride: int = 1024
-  ratios: Tuple[int, ...] = (2, 4, 8, 16, 32)
-  ratio_mix: str = "step-random"
-  pos: str = "interleave"
-  attn: str = "full-coverage"
-  param: Tuple[str, ...] = ("q", "k", "v")
-  sink_size: int = 0
-  embed_init: str = "eos"
-  attend_prev: bool = True
+  # the fields a run config's ``beacon`` section sets, and their defaults, are BeaconSection's
   parallel_window: int = 1
   seed: int = 42
 
@@ -182,11 +174,9 @@ class BeaconConfig:
 
   @classmethod
   def from_config(cls, b) -> "BeaconConfig":
-    """From the ``beacon`` section of an ml_collections run config (configs/*.py): the one
+    """From the ``beacon`` section of a run config (``longjax.run_config.BeaconSection``): the one
     builder train.py, eval.py and the scripts share."""
-    return cls(window=b.window, stride=b.stride, ratios=tuple(b.ratios), ratio_mix=b.ratio_mix,
-               pos=b.pos, attn=b.attn, param=tuple(b.param), sink_size=b.sink_size,
-               embed_init=b.get("embed_init", "eos"), attend_prev=b.get("attend_prev", True))
+    return cls(**{f.name: getattr(b, f.name) for f in dataclasses.fields(BeaconSection)})
 
   def to_hf(self) -> dict:
     """The official ``beacon_*`` config fields."""

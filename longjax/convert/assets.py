@@ -174,6 +174,21 @@ def restore_trained(workdir: Path, step: Optional[int] = None):
                    "(truncated or corrupt)")
 
 
+def run_config(workdir: Path, method):
+  """``(config, its method's name)`` of the train.py run in ``workdir`` (its ``config.json``):
+  the typed ``RunConfig`` if the run is of ``method`` (a ``method_names.MethodName``), else None
+  (the caller says why such a run has no asset of this kind)."""
+  from longjax.run_config import from_config, stored_config
+  path = Path(workdir) / "config.json"
+  try:
+    stored = stored_config(path)
+    if stored.get("method") != method.name:
+      return None, stored.get("method")
+    return from_config(stored), method.name
+  except LongjaxError as e:
+    raise AssetError(f"{path} is not a train.py run config ({e})") from None
+
+
 def merge_trained(into: dict, trained: dict):
   """Copy the ``trained`` subtree (a checkpoint's trainable tensors) into ``into``, as float32."""
   for k, v in trained.items():

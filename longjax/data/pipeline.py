@@ -51,24 +51,24 @@ def tokenize_segments(segments, tokenizer, *, add_bos: bool):
 
 
 def build_dataset(dc, tokenizer, seed: int) -> Dataset:
-  """``dc``: the ``config.data`` dict (sources, min_length, max_length, append_eos, ...)."""
-  specs, objectives = split_objectives(sources.parse_specs(dc["sources"]))
-  add_bos = dc.get("add_bos", "auto")
+  """``dc``: the run's ``data`` section (``longjax.run_config.DataSection``)."""
+  specs, objectives = split_objectives(sources.parse_specs(dc.sources))
+  add_bos = dc.add_bos
   if add_bos in (None, "auto"):
     add_bos = tokenizer.adds_bos
   elif isinstance(add_bos, str):
     add_bos = add_bos.lower() in ("1", "true", "yes")
-  min_len, max_len = int(dc["min_length"]), int(dc["max_length"])
+  min_len, max_len = int(dc.min_length), int(dc.max_length)
   if min_len > max_len:
     raise DataError(f"data.min_length ({min_len}) > data.max_length ({max_len})")
   ids_out, ans_out, obj_out = [], [], []
   read = short = truncated = 0
   per_source = [0] * len(specs)
-  limit = int(dc.get("max_per_source") or 0)
-  for i, segs in sources.read_all(specs, text_field=dc.get("text_field", "text"),
-                                  tfds_data_dir=dc.get("tfds_data_dir") or None,
-                                  tfds_split=dc.get("tfds_split", "train"), seed=seed,
-                                  synthetic_cfg=dc.get("synthetic")):
+  limit = int(dc.max_per_source or 0)
+  for i, segs in sources.read_all(specs, text_field=dc.text_field,
+                                  tfds_data_dir=dc.tfds_data_dir or None,
+                                  tfds_split=dc.tfds_split, seed=seed,
+                                  synthetic_cfg=dc.synthetic):
     if limit and per_source[i] >= limit:
       continue
     read += 1
@@ -76,7 +76,7 @@ def build_dataset(dc, tokenizer, seed: int) -> Dataset:
     if len(ids) > max_len:
       ids, ans = ids[:max_len], ans[:max_len]
       truncated += 1
-    elif dc.get("append_eos", True) and tokenizer.eos_id is not None:
+    elif dc.append_eos and tokenizer.eos_id is not None:
       ids = np.append(ids, np.int32(tokenizer.eos_id))
       ans = np.append(ans, False)
     if len(ids) < min_len:

@@ -22,6 +22,7 @@ from typing import Iterator, List, Sequence, Tuple
 
 from longjax.data import synthetic
 from longjax.data.errors import DataError
+from longjax.run_config.sections import SyntheticSection
 
 Segments = List[Tuple[str, bool]]
 
@@ -132,6 +133,8 @@ def _tfds(spec: str, data_dir, text_field: str, split: str, from_dir: bool) -> I
 
 def read_source(spec: str, *, text_field: str = "text", tfds_data_dir=None,
                 tfds_split: str = "train", seed: int = 0, synthetic_cfg=None) -> Iterator[Segments]:
+  """``synthetic_cfg``: the ``data.synthetic`` section (``run_config.SyntheticSection``; None: its
+  defaults)."""
   kind, sep, rest = spec.partition(":")
   if not sep:
     raise DataError(f"data source {spec!r} has no kind; use jsonl:, text:, tfds:, tfds_dir: or "
@@ -144,10 +147,11 @@ def read_source(spec: str, *, text_field: str = "text", tfds_data_dir=None,
   if kind in ("tfds", "tfds_dir"):
     return _tfds(rest, tfds_data_dir, text_field, tfds_split, from_dir=kind == "tfds_dir")
   if kind == "synthetic":
-    s = dict(synthetic_cfg or {})
-    kw = {k: s[k] for k in ("digits", "style") if rest == "passkey" and k in s}
-    return iter(synthetic.generate(rest, int(s.get("count", 256)), int(s.get("min_chars", 256)),
-                                   int(s.get("max_chars", 512)), seed, **kw))
+    s = synthetic_cfg or SyntheticSection()
+    kw = {k: getattr(s, k) for k in ("digits", "style")
+          if rest == "passkey" and getattr(s, k) is not None}
+    return iter(synthetic.generate(rest, int(s.count), int(s.min_chars), int(s.max_chars), seed,
+                                   **kw))
   raise DataError(f"unknown data source kind {kind!r} in {spec!r}; use jsonl:, text:, tfds:, "
                   "tfds_dir: or synthetic:")
 

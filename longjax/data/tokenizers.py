@@ -183,15 +183,9 @@ def own_tokenizer(checkpoint: str) -> str:
   return ""
 
 
-def _field(config, section: str, name: str):
-  sec = config.get(section) if hasattr(config, "get") else getattr(config, section, None)
-  if sec is None:
-    return ""
-  return (sec.get(name) if hasattr(sec, "get") else getattr(sec, name, "")) or ""
-
-
 def choose_tokenizer(config, checkpoint: str) -> str:
-  """The tokenizer spec of a run with the model at ``checkpoint`` ("" = the tiny random model):
+  """The tokenizer spec of a run (``config``: its ``RunConfig``) with the model at ``checkpoint``
+  ("" = the tiny random model):
   ``config.model.tokenizer``, else ``config.data.tokenizer``, else the model's own
   (:func:`own_tokenizer`; when unknown, the checkpoint directory, whose loading then explains).
 
@@ -199,7 +193,7 @@ def choose_tokenizer(config, checkpoint: str) -> str:
   to that model (a silent override once scored a real model 0/6 on passkey)."""
   own = own_tokenizer(checkpoint)
   for section in ("model", "data"):
-    spec = str(_field(config, section, "tokenizer"))
+    spec = str(getattr(config, section).tokenizer or "")
     if not spec:
       continue
     if spec == "byte" and own not in ("", "byte"):

@@ -1,4 +1,5 @@
-"""Models for evaluation: ``build_method(config)`` and what every task needs from a model.
+"""Models for evaluation: ``build_method(config)`` and what every task needs from a model
+(``config``: the run's typed ``longjax.run_config.RunConfig``).
 
 ``build_method(config)`` returns a :class:`Built`:
 
@@ -162,18 +163,11 @@ class Built:
 
 
 # ------------------------------------------------------------------------------------------------
-def _get(c, name, default=None):
-  try:
-    return c.get(name, default) if hasattr(c, "get") else getattr(c, name, default)
-  except AttributeError:
-    return default
-
-
 def _tiny_model(config, method, tok):
   """A random model shaped by ``config.model`` around ``tok`` (as train.py's tiny base)."""
   cfg = methods.tiny_model_config(config, tok, method)
-  cfg = cfg.replace(dtype=_get(config.model, "dtype", "float32"))
-  seed = int(_get(config, "seed", 0))
+  cfg = cfg.replace(dtype=config.model.dtype)
+  seed = int(config.seed)
   params = jax.jit(lambda: init_params(cfg, seed))()  # jitted: ~3x faster than eager init
   return cfg, params
 
@@ -196,8 +190,7 @@ def load_tokenizer(spec: str) -> Tokenizer:
 
 
 def method_name(config) -> str:
-  name = (_get(config.eval, "method", "") or _get(config, "method", "")
-          or methods.Plain.name).lower()
+  name = (config.eval.method or config.method or methods.Plain.name).lower()
   if name not in METHODS:
     raise EvalError(f"unknown method {name!r} (config.eval.method / config.method); valid: "
                     f"{', '.join(METHODS)}")
@@ -207,14 +200,14 @@ def method_name(config) -> str:
 def checkpoint_path(config) -> str:
   """``config.eval.checkpoint``, else ``config.model.checkpoint``, else the model train.py
   exported to ``{workdir}/export_hf`` if there is one; "" = the tiny random model."""
-  ckpt = str(_get(config.eval, "checkpoint", "") or _get(config.model, "checkpoint", "") or "")
+  ckpt = str(config.eval.checkpoint or config.model.checkpoint or "")
   if ckpt:
     from longjax.models import smollm2
     try:
       return smollm2.resolve(ckpt)
     except smollm2.FetchError as e:
       raise EvalError(str(e)) from None
-  workdir = _get(config, "workdir", "")
+  workdir = config.workdir
   export = Path(str(workdir)) / "export_hf" if workdir else None
   if export is not None and (export / "config.json").exists():
     return str(export)
@@ -242,10 +235,10 @@ def build_method(config, name: Optional[str] = None) -> Built:
                     f"{cfg.vocab_size}: set config.data.tokenizer to the model's own tokenizer "
                     "(or '' for the checkpoint's)")
   params = jax.tree.map(jnp.asarray, params)
-  user_cap = int(_get(config.eval, "model_max_length", 0) or 0)
+  user_cap = int(config.eval.model_max_length or 0)
   limit = None
   if method.truncates:
-    limit = int(_get(config.eval, "truncate_to", 0) or 0) or cfg.max_positions
+    limit = int(config.eval.truncate_to or 0) or cfg.max_positions
     desc = f"{desc} (middle truncation to {limit} tokens incl. output)"
   return Built(name, method.inference_model(cfg, settings), params, tok, limit, cfg, settings,
                user_cap, f"{name} {desc}", _generation_eos(ckpt))

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
-from longjax.eval.config import TASKS
+from longjax.run_config.eval_sections import TASKS
 from longjax.eval.errors import EvalError
 
 
@@ -122,7 +122,7 @@ class Context:
   """What a task gets: the model, its settings, where to write."""
   task: str
   built: object  # longjax.eval.models.Built
-  ecfg: object  # config.eval
+  ecfg: object  # config.eval (run_config.EvalSection)
   tcfg: object  # config.eval.<task>
   out_prefix: Path  # {output_dir}/{tag}_{task}
   store: Optional[Store] = None
@@ -165,7 +165,7 @@ def output_dir(config) -> Path:
   e = config.eval
   if e.output_dir:
     return Path(e.output_dir)
-  return Path(config.get("workdir", "runs/eval") if hasattr(config, "get") else "runs/eval") / "eval"
+  return Path(config.workdir or "runs/eval") / "eval"
 
 
 def validate(config, tasks) -> None:
@@ -177,7 +177,8 @@ def validate(config, tasks) -> None:
 
 
 def run(config, tasks=None, *, built=None, log: Callable[[str], None] = print) -> dict:
-  """Run ``tasks`` (default ``config.eval.task``) and return ``{task: summary}``."""
+  """Run ``tasks`` (default ``config.eval.task``) and return ``{task: summary}``; ``config``: the
+  run's ``RunConfig``."""
   from longjax.eval.models import build_method
   names = parse_tasks(tasks if tasks is not None else config.eval.task)
   validate(config, names)
@@ -197,7 +198,7 @@ def run(config, tasks=None, *, built=None, log: Callable[[str], None] = print) -
   done = {}
   for name in names:
     mod = _task_module(name)
-    ctx = Context(task=name, built=built, ecfg=config.eval, tcfg=config.eval[name],
+    ctx = Context(task=name, built=built, ecfg=config.eval, tcfg=config.eval.task_section(name),
                   out_prefix=out / f"{tag}_{name}", log=log)
     t1 = time.time()
     summary = mod.run(ctx)

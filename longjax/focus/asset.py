@@ -83,18 +83,15 @@ def params_from_workdir(workdir, step: Optional[int] = None):
   """Checkpoint ``step`` (default: the newest readable) of a train.py FocusLLM run on a named base,
   merged into it (``step=0``: the official init, copies of q/k/v/o):
   ``(ModelConfig, FocusConfig, params, step, base name)``."""
-  import ml_collections
   from longjax.focus.config import FocusConfig
   from longjax.focus.convert import focus_from_llama
   from longjax.models.smollm2 import resolve
   workdir = Path(workdir).absolute()
-  try:
-    c = ml_collections.ConfigDict(json.loads((workdir / "config.json").read_text(encoding="utf-8")))
-  except (OSError, ValueError, TypeError, AttributeError) as e:
-    raise AssetError(f"{workdir / 'config.json'} is not a train.py run config ({e})") from None
-  if c.get("method") != FOCUS.name or not str(c.model.get("checkpoint") or "").strip():
+  c, method = assets.run_config(workdir, FOCUS)
+  checkpoint = c.model.checkpoint if c is not None else None
+  if c is None or not str(checkpoint or "").strip():
     raise AssetError(f"{workdir} is not a FocusLLM run on a named base model (method "
-                     f"{c.get('method')!r}, model.checkpoint {c.model.get('checkpoint')!r})")
+                     f"{method!r}, model.checkpoint {checkpoint!r})")
   base = resolve(c.model.checkpoint)
   hf = json.loads((Path(base) / "config.json").read_text())
   fcfg = FocusConfig.from_config(c.focus, hf.get("bos_token_id"))

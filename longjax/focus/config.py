@@ -97,12 +97,12 @@ class FocusConfig:
 
   @classmethod
   def from_config(cls, f, bos_id) -> "FocusConfig":
-    """From the ``focus`` section of an ml_collections run config (configs/*.py) and the model's
-    BOS id (``ModelConfig.bos_token_id``; None: the official 1): the one builder train.py,
-    eval.py and the scripts share."""
+    """From the ``focus`` section of a run config (``longjax.run_config.FocusSection``) and the
+    model's BOS id (``ModelConfig.bos_token_id``; None: the official 1): the one builder
+    train.py, eval.py and the scripts share."""
     return cls(local_window=f.local_window, chunk_stride=f.stride,
-               prompt_cap=f.get("prompt_cap") or None, candidate_projections=tuple(f.param),
-               min_len_threshold=f.get("min_len_threshold", OFFICIAL_MIN_LEN),
+               prompt_cap=f.prompt_cap or None, candidate_projections=tuple(f.param),
+               min_len_threshold=f.min_len_threshold,
                bos_id=int(bos_id) if bos_id is not None else 1)
 
 

@@ -1,5 +1,7 @@
 """The training loop: config -> model, data, mesh, optimizer, checkpoints -> steps -> export.
 
+The config is the run's typed ``RunConfig`` (``longjax.run_config``; train.py builds it once).
+
 Only the method's parameters are trained (Activation Beacon: ``alt_*`` = official ``beacon_*``
 tensors; FocusLLM: the candidate projections); the base model is frozen: it is an *argument* of
 the jitted step, never differentiated, and the optimizer state exists only for the trainable
@@ -32,12 +34,12 @@ from longjax.data.tokenizers import (TokenizerChoiceError, choose_tokenizer, get
 from longjax.train import distributed, lock
 from longjax.train import sharding as shd
 from longjax.train.checkpointing import Checkpointer, fingerprint
-from longjax.train.config_check import validate
 from longjax.train.metrics import MetricsWriter
 from longjax import methods
 from longjax.convert import layout
 from longjax.errors import LongjaxError
 from longjax.models.config import remat_mode
+from longjax.run_config import RunConfig, to_dict
 from longjax.train.errors import TrainingError
 
 log = logging.getLogger("longjax.train")
@@ -54,17 +56,17 @@ def split_params(params, method: "methods.Method"):
 
 
 def make_optimizer(tc, total_steps: int):
-  warm = int(tc.get("warmup_steps", 0))
+  """``tc``: the ``train`` section (``run_config.TrainSection``)."""
+  warm = int(tc.warmup_steps)
   decay = max(1, total_steps - warm)
-  sched = optax.linear_schedule(float(tc.lr), float(tc.get("end_lr", 0.0)), decay)
+  sched = optax.linear_schedule(float(tc.lr), float(tc.end_lr), decay)
   if warm:
     sched = optax.join_schedules([optax.linear_schedule(0.0, float(tc.lr), warm), sched], [warm])
   parts = []
-  if tc.get("max_grad_norm"):
+  if tc.max_grad_norm:
     parts.append(optax.clip_by_global_norm(float(tc.max_grad_norm)))
-  parts.append(optax.adamw(sched, b1=float(tc.get("b1", 0.9)), b2=float(tc.get("b2", 0.999)),
-                           eps=float(tc.get("eps", 1e-8)),
-                           weight_decay=float(tc.get("weight_decay", 0.0))))
+  parts.append(optax.adamw(sched, b1=float(tc.b1), b2=float(tc.b2), eps=float(tc.eps),
+                           weight_decay=float(tc.weight_decay)))
   return optax.chain(*parts), sched
 
 
@@ -90,12 +92,12 @@ def load_base(c, tokenizer, workdir: Path):
     p = Path(path)
     if not p.is_dir():
       raise TrainingError(f"--config.model.checkpoint={path}: no such directory")
-    cfg, params, _ = methods.load(method, p, c, param_dtype=mc.get("param_dtype") or None)
+    cfg, params, _ = methods.load(method, p, c, param_dtype=mc.param_dtype or None)
   else:
     cfg = methods.base_config(c, tokenizer)
     base_dir = workdir / "base"
     # what the base is built from besides its shape (recorded with it, compared on reuse)
-    recipe = json.loads(json.dumps(dict(pretrain=mc.pretrain.to_dict(), seed=int(c.seed)),
+    recipe = json.loads(json.dumps(dict(pretrain=to_dict(mc.pretrain), seed=int(c.seed)),
                                    default=str))
     have = ckpt.is_longjax_checkpoint(base_dir)
     # every process has looked before process 0 may write it: they all take the same branch
@@ -113,8 +115,8 @@ def load_base(c, tokenizer, workdir: Path):
       params = _new_tiny_base(c, cfg, tokenizer, workdir, base_dir, recipe)
     cfg, params = methods.with_extra_params(method, cfg, params,
                                             method.settings(c, cfg.bos_token_id))
-  cfg = cfg.replace(dtype=mc.get("dtype", "float32"), remat=remat_mode(mc.get("remat", False)))
-  if mc.get("param_dtype"):
+  cfg = cfg.replace(dtype=mc.dtype, remat=remat_mode(mc.remat))
+  if mc.param_dtype:
     cfg = cfg.replace(param_dtype=mc.param_dtype)
   return cfg, jax.tree.map(np.asarray, params)
 
@@ -163,38 +165,34 @@ def _new_tiny_base(c, cfg, tokenizer, workdir: Path, base_dir: Path, recipe):
 def pretrain_tiny_base(c, cfg, tokenizer, workdir: Path):
   """The tiny configs' base LM: trained from scratch as a plain LM with contexts of
   ``model.pretrain.length`` tokens (its native window), all parameters trainable."""
-  import copy
   from longjax.models.decoder import init_params
   pc = c.model.pretrain
   params = jax.tree.map(np.asarray, init_params(cfg, seed=int(c.seed)))
   if int(pc.steps) <= 0:
     return params
-  sub = copy.deepcopy(c.to_dict()) if hasattr(c, "to_dict") else copy.deepcopy(dict(c))
-  import ml_collections
-  sub = ml_collections.ConfigDict(sub)
-  sub.method = methods.PRETRAIN
-  sub.workdir = str(workdir / "base_run")
-  sub.data.sources = pc.get("sources", c.data.sources)
-  sub.data.min_length = int(pc.get("min_length", 16))
-  sub.data.max_length = int(pc.get("max_length", 10 ** 9))
-  sub.data.loss_on = pc.get("loss_on", "all")
-  if pc.get("synthetic"):
-    sub.data.synthetic = ml_collections.ConfigDict(dict(pc.synthetic))
-  sub.train.num_steps = int(pc.steps)
-  sub.train.global_batch = int(pc.batch)
-  sub.train.grad_accum = 1
-  sub.train.lr = float(pc.lr)
-  sub.train.warmup_steps = int(pc.get("warmup_steps", 0))
-  sub.train.weight_decay = float(pc.get("weight_decay", 0.0))
-  sub.train.save_every = int(pc.get("save_every", 0)) or int(pc.steps)
-  sub.train.export = False
-  sub.debug.kill_after_step = -1
-  sub.debug.nan_at_step = -1
+  sub = _pretrain_config(c, workdir)
   log.info("pretraining the tiny base LM: %d steps of %d x %d tokens", pc.steps, pc.batch,
            pc.length)
   out = Trainer(sub, resume=True, base=(cfg.replace(dtype="float32"), params),
                 lm_length=int(pc.length)).run()
   return out["params"]
+
+
+def _pretrain_config(c: RunConfig, workdir: Path) -> RunConfig:
+  """The run config of the tiny base's pretraining: a plain LM run under ``workdir/base_run``
+  on ``model.pretrain``'s data and optimizer settings, exporting nothing."""
+  pc = c.model.pretrain
+  data = dataclasses.replace(
+      c.data, sources=pc.sources if pc.sources is not None else c.data.sources,
+      min_length=int(pc.min_length), max_length=int(pc.max_length),
+      loss_on=pc.loss_on or "all", synthetic=pc.synthetic or c.data.synthetic)
+  train = dataclasses.replace(
+      c.train, num_steps=int(pc.steps), global_batch=int(pc.batch), grad_accum=1,
+      lr=float(pc.lr), warmup_steps=int(pc.warmup_steps), weight_decay=float(pc.weight_decay),
+      save_every=int(pc.save_every) or int(pc.steps), export=False)
+  debug = dataclasses.replace(c.debug, kill_after_step=-1, nan_at_step=-1)
+  return c.replace(method=methods.PRETRAIN, workdir=str(workdir / "base_run"), data=data,
+                   train=train, debug=debug)
 
 
 def params_from_asset(c, settings, params, base_dir):
@@ -267,8 +265,11 @@ def step_functions(task, opt):
 
 
 class Trainer:
-  def __init__(self, c, *, resume: bool = True, base=None, lm_length: Optional[int] = None):
-    validate(c, methods.get(c.get("method")))
+  def __init__(self, c: RunConfig, *, resume: bool = True, base=None,
+               lm_length: Optional[int] = None):
+    if not isinstance(c, RunConfig):  # a ConfigDict: it is typed and checked once, at the edge
+      raise TrainingError(f"Trainer takes a RunConfig (longjax.run_config.from_config(config)), "
+                          f"not a {type(c).__name__}")
     self.c = c
     self.resume = resume
     self.workdir = Path(c.workdir).absolute()
@@ -280,7 +281,7 @@ class Trainer:
   def setup(self):
     c, tc = self.c, self.c.train
     ckpt = checkpoint_dir(c)
-    if not ckpt and c.model.get("name"):
+    if not ckpt and c.model.name:
       raise TrainingError(f"this config trains {c.model.name}: pass --config.model.checkpoint="
                           "/path/to/its HF (or longjax) directory; nothing is downloaded")
     if ckpt and not Path(ckpt).is_dir():
@@ -307,23 +308,22 @@ class Trainer:
                                       max_length=int(self.ds.lengths.max()),
                                       lm_length=self.lm_length)
     gb = int(tc.global_batch)
-    accum = int(tc.get("grad_accum", 1))
+    accum = int(tc.grad_accum)
     if gb % accum:
       raise TrainingError(f"train.global_batch ({gb}) must be divisible by train.grad_accum ({accum})")
     self.accum = accum
     self.batches = pipeline.GlobalBatches(self.ds.lengths, gb, int(c.seed),
                                           group_key=self.task.group_key
                                           if self.method.groups_by_windows else None)
-    self.num_steps = int(tc.num_steps) or self.batches.batches_per_epoch * int(tc.get("num_epochs", 1))
+    self.num_steps = int(tc.num_steps) or self.batches.batches_per_epoch * int(tc.num_epochs)
 
-    self.mesh = shd.make_mesh(dict(tc.mesh))
+    self.mesh = shd.make_mesh(dataclasses.asdict(tc.mesh))
     micro = gb // accum
     nb = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
     if micro % nb and self.method.batch_divides_mesh:
       raise TrainingError(f"the micro-batch ({micro} = global_batch/grad_accum) must be divisible "
                           f"by the data*fsdp mesh size ({nb})")
-    method = c.method
-    if tc.get("init_from"):
+    if tc.init_from:
       params = params_from_asset(c, self.settings, params, ckpt)
     tr, fr = split_params(params, self.method)
     tr = jax.tree.map(lambda x: np.asarray(x, np.float32), tr)  # fp32 master weights
@@ -342,8 +342,9 @@ class Trainer:
     self.opt_sh = jax.tree.map(lambda x: x.sharding, opt_state)
     self.state = {"params": trainable, "opt_state": opt_state,
                   "step": shd.put_global(np.int32(0), shd.replicated(self.mesh))}
-    self.meta = fingerprint(method, self.cfg, tr, frozen=fr,
-                            method_config=c[method].to_dict() if method in c else {})
+    section = c.method_section()
+    self.meta = fingerprint(c.method, self.cfg, tr, frozen=fr,
+                            method_config=to_dict(section) if section is not None else {})
     self._build_steps()
 
   # ------------------------------------------------------------------------------------------
@@ -378,17 +379,15 @@ class Trainer:
     with self._workdir_lock():
       tc = self.c.train
       self.setup()
-      ck = Checkpointer(self.workdir / "checkpoints", keep=int(tc.get("keep", 3)),
-                        async_save=bool(tc.get("async_checkpoint", True)))
-      metrics = MetricsWriter(self.workdir, tensorboard=bool(tc.get("tensorboard", True)),
-                              primary=self.primary)
+      ck = Checkpointer(self.workdir / "checkpoints", keep=int(tc.keep),
+                        async_save=bool(tc.async_checkpoint))
+      metrics = MetricsWriter(self.workdir, tensorboard=bool(tc.tensorboard), primary=self.primary)
       start = self._resume(ck, metrics)
       trainable, opt_state = self.state["params"], self.state["opt_state"]
-      save_every = int(tc.get("save_every", 100))
-      kill_after = int(self.c.debug.get("kill_after_step", -1))
-      bar = _progress(self.num_steps, start, self.primary and bool(tc.get("progress", True)),
-                      self.c.method)
-      records = _StepRecords(metrics, bar, max(1, int(tc.get("log_every", 1))), self.num_steps)
+      save_every = int(tc.save_every)
+      kill_after = int(self.c.debug.kill_after_step)
+      bar = _progress(self.num_steps, start, self.primary and bool(tc.progress), self.c.method)
+      records = _StepRecords(metrics, bar, max(1, int(tc.log_every)), self.num_steps)
       last_saved, step, t_start = start, start, time.time()
       try:
         for step in range(start + 1, self.num_steps + 1):
@@ -468,7 +467,7 @@ class Trainer:
     elif self.primary:
       metrics.reset()
     if self.primary:
-      (self.workdir / "config.json").write_text(json.dumps(c.to_dict(), indent=2, default=str))
+      (self.workdir / "config.json").write_text(json.dumps(to_dict(c), indent=2, default=str))
     log.info("%s: %d trainable / %d frozen parameters, %d steps, mesh %s, global batch %d",
              c.method, self.n_trainable, self.n_frozen, self.num_steps, dict(self.mesh.shape),
              int(tc.global_batch))
@@ -497,7 +496,7 @@ class Trainer:
   def _host_metrics(self, step: int, m: dict) -> dict:
     m = {k: float(v) for k, v in jax.device_get(m).items()}
     m["lr"] = float(self.schedule(step - 1))
-    if int(self.c.debug.get("nan_at_step", -1)) == step:
+    if int(self.c.debug.nan_at_step) == step:
       m["loss"] = float("nan")
     return m
 
@@ -522,7 +521,7 @@ class Trainer:
                                     distributed.to_host(self.frozen))
       result["params"] = full
       return result
-    if bool(self.c.train.get("export", True)):
+    if bool(self.c.train.export):
       result["export"] = str(self.export())
     return result
 

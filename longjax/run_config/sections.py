@@ -1,0 +1,183 @@
+"""The sections of a run config (``configs/*.py``) as frozen dataclasses, with their defaults.
+
+A field's default here is the one default of that key: ``configs/common.py`` builds the config
+files' sections from these classes, and a key a config leaves out (a section written by older code,
+a ``config.json`` of an older run) takes it. A field that defaults to ``None`` is one a config may
+leave unset; it is then left out of the config's dict (``to_dict``), so that what a run records
+(``config.json``, the tiny base's recipe, a checkpoint's fingerprint) reads as it always did.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar, Optional, Tuple
+
+# train.layout (beacon): where the last window's beacons go in training (longjax.tasks.BeaconTask)
+LAYOUTS = ("official", "inference")
+# data.loss_on: which tokens the loss is on
+LOSS_ON = ("all", "answer", "distill")
+
+
+@dataclasses.dataclass(frozen=True)
+class SyntheticSection:
+  """``data.synthetic`` / ``model.pretrain.synthetic``: generated documents (``synthetic:NAME``)."""
+  count: int = 256
+  min_chars: int = 256
+  max_chars: int = 512
+  digits: int = 5
+  style: Optional[str] = None  # passkey documents: None = longjax.data.synthetic's own default
+
+
+@dataclasses.dataclass(frozen=True)
+class PretrainSection:
+  """``model.pretrain``: the tiny base LM, trained from scratch before the method's run."""
+  steps: int = 150
+  batch: int = 16
+  lr: float = 3e-3
+  length: int = 64  # its native window (tokens per context)
+  warmup_steps: int = 0
+  weight_decay: float = 0.0
+  save_every: int = 0  # 0: at the last step only
+  sources: Optional[str] = None  # None: data.sources
+  min_length: int = 16
+  max_length: int = 10 ** 9
+  synthetic: Optional[SyntheticSection] = None  # None: data.synthetic
+  loss_on: Optional[str] = None  # None: every token
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSection:
+  """``model``: a checkpoint (HF or longjax directory, or ``smollm2``) or the tiny model's shape."""
+  checkpoint: str = ""  # "": the tiny model below, with the byte tokenizer
+  name: Optional[str] = None  # a released model's name: its checkpoint must then be given
+  tokenizer: Optional[str] = None  # overrides data.tokenizer (longjax.data.tokenizers)
+  family: Optional[str] = None
+  hidden_size: Optional[int] = None
+  intermediate_size: Optional[int] = None
+  num_layers: Optional[int] = None
+  num_heads: Optional[int] = None
+  num_kv_heads: Optional[int] = None
+  head_dim: Optional[int] = None
+  max_position_embeddings: int = 32768  # the tiny model's
+  rope_theta: float = 10000.0  # the tiny model's
+  dtype: str = "float32"  # every matmul
+  param_dtype: str = ""  # the frozen weights; "": as loaded
+  remat: Any = False  # longjax.models.config.remat_mode
+  pretrain: Optional[PretrainSection] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class DataSection:
+  """``data``: the training sources and how documents become token rows (longjax.data)."""
+  sources: str = ""
+  # "": the model's own (the checkpoint's files; byte for the tiny model). Naming one overrides it
+  # ("byte" with a checkpoint that has its own tokenizer is an error).
+  tokenizer: str = ""
+  text_field: str = "text"
+  tfds_data_dir: str = ""
+  tfds_split: str = "train"
+  min_length: int = 0
+  max_length: int = 1 << 30
+  append_eos: bool = True
+  add_bos: Any = "auto"
+  max_per_source: int = 0
+  loss_on: str = "all"  # one of LOSS_ON
+  synthetic: Optional[SyntheticSection] = None  # None: longjax.data.synthetic's own sizes
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshSection:
+  data: int = -1
+  fsdp: int = 1
+  tensor: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterSection:
+  """A multi-process run (longjax.train.distributed): empty / 0 / -1 = from
+  $JAX_COORDINATOR_ADDRESS, $JAX_NUM_PROCESSES, $JAX_PROCESS_ID, else detected by JAX."""
+  coordinator_address: str = ""
+  num_processes: int = 0
+  process_id: int = -1
+
+
+@dataclasses.dataclass(frozen=True)
+class DistillSettings:
+  """``train.distill`` (data.loss_on="distill" or a source "...@distill"): the teacher's top
+  ``top_k`` tokens per position (renormalised) are the target; ``alpha`` > 0 weights each token by
+  ``1 + alpha * clip(log p_full - log p_trunc, 0, 2)`` (how much more likely the full-context base
+  finds the next token than the base reading only the last W tokens: the tokens that need far
+  context count up to 1 + 2 alpha times)."""
+  top_k: int = 32
+  alpha: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainSection:
+  """``train``: the optimizer, the step, checkpoints, the mesh (longjax.train.loop)."""
+  num_steps: int = 0  # 0: num_epochs over the data
+  num_epochs: int = 1
+  global_batch: int = 8
+  grad_accum: int = 1
+  lr: float = 5e-5
+  end_lr: float = 0.0
+  warmup_steps: int = 0
+  weight_decay: float = 0.0
+  b1: float = 0.9
+  b2: float = 0.999
+  eps: float = 1e-8
+  max_grad_norm: float = 1.0
+  remat: Any = True
+  step_bucket: int = 1
+  log_every: int = 1
+  save_every: int = 1000
+  keep: int = 3
+  async_checkpoint: bool = True
+  export: bool = True
+  distributed: str = "auto"
+  impl: str = "auto"
+  tensorboard: bool = True
+  progress: bool = True
+  layout: str = "official"  # one of LAYOUTS (beacon)
+  init_from: str = ""  # a committed asset whose method tensors start this run
+  mesh: MeshSection = MeshSection()
+  cluster: ClusterSection = ClusterSection()
+  distill: DistillSettings = DistillSettings()
+
+
+@dataclasses.dataclass(frozen=True)
+class DebugSection:
+  """``debug``: failures on purpose, for the reliability tests (-1: off)."""
+  kill_after_step: int = -1
+  nan_at_step: int = -1
+
+
+@dataclasses.dataclass(frozen=True)
+class BeaconSection:
+  """``beacon``: Activation Beacon's settings as a config names them, with the official defaults
+  (``longjax.beacon.config.BeaconConfig`` extends and validates them)."""
+  window: int = 1024
+  stride: int = 1024
+  ratios: Tuple[int, ...] = (2, 4, 8, 16, 32)
+  ratio_mix: str = "step-random"
+  pos: str = "interleave"
+  attn: str = "full-coverage"
+  param: Tuple[str, ...] = ("q", "k", "v")
+  sink_size: int = 0
+  embed_init: str = "eos"
+  attend_prev: bool = True
+  distills: ClassVar[bool] = True  # data.loss_on="distill" (KL to the full-attention base) is for it
+
+
+@dataclasses.dataclass(frozen=True)
+class FocusSection:
+  """``focus``: FocusLLM's settings (``longjax.focus.config.FocusConfig.from_config``) and its
+  training sampler's (``strides``, ``min_local``, ``objective``: ``longjax.tasks.FocusTask``)."""
+  local_window: int = 1024
+  stride: int = 1024  # the chunk stride at inference
+  strides: Tuple[int, ...] = (1024,)  # training: one drawn per sample
+  prompt_cap: Optional[int] = None  # None: min(512, local_window), the official cap
+  param: Tuple[str, ...] = ("q", "k", "v", "o")
+  min_len_threshold: int = 4096  # the official hard-coded chunking threshold
+  min_local: int = 30
+  objective: str = "random"
+  distills: ClassVar[bool] = False
