@@ -467,7 +467,8 @@ class Trainer:
     elif self.primary:
       metrics.reset()
     if self.primary:
-      (self.workdir / "config.json").write_text(json.dumps(to_dict(c), indent=2, default=str))
+      (self.workdir / "config.json").write_text(json.dumps(to_dict(c), indent=2, default=str,
+                                                           sort_keys=True))  # as ConfigDict wrote it
     log.info("%s: %d trainable / %d frozen parameters, %d steps, mesh %s, global batch %d",
              c.method, self.n_trainable, self.n_frozen, self.num_steps, dict(self.mesh.shape),
              int(tc.global_batch))
