@@ -238,7 +238,7 @@ class Plain:
     return load_any(path)
 
   def make_task(self, config, cfg, settings, *, max_length: int, lm_length=None):
-    from longjax.tasks import LMTask
+    from longjax.plain import LMTask
     return LMTask(cfg, length=lm_length, seed=int(config.seed),
                   answer_only=config.data.loss_on == "answer")
 
