@@ -371,13 +371,12 @@ def render(payload) -> str:
   rows = sorted(payload["results"], key=lambda r: (r["length"], r["method"]))
   cols = [
       ("method", "method"), ("context", "length"),
-      ("prefill s (median)", "prefill_s"), ("prefill tok/s", "prefill_tok_s"),
-      ("t(L)/t(L/2)", "scaling_2x"),
+      *H.PREFILL_TIME_COLUMNS, ("t(L)/t(L/2)", "scaling_2x"),
       ("decode ms/tok", "decode_ms_per_token"), ("decode tok/s", "decode_tok_s"),
-      ("warm-up s (compile+run)", "warmup_prefill_s"), ("warm-up on", "warmup_input"), ("runs", "n_runs"),
-      ("peak RSS MiB", "peak_rss_mib"), ("KV / memory MiB", "state_mib"),
-      *H.PREFILL_COMPUTE_COLUMNS, ("attention", "attention_choice"),
-      ("buckets / octave", "memory_bucket_steps"), ("status", "status")]
+      ("warm-up s (compile+run)", "warmup_prefill_s"), ("warm-up on", "warmup_input"),
+      *H.RUN_COLUMNS, ("KV / memory MiB", "state_mib"), *H.PREFILL_COMPUTE_COLUMNS,
+      ("attention", "attention_choice"), ("buckets / octave", "memory_bucket_steps"),
+      H.STATUS_COLUMN]
   m = payload["model"]
   head = (f"### Activation Beacon vs full attention (CPU)\n\n"
           f"Model: random Qwen2-shaped, hidden {m['hidden_size']}, {m['num_layers']} layers, "

@@ -90,13 +90,8 @@ def reset_peak_rss() -> bool:
 
 def peak_rss_since_reset() -> float:
   """``VmHWM`` in MiB (the process peak where ``/proc`` is missing)."""
-  try:
-    for line in Path("/proc/self/status").read_text().splitlines():
-      if line.startswith("VmHWM"):
-        return round(int(line.split()[1]) / 1024, 1)
-  except OSError:
-    pass
-  return H.peak_rss_mib()
+  hwm = H.proc_status_mib("VmHWM")
+  return H.peak_rss_mib() if hwm is None else hwm
 
 
 def worker(spec: dict) -> dict:
@@ -323,20 +318,19 @@ def _compare(results):
 def render(payload) -> str:
   rows = sorted(payload["results"], key=lambda r: (r["chunks"], r["mode"]))
   cols = [("mode", "mode"), ("chunks", "chunks"), ("context", "context"),
-          ("devices", "devices"), ("prefill s (median)", "prefill_s"),
-          ("prefill tok/s", "prefill_tok_s"), ("time / parallel", "time_vs_parallel"),
+          ("devices", "devices"), *H.PREFILL_TIME_COLUMNS, ("time / parallel", "time_vs_parallel"),
           ("time / sequential", "time_vs_sequential"),
           ("paired time parallel / sequential", "paired_time_ratio"),
           ("peak RSS / sequential", "rss_vs_sequential"),
           ("run peak / sequential", "run_rss_vs_sequential"),
           ("decode ms/step", "decode_step_ms"), ("warm-up s", "warmup_prefill_s"),
-          ("rows / forward", "chunk_batch_size"), ("runs", "n_runs"),
-          ("peak RSS MiB", "peak_rss_mib"), ("run peak RSS MiB", "run_peak_rss_mib"),
+          ("rows / forward", "chunk_batch_size"), *H.RUN_COLUMNS,
+          ("run peak RSS MiB", "run_peak_rss_mib"),
           ("chunk caches MiB", "cache_mib"), ("peak − caches MiB", "peak_minus_cache_mib"),
           ("run peak − caches MiB", "run_peak_minus_cache_mib"),
           ("RSS after load MiB", "rss_after_load_mib"), ("state MiB", "state_mib"),
           *H.PREFILL_COMPUTE_COLUMNS,
-          ("max|Δlogit| vs parallel", "max_abs_dlogit_vs_parallel"), ("status", "status")]
+          ("max|Δlogit| vs parallel", "max_abs_dlogit_vs_parallel"), H.STATUS_COLUMN]
   m = payload["model"]
   head = (f"### FocusLLM condensing and decoding (CPU)\n\nModel: as the beacon table (hidden "
           f"{m['hidden_size']}, {m['num_layers']} layers), candidate projections q/k/v/o. "

@@ -127,14 +127,20 @@ def peak_rss_mib() -> float:
   return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
 
-def current_rss_mib() -> Optional[float]:
+def proc_status_mib(field: str) -> Optional[float]:
+  """A memory field of ``/proc/self/status`` (``VmRSS``, ``VmHWM``: KiB there) in MiB; None where
+  there is no ``/proc``."""
   try:
     for line in Path("/proc/self/status").read_text().splitlines():
-      if line.startswith("VmRSS"):
+      if line.startswith(field):
         return round(int(line.split()[1]) / 1024, 1)
   except OSError:
     pass
   return None
+
+
+def current_rss_mib() -> Optional[float]:
+  return proc_status_mib("VmRSS")
 
 
 def tree_nbytes(tree) -> int:
@@ -372,6 +378,13 @@ def percent(key: str) -> Callable[[dict], Optional[float]]:
   return lambda r: None if r.get(key) is None else round(100 * r[key], 1)
 
 
+# The prefill-time columns of the CPU prefill tables (keys as ``bench_beacon`` / ``bench_focus``
+# record them).
+PREFILL_TIME_COLUMNS = (("prefill s (median)", "prefill_s"), ("prefill tok/s", "prefill_tok_s"))
+# What the harness records of every configuration: the timed runs (``timed_runs``), the peak RSS
+# (``peak_rss_mib``) and how the worker ended (``run_worker``).
+RUN_COLUMNS = (("runs", "n_runs"), ("peak RSS MiB", "peak_rss_mib"))
+STATUS_COLUMN = ("status", "status")
 # The compute-efficiency columns of the CPU prefill tables: analytic model FLOPs, achieved rate,
 # the measured matmul peak and MFU (keys as ``bench_beacon`` / ``bench_focus`` record them).
 PREFILL_COMPUTE_COLUMNS = (

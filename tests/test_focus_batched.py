@@ -2,9 +2,7 @@
 the all-at-once forward (one device and 8 fake devices), and the batch size is validated."""
 from __future__ import annotations
 
-import os
 import textwrap
-from pathlib import Path
 
 import jax
 import numpy as np
@@ -15,8 +13,8 @@ from longjax.focus import condense as C
 from longjax.focus.planner import pack_chunks
 from longjax.models.decoder import Decoder
 
-from conftest import REPO, run_python
-from focus_helpers import EIGHT_DEVICE_PREAMBLE, prompt, tiny_focus, tiny_model
+from focus_helpers import (EIGHT_DEVICE_PREAMBLE, decode_logits, padded, prompt, prompt_batch,
+                           run_eight_devices, tiny_focus, tiny_model)
 
 ALL = 1 << 20  # a batch size above any row count: the all-at-once forward
 
@@ -78,17 +76,8 @@ def test_batched_condense_gradients(tiny):
 
 
 def _run(m, params):
-  prompts = [prompt(100, 0), prompt(45, 1), prompt(20, 2)]  # 5 + 2 + 0 chunks
-  lengths = np.array([len(p) for p in prompts], np.int32)
-  tokens = np.zeros((3, lengths.max()), np.int32)
-  for i, p in enumerate(prompts):
-    tokens[i, :len(p)] = p
-  res = {}
-  logits, state = m.prefill(params, tokens, lengths, 3)
-  res["prefill"] = np.asarray(logits)
-  for t, g in enumerate([[5, 17, 33], [9, 9, 41]]):
-    logits, state = m.step(params, state, np.asarray(g))
-    res[f"step{t}"] = np.asarray(logits)
+  prompts, tokens, lengths = prompt_batch()  # 5 + 2 + 0 chunks
+  res, _ = decode_logits(m, params, tokens, lengths, 3, [[5, 17, 33], [9, 9, 41]])
   res["forward"] = m.forward(params, prompts[0], [7, 8]).logits
   return res
 
@@ -134,11 +123,7 @@ def sharded_run():
   from longjax.focus import chunk_mesh
   cfg, params = tiny_model(seed=2)
   f = tiny_focus(prompt_cap=8)
-  prompts = [prompt(300, 5), prompt(100, 6)]
-  lengths = np.array([len(p) for p in prompts], np.int32)
-  tokens = np.zeros((2, lengths.max()), np.int32)
-  for i, p in enumerate(prompts):
-    tokens[i, :len(p)] = p
+  tokens, lengths = padded([prompt(300, 5), prompt(100, 6)])
   res = {}
   for name, m in [("ref", FocusLLM(cfg, f, bucket=16, chunk_batch_size=ALL)),
                   ("sharded", FocusLLM(cfg, f, mesh=chunk_mesh(8), bucket=16, chunk_batch_size=3))]:
@@ -153,15 +138,7 @@ def sharded_run():
 
 
 def test_sharded_batched_equals_single_device(tmp_path):
-  script = tmp_path / "worker.py"
-  out = tmp_path / "res.npz"
-  script.write_text(WORKER.format(tests=str(Path(__file__).parent), out=str(out),
-                                  cache=jax.config.jax_compilation_cache_dir or ""))
-  env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-  env.pop("XLA_FLAGS", None)
-  proc = run_python(script, env=env, timeout=600, cwd=None)
-  assert proc.returncode == 0, proc.stderr[-4000:]
-  res = dict(np.load(out))
+  res = run_eight_devices(WORKER, tmp_path)
   assert int(res["sharded_rows"]) == 32 and int(res["ref_rows"]) == 32
   for key in ("prefill", "step", "cand_k"):
     diff = float(np.abs(res[f"sharded_{key}"] - res[f"ref_{key}"]).max())

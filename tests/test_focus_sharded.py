@@ -8,19 +8,16 @@ device decode loops) and the training loss.
 """
 from __future__ import annotations
 
-import os
 import textwrap
-from pathlib import Path
 
-import jax
 import numpy as np
 
 from longjax.focus import FocusLLM, load_focus, save_focus
 from longjax.focus.losses import FocusLoss
 from longjax.generate import generate
 
-from conftest import REPO, run_python
-from focus_helpers import EIGHT_DEVICE_PREAMBLE, prompt, tiny_focus, tiny_model
+from focus_helpers import (EIGHT_DEVICE_PREAMBLE, decode_logits, prompt, prompt_batch,
+                           run_eight_devices, tiny_focus, tiny_model)
 
 FEED = [[5, 17, 33], [9, 9, 41], [60, 2, 7]]
 LOSS_IX = [dict(memory_len=76, local_start=76, local_size=20, stride=16),
@@ -38,18 +35,9 @@ def run(ckpt, mesh=None):
   """Everything the comparison looks at, as numpy arrays."""
   cfg, fcfg, params = load_focus(ckpt, prompt_cap=8, min_len_threshold=0)
   m = FocusLLM(cfg, fcfg, mesh=mesh, bucket=16, chunk_bucket=1)
-  prompts = [prompt(100, 0), prompt(45, 1), prompt(20, 2)]
-  lengths = np.array([len(p) for p in prompts], np.int32)
-  tokens = np.zeros((3, lengths.max()), np.int32)
-  for i, p in enumerate(prompts):
-    tokens[i, :len(p)] = p
-  res = {}
-  logits, state = m.prefill(params, tokens, lengths, 4)
-  res["prefill"] = np.asarray(logits)
-  res["n_rows"] = np.asarray(state.cache_k.shape[1])
-  for t, g in enumerate(np.asarray(FEED).T):
-    logits, state = m.step(params, state, g)
-    res[f"step{t}"] = np.asarray(logits)
+  prompts, tokens, lengths = prompt_batch()
+  res, state = decode_logits(m, params, tokens, lengths, 4, np.asarray(FEED).T)
+  res["n_rows"] = np.asarray(state.cache_k.shape[1])  # the chunk rows (decode keeps them)
   res["closed"] = m.recompute(params, prompts, FEED)
   for loop in ("host", "device"):  # the device decode loop runs the sharded step too
     out = generate(m, params, [p.tolist() for p in prompts], max_new_tokens=4, loop=loop,
@@ -68,16 +56,7 @@ def run(ckpt, mesh=None):
 def test_eight_devices_equal_one(tmp_path):
   cfg, params = tiny_model(seed=1)
   save_focus(tmp_path / "ckpt", cfg, tiny_focus(), params)
-  script = tmp_path / "worker.py"
-  out = tmp_path / "sharded.npz"
-  script.write_text(WORKER.format(tests=str(Path(__file__).parent), out=str(out),
-                                  ckpt=str(tmp_path / "ckpt"),
-                                  cache=jax.config.jax_compilation_cache_dir or ""))
-  env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-  env.pop("XLA_FLAGS", None)
-  proc = run_python(script, env=env, timeout=600, cwd=None)
-  assert proc.returncode == 0, proc.stderr[-4000:]
-  sharded = dict(np.load(out))
+  sharded = run_eight_devices(WORKER, tmp_path, ckpt=str(tmp_path / "ckpt"))
   single = run(tmp_path / "ckpt")
   for res in (sharded, single):
     np.testing.assert_array_equal(res["generate_device_tokens"], res["generate_host_tokens"])
