@@ -3,7 +3,8 @@
 Everything that differs between Activation Beacon, FocusLLM and the plain decoder lives on its
 method object: its settings built from the run config, the parameters it adds to a base
 checkpoint and trains, how a checkpoint is loaded for it, its training task, its inference model
-and how many tokens that model holds, how it scores a suffix, and its export. ``train.py``,
+and the most input + output tokens that model holds (``token_limit``; "capacity" is kept for the
+size of a fixed buffer, in entries), how it scores a suffix, and its export. ``train.py``,
 ``eval.py`` and the scripts call :func:`get` once and never branch on the method name.
 
 The module imports the method packages lazily: looking a method up costs nothing.
@@ -107,7 +108,7 @@ class Beacon:
       return model
     return self.inference_model(cfg, settings, max_length=round_up(total, settings.window))
 
-  def capacity(self, cfg, settings):
+  def token_limit(self, cfg, settings):
     """``(most input + output tokens, why)``: positions left after the window, times the
     largest compression ratio, plus the window."""
     pos = settings.positive_ratios
@@ -179,7 +180,7 @@ class Focus:
   def holding(self, model, cfg, settings, total: int):
     return model  # chunks are planned per call: nothing to size
 
-  def capacity(self, cfg, settings):
+  def token_limit(self, cfg, settings):
     p = cfg.max_positions
     cap = min(settings.max_chunks, max(p - settings.local_window - 1, 0)) * settings.chunk_stride
     return cap + settings.local_window, (
@@ -249,7 +250,7 @@ class Plain:
   def holding(self, model, cfg, settings, total: int):
     return model
 
-  def capacity(self, cfg, settings):
+  def token_limit(self, cfg, settings):
     return None, "truncates its input instead"
 
   def suffix_nll(self, model, params, cfg, ids, n: int):

@@ -260,7 +260,7 @@ def test_bad_data(beacon, data, tmp_path):
     run(from_config(c), "perplexity", **quiet)
 
 
-def test_grid_beyond_capacity(beacon, tmp_path):
+def test_grid_beyond_token_limit(beacon, tmp_path):
   c, built = beacon
   c.eval.output_dir = str(tmp_path)
   # the tiny model holds (32768 positions - window 64) x ratio 4 + 64 = 130880 tokens

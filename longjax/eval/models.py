@@ -19,7 +19,7 @@
   inputs: the truncation baseline).
 
 :class:`Built` gives the tasks one interface: ``generate`` (greedy, stop ids), ``suffix_nll``
-(the summed NLL of the last ``n`` tokens of a sequence, the perplexity primitive), ``capacity``
+(the summed NLL of the last ``n`` tokens of a sequence, the perplexity primitive), ``token_limit``
 (the longest input + output the method holds, for the up-front grid check) and ``fit`` (the
 truncation rule of the plain baseline).
 """
@@ -88,10 +88,10 @@ class Built:
     return self.cfg.max_positions
 
   @property
-  def capacity(self) -> Optional[int]:
+  def token_limit(self) -> Optional[int]:
     """Most input + output tokens this method holds; ``None`` for the plain baseline, which
     truncates instead."""
-    cap, _ = self.kind.capacity(self.cfg, self.extra)
+    cap, _ = self.kind.token_limit(self.cfg, self.extra)
     if cap is not None and self.user_cap:
       cap = min(cap, self.user_cap)
     return cap
@@ -99,18 +99,18 @@ class Built:
   def check_fits(self, total: int, what: str):
     """``total`` = input + output tokens of the largest sample of a task: error when the method
     cannot hold it (the plain baseline truncates instead)."""
-    cap = self.capacity
+    cap = self.token_limit
     if cap is not None and total > cap:
       raise EvalError(
           f"{what} needs {total} tokens (input + output), more than this {self.name} model can hold "
-          f"({cap} tokens: {self._cap_reason()}); shorten the grid / max_length, or raise the "
+          f"({cap} tokens: {self._limit_reason()}); shorten the grid / max_length, or raise the "
           "limit in the model config")
     self.reserve(total)
 
-  def _cap_reason(self) -> str:
-    if self.user_cap and self.capacity == self.user_cap:
+  def _limit_reason(self) -> str:
+    if self.user_cap and self.token_limit == self.user_cap:
       return "config.eval.model_max_length"
-    return self.kind.capacity(self.cfg, self.extra)[1]
+    return self.kind.token_limit(self.cfg, self.extra)[1]
 
   def reserve(self, total: int):
     """Make sure the model's buffers hold ``total`` tokens (beacon memory: rebuilds, recompiles)."""
