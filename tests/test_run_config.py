@@ -37,11 +37,11 @@ def test_every_config_file_types_and_reads_back_unchanged(name, tmp_path):
   c = _config(name)
   rc = from_config(c)
   given = json.loads(json.dumps(c.to_dict(), default=str))
-  typed = json.loads(json.dumps(rc.to_dict(), default=str))
+  typed = json.loads(json.dumps(to_dict(rc), default=str))
   assert _holds(typed, given)
   (tmp_path / "config.json").write_text(json.dumps(c.to_dict(), indent=2, default=str))
   assert from_config(stored_config(tmp_path / "config.json")) == rc  # an old run's config.json
-  (tmp_path / "config.json").write_text(json.dumps(rc.to_dict(), indent=2, default=str))
+  (tmp_path / "config.json").write_text(json.dumps(to_dict(rc), indent=2, default=str))
   assert from_config(stored_config(tmp_path / "config.json")) == rc  # a new run's
 
 

@@ -46,8 +46,6 @@ def parse_tasks(spec) -> list:
 
 
 def _jsonable(x):
-  if hasattr(x, "to_dict"):
-    x = x.to_dict()
   if dataclasses.is_dataclass(x) and not isinstance(x, type):
     x = dataclasses.asdict(x)
   if isinstance(x, dict):

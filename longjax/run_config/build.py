@@ -50,13 +50,10 @@ class RunConfig:
   def replace(self, **kw) -> "RunConfig":
     return dataclasses.replace(self, **kw)
 
-  def to_dict(self) -> dict:
-    """The config as a plain dict (``config.json``), without the keys left unset (None)."""
-    return to_dict(self)
-
 
 def to_dict(section) -> dict:
-  """A section as a plain dict; keys holding None (unset) are left out."""
+  """A section (or the RunConfig) as a plain dict, as ``config.json`` holds it; keys holding None
+  (unset) are left out."""
   out = {}
   for f in dataclasses.fields(section):
     v = getattr(section, f.name)
@@ -104,7 +101,7 @@ def _check_keys(d):
   """Refuse the first unknown key, naming its nearest known neighbour."""
   def walk(cls, node, prefix):
     allowed = [f.name for f in dataclasses.fields(cls)]
-    hints = _field_types(cls)
+    hints = typing.get_type_hints(cls)
     for k, v in node.items():
       where = f"{prefix}.{k}" if prefix else k
       if k not in allowed:
@@ -138,10 +135,6 @@ def _check_values(rc: RunConfig, entry: method_names.MethodName):
 
 
 # --------------------------------------------------------------------------------------------
-def _field_types(cls) -> dict:
-  return typing.get_type_hints(cls)
-
-
 def _section_type(hint) -> Optional[type]:
   """The dataclass a field holds (``Optional[X]`` -> X), or None for a plain value."""
   for t in (hint, *typing.get_args(hint)):
@@ -153,7 +146,7 @@ def _section_type(hint) -> Optional[type]:
 def _build(cls, node: dict, prefix: str, base: Any = None):
   """``cls`` from the keys of ``node`` (already checked); the others keep ``base``'s values (a
   default instance of ``cls``), else the class defaults."""
-  hints = _field_types(cls)
+  hints = typing.get_type_hints(cls)
   kw = {}
   for k, v in node.items():
     sub = _section_type(hints[k])
