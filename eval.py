@@ -8,7 +8,7 @@
 Tasks: passkey | needle | perplexity | longbench | infbench (comma-separated, or "all").
 Results go to {config.workdir}/eval (or --config.eval.output_dir): {tag}_{task}.json,
 {tag}_{task}.samples.jsonl (rerunning resumes), {tag}_{task}.png and {tag}_results.json.
-See longjax/eval/config.py for every setting and the README's "Evaluation" section.
+See longjax/run_config/eval_sections.py for every setting and its default, and the README's "Evaluation" section.
 
 A known failure (bad config key or value, missing model or data file...) ends with one line on
 stderr and exit status 1; --debug shows the traceback instead.

@@ -2,7 +2,8 @@
 
 Protocols follow ../shared/specs/beacon.md §8 and focusllm.md §6 (prompts, grids, truncation,
 metrics). Entry point: ``eval.py`` / :func:`longjax.eval.runner.run`. Scorers are in
-:mod:`longjax.eval.scorers`, defaults in :mod:`longjax.eval.config`.
+:mod:`longjax.eval.scorers`, defaults in :mod:`longjax.run_config.eval_sections` (the config
+files' section: :func:`longjax.eval.config.eval_config`).
 """
 from longjax.eval.config import TASKS, eval_config
 from longjax.eval.errors import EvalError
