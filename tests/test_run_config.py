@@ -96,7 +96,7 @@ def test_built_once_at_the_edge(tmp_path, monkeypatch):
   from longjax.eval.models import build_method
   from longjax.train import loop
   from longjax.train.errors import TrainingError
-  c = micro_config("beacon", tmp_path / "w", steps=1)
+  c = micro_config("beacon", tmp_path / "w", steps=1, batch=8)  # (8: any fake device count)
   rc = from_config(c)
   with pytest.raises(TrainingError, match="Trainer takes a RunConfig"):
     loop.Trainer(c)
