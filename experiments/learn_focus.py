@@ -127,23 +127,37 @@ def cmd_overfit(args, res):
 
 
 def cmd_curve(args, res):
+  """The probe (and, with --ppl_docs, perplexity on the first documents of ``ppl``) for step 0 and
+  every --every'th checkpoint of --workdir, recorded at cumulative step --offset + step (a run
+  started from an asset: its step 0 is the asset's last step, already on the curve)."""
   import orbax.checkpoint as ocp
+  from longjax import methods
   recs = [json.loads(x) for x in Path(args.data).read_text().splitlines() if x.strip()]
   tok = _tok()
   curve = res.setdefault(args.key, {})
   res[args.key + "_protocol"] = dict(
       probe=f"{len(recs)} twin passkey documents ({Path(args.data).name}); delta = answer-digit "
-            "NLL with the twin's chunks (another key) minus own", workdir=Path(args.workdir).name)
+            "NLL with the twin's chunks (another key) minus own",
+      perplexity=f"the first {args.ppl_docs} documents of the ppl protocol (last {args.reserve} "
+                 "tokens each)", steps="cumulative training steps")
   steps = sorted(ocp.CheckpointManager(Path(args.workdir).absolute() / "checkpoints").all_steps())
-  for step in [0] + steps:
-    if str(step) in curve or step % args.every:
+  docs = lpr.real_text_docs(tok, args.ppl_docs, 3072) if args.ppl_docs else []
+  for step in ([0] if args.offset == 0 else []) + steps:
+    at = str(args.offset + step)
+    if at in curve or step % args.every:
       continue
     t0 = time.time()
-    c = probe(Focus(args.workdir, step), tok, recs)
-    curve[str(step)] = c
-    lpr.save(args.out, res, (args.key, str(step)), (args.key + "_protocol",))
-    print(f"step {step:5d}: delta {c['delta']:+.3f}, digit NLL {c['digit_nll']:.3f} "
-          f"({time.time() - t0:.0f} s)", flush=True)
+    model = Focus(args.workdir, step)
+    c = probe(model, tok, recs)
+    c["workdir"], c["run_step"] = Path(args.workdir).parent.name, step
+    if docs:
+      nll = [methods.Focus().suffix_nll(model.lm, model.params, None, np.asarray(d, np.int32),
+                                        args.reserve)[0] / args.reserve for d in docs]
+      c["perplexity"] = float(np.exp(np.mean(nll)))
+    curve[at] = c
+    lpr.save(args.out, res, (args.key, at), (args.key + "_protocol",))
+    print(f"step {at:>5s}: delta {c['delta']:+.3f}, digit NLL {c['digit_nll']:.3f}, ppl "
+          f"{c.get('perplexity', float('nan')):.2f} ({time.time() - t0:.0f} s)", flush=True)
 
 
 def _source(args):
@@ -180,24 +194,52 @@ def cmd_passkey(args, res):
             f"{cell.get('n', 0)} ({time.time() - t0:.0f} s)", flush=True)
 
 
+def _plain_nll(model: Focus, ids, n: int) -> float:
+  """Mean NLL of the last ``n`` of ``ids`` under the plain base (FocusLLM's base params; BOS
+  first, as FocusLLM's local context starts)."""
+  from longjax.plain import suffix_nll
+  ids = [int(model.lm.fcfg.bos_id)] + [int(x) for x in ids]
+  return suffix_nll(model.lm.cfg, model.params, np.asarray(ids, np.int32), n)[0] / n
+
+
 def cmd_ppl(args, res):
-  """Held-out prose (pydoc_data.topics, 4 x 3072 tokens, the last 1024 scored), as the beacon
-  file: FocusLLM's own protocol (prefill on the context, teacher-forced cached decode)."""
+  """Held-out prose (pydoc_data.topics, never trained on): --docs documents of 3072 tokens, the
+  last --reserve held out and scored. FocusLLM's protocol (``inference_ppl_forward``, reserve
+  128): prefill on the rest, then teacher-forced decode steps, every step re-reading the chunks
+  with the tokens so far (one device loop per document). Truncation: the plain base reading BOS,
+  the last W context tokens and the held-out tokens so far (FocusLLM's local context without
+  candidates); full: the plain base over the whole document. PPL = exp(mean over documents of
+  each document's mean NLL), as ``evaluate_perplexity``."""
   from longjax import methods
   tok = _tok()
-  docs = lpr.real_text_docs(tok, 4, 3072)
+  docs = lpr.real_text_docs(tok, args.docs, 3072)
   table = res.setdefault("perplexity", {})
-  res["perplexity_protocol"] = dict(text="pydoc_data.topics (sorted keys, joined)", docs=4,
-                                    doc_tokens=3072, scored=1024, window=256)
+  res["perplexity_protocol"] = dict(
+      text="pydoc_data.topics (sorted keys, joined; held out: no training data)", docs=args.docs,
+      doc_tokens=3072, scored=f"the last {args.reserve} tokens of each document", window=256,
+      focus="prefill on the context, teacher-forced decode over the held-out tokens (the "
+            "official inference_ppl_forward, reserve 128)",
+      truncation="plain base: BOS + the last 256 context tokens + the held-out tokens so far",
+      full="plain base: BOS + the whole document")
+  n = args.reserve
   for cond in args.conditions:
     model = Focus(*_source(args)) if cond == "trained" else Focus(args.workdir or args.asset, 0)
     cell = table.setdefault(cond, dict(doc_nll=[]))
-    cell["model"] = model.desc
+    if cell.get("reserve") != n:
+      cell.clear()
+      cell.update(doc_nll=[], reserve=n)
+    cell["model"] = (model.desc if cond in ("trained", "untrained")
+                     else f"SmolLM2-135M-Instruct, {cond}")
     t0 = time.time()
     for ids in docs[len(cell["doc_nll"]):]:
-      nll, n = methods.Focus().suffix_nll(model.lm, model.params, None,
-                                              np.asarray(ids, np.int32), 1024)
-      cell["doc_nll"].append(nll / n)
+      ids = np.asarray(ids, np.int32)
+      if cond == "truncation":
+        nll = _plain_nll(model, ids[len(ids) - n - 256:], n)
+      elif cond == "full":
+        nll = _plain_nll(model, ids, n)
+      else:
+        nll = methods.Focus().suffix_nll(model.lm, model.params, None, ids, n)[0] / n
+      cell["doc_nll"].append(float(nll))
       cell["ppl"] = float(np.exp(np.mean(cell["doc_nll"])))
       lpr.save(args.out, res, ("perplexity", cond), ("perplexity_protocol",))
     print(f"{cond:10s} ppl {cell['ppl']:.2f} ({time.time() - t0:.0f} s)", flush=True)
@@ -218,7 +260,11 @@ def main(argv=None):
   ap.add_argument("--step", type=int, default=None)
   ap.add_argument("--every", type=int, default=50)
   ap.add_argument("--key", default="overfit_curve", help="curve: the results key")
+  ap.add_argument("--offset", type=int, default=0, help="curve: cumulative steps before the run")
+  ap.add_argument("--ppl_docs", type=int, default=0, help="curve: perplexity documents")
   ap.add_argument("--conditions", type=lambda s: s.split(","), default=["untrained", "trained"])
+  ap.add_argument("--docs", type=int, default=8, help="ppl: documents of 3072 tokens")
+  ap.add_argument("--reserve", type=int, default=128, help="ppl: held-out tokens per document")
   args = ap.parse_args(argv)
   res = lpr.load(args.out)
   {"overfit": cmd_overfit, "curve": cmd_curve, "passkey": cmd_passkey,
