@@ -62,7 +62,7 @@ def _check_inputs(args) -> str:
 
 def _main(args):
   text = _check_inputs(args) + "\n\n" + args.question
-  import longjax
+  from longjax.generate import generate
   from longjax.beacon import BeaconLM, load_beacon
   from transformers import AutoTokenizer
 
@@ -84,7 +84,7 @@ def _main(args):
   t0 = time.time()
   stops = cfg.eos_token_id if isinstance(cfg.eos_token_id, (list, tuple)) else [cfg.eos_token_id]
   stops = [int(s) for s in stops if s is not None]
-  out = longjax.generate(lm, params, [ids], max_new_tokens=args.max_new_tokens, stop_ids=stops,
+  out = generate(lm, params, [ids], max_new_tokens=args.max_new_tokens, stop_ids=stops,
                          tokenizer=tok)
   print(out.text[0])
   print(f"[{time.time() - t0:.1f}s: {out.timings.summary()}; memory (sink, beacon, raw) = "
