@@ -139,7 +139,7 @@ def test_suffix_nll_paths_agree(beacon, tmp_path):
   plain = build_method(from_config(c), "plain")
   ids = list(np.random.default_rng(0).integers(3, 250, 40))
   s_plain, n_plain = plain.suffix_nll(ids, 10)
-  s_tf, n_tf = methods.Focus().suffix_nll(plain.method, plain.params, plain.cfg, np.asarray(ids), 10)
+  s_tf, n_tf = methods.Focus().suffix_nll(plain.model, plain.params, plain.cfg, np.asarray(ids), 10)
   b = build_method(from_config(c), "beacon")
   s_b, n_b = b.suffix_nll(ids, 10)
   assert n_plain == n_tf == n_b == 10

@@ -66,8 +66,8 @@ def truncate_text_middle(tok: Tokenizer, text: str, limit: int) -> str:
 # ------------------------------------------------------------------------------------------------
 @dataclasses.dataclass
 class Built:
-  name: str  # beacon | focus | plain
-  method: object
+  name: str  # the method's registry name
+  model: object  # its inference model (BeaconLM / FocusLLM / PlainLM): what generate() runs
   params: object
   tokenizer: Tokenizer
   truncation_limit: Optional[int]  # plain: most input + output tokens (inputs are truncated)
@@ -78,7 +78,7 @@ class Built:
   extra_eos: tuple = ()  # generation_config.json eos ids of the checkpoint
 
   @property
-  def kind(self) -> "methods.Method":
+  def method(self) -> "methods.Method":
     """The method object (``longjax.methods``) that owns every method-specific rule here."""
     return methods.get(self.name)
 
@@ -91,7 +91,7 @@ class Built:
   def token_limit(self) -> Optional[int]:
     """Most input + output tokens this method holds; ``None`` for the plain baseline, which
     truncates instead."""
-    cap, _ = self.kind.token_limit(self.cfg, self.extra)
+    cap, _ = self.method.token_limit(self.cfg, self.extra)
     if cap is not None and self.user_cap:
       cap = min(cap, self.user_cap)
     return cap
@@ -110,15 +110,15 @@ class Built:
   def _limit_reason(self) -> str:
     if self.user_cap and self.token_limit == self.user_cap:
       return "config.eval.model_max_length"
-    return self.kind.token_limit(self.cfg, self.extra)[1]
+    return self.method.token_limit(self.cfg, self.extra)[1]
 
   def reserve(self, total: int):
     """Make sure the model's buffers hold ``total`` tokens (beacon memory: rebuilds, recompiles)."""
-    self.method = self.kind.holding(self.method, self.cfg, self.extra, total)
+    self.model = self.method.holding(self.model, self.cfg, self.extra, total)
 
   def input_limit(self, max_new_tokens: int) -> int:
     """Plain baseline: the most prompt tokens kept (0: no truncation)."""
-    if not self.kind.truncates:
+    if not self.method.truncates:
       return 0
     return max(int(self.truncation_limit) - int(max_new_tokens), 1)
 
@@ -143,7 +143,7 @@ class Built:
 
   def generate(self, ids: Sequence[int], max_new_tokens: int, stop_ids: Sequence[int] = ()):
     """Greedy continuation of one prompt; returns ``(generated ids without the stop id, text)``."""
-    out = generate(self.method, self.params, [list(map(int, ids))], max_new_tokens=max_new_tokens,
+    out = generate(self.model, self.params, [list(map(int, ids))], max_new_tokens=max_new_tokens,
                    stop_ids=tuple(stop_ids))
     gen = out.tokens[0]
     if gen and gen[-1] in set(stop_ids):
@@ -159,7 +159,7 @@ class Built:
     if n < 1:
       return 0.0, 0
     self.reserve(len(ids))
-    return self.kind.suffix_nll(self.method, self.params, self.cfg, ids, n)
+    return self.method.suffix_nll(self.model, self.params, self.cfg, ids, n)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -184,7 +184,7 @@ def run(ctx) -> dict:
   p, b = ctx.tcfg, ctx.built
   docs = load_documents(p)
   max_length, stride = int(p.max_length), int(p.stride)
-  if b.kind.truncates:  # the plain baseline: windows no longer than what it holds
+  if b.method.truncates:  # the plain baseline: windows no longer than what it holds
     max_length = min(max_length, int(b.truncation_limit))
     stride = min(stride, max_length)
   b.check_fits(max_length, f"perplexity (max_length {max_length})")
