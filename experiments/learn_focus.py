@@ -245,10 +245,47 @@ def cmd_ppl(args, res):
     print(f"{cond:10s} ppl {cell['ppl']:.2f} ({time.time() - t0:.0f} s)", flush=True)
 
 
+def cmd_layout(args, res):
+  """Where FocusLLM's prose cost comes from: the held-out tokens of the first --docs ppl documents
+  scored in one local forward behind the candidates of the context (fixed: not re-read per token,
+  unlike the protocol), with the candidates (a) as computed, (b) masked out but the local context
+  still at positions C.. (the official layout's offset), (c) masked and the local context from
+  position 0: truncation. (a) - (b) is the candidates' content, (b) - (c) the position offset."""
+  import dataclasses
+  import jax
+  tok = _tok()
+  docs = lpr.real_text_docs(tok, args.docs, 3072)
+  n = args.reserve
+  out = res.setdefault("layout_probe", {})
+  res["layout_probe_protocol"] = dict(docs=args.docs, scored=f"the last {n} tokens",
+                                      note=cmd_layout.__doc__.split("\n\n")[0])
+  for cond in args.conditions:
+    model = Focus(*_source(args)) if cond == "trained" else Focus(args.workdir or args.asset, 0)
+    lm, nll = model.lm, {"candidates": [], "masked, offset": [], "masked, from 0": []}
+    for ids in docs:
+      ctx, tgt = np.asarray(ids[:-n]), np.asarray(ids[-n:], np.int32)
+      row = lm.plan(ctx)
+      cb, lb, cap = lm._pack([row], n)
+      u = len(row.local)
+      tokens = np.asarray(lb.tokens).copy()
+      tokens[0, u:u + n - 1] = tgt[:-1]
+      lb = dataclasses.replace(lb, tokens=tokens, lengths=np.asarray(lb.lengths) + n - 1)
+      off = dataclasses.replace(cb, cand_valid=np.zeros_like(np.asarray(cb.cand_valid)))
+      zero = dataclasses.replace(lb, n_chunks=np.zeros_like(np.asarray(lb.n_chunks)))
+      for name, c, l in (("candidates", cb, lb), ("masked, offset", off, lb),
+                         ("masked, from 0", off, zero)):
+        logits, _ = lm._prefill_jit(model.params, c, l, cache_cap=cap, all_logits=True)
+        logp = jax.nn.log_softmax(np.asarray(logits[0, u - 1:u + n - 1], np.float32), -1)
+        nll[name].append(float(-np.mean(np.asarray(logp)[np.arange(n), tgt])))
+    out[cond] = {k: dict(doc_nll=v, ppl=float(np.exp(np.mean(v)))) for k, v in nll.items()}
+    lpr.save(args.out, res, ("layout_probe", cond), ("layout_probe_protocol",))
+    print(cond, {k: round(v["ppl"], 2) for k, v in out[cond].items()}, flush=True)
+
+
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__,
                                formatter_class=argparse.RawDescriptionHelpFormatter)
-  ap.add_argument("cmd", choices=("overfit", "curve", "passkey", "ppl"))
+  ap.add_argument("cmd", choices=("overfit", "curve", "passkey", "ppl", "layout"))
   ap.add_argument("--out", type=Path, default=OUT)
   ap.add_argument("--data", default="runs/overfit2/train.jsonl")
   ap.add_argument("--workdir", default="", help="a train.py FocusLLM run (else --asset)")
@@ -268,7 +305,7 @@ def main(argv=None):
   args = ap.parse_args(argv)
   res = lpr.load(args.out)
   {"overfit": cmd_overfit, "curve": cmd_curve, "passkey": cmd_passkey,
-   "ppl": cmd_ppl}[args.cmd](args, res)
+   "ppl": cmd_ppl, "layout": cmd_layout}[args.cmd](args, res)
 
 
 if __name__ == "__main__":
