@@ -73,6 +73,19 @@ class LoopState:
   carry: Any  # the method's device state after n - 1 fed tokens
 
 
+def check_segment(g: Segment, end: int, n_feeds: int):
+  """A plan's next segment must end at or after the previous one (``end``) and by ``n_feeds``."""
+  if g.end < end or g.end > n_feeds:
+    raise DevicePlanError(f"a device plan segment ends at feed {g.end} (after {end}, of "
+                          f"{n_feeds})")
+
+
+def check_covered(end: int, n_feeds: int):
+  """The plan's segments, run to ``end``, must cover every one of the ``n_feeds`` feeds."""
+  if end != n_feeds:
+    raise DevicePlanError(f"the device plan's segments end at feed {end}, not {n_feeds}")
+
+
 def _is_stop(tokens, stops):
   # ``stops`` is padded with -1, which no sampled id equals.
   return jnp.any(tokens[:, None] == stops[None, :], axis=-1)
@@ -149,9 +162,7 @@ def run(plan: DevicePlan, params, logits, max_new_tokens: int, sampling: Samplin
     g = next(segments, None)
     if g is None:
       break
-    if g.end < end or g.end > n_feeds:
-      raise DevicePlanError(f"a device plan segment ends at feed {g.end} (after {end}, of "
-                            f"{n_feeds})")
+    check_segment(g, end, n_feeds)
     end = g.end
     if g.xs is not xs_host:
       xs_host, xs = g.xs, (None if g.xs is None else jax.device_put(g.xs))
@@ -161,61 +172,10 @@ def run(plan: DevicePlan, params, logits, max_new_tokens: int, sampling: Samplin
                   sampling=sampling)
       n, all_done = int(s.n), bool(np.all(np.asarray(s.done)))
       report(n)
-  if not all_done and end != n_feeds:
-    raise DevicePlanError(f"the device plan's segments end at feed {end}, not {n_feeds}")
+  if not all_done:
+    check_covered(end, n_feeds)
   samples = np.asarray(s.tokens)[:, :n]
   out_logits = None if s.logits is None else np.asarray(s.logits)[:, :n]
   state = s.carry if plan.finish is None else plan.finish(s.carry, n - 1)
   return samples, out_logits, state
 
-
-
-# ------------------------------------------------------------------------------------------------
-# Teacher forcing: the same plan, fed the given tokens instead of samples.
-def _forced(params, carry, nll, xs, first, targets, start, stop, *, step):
-  """Feed ``targets[:, f]`` for feeds ``f in [start, stop)``; ``nll[:, f + 1]`` gets the NLL of
-  ``targets[:, f + 1]`` under the logits that feed returns."""
-  def body(f, c):
-    carry, nll = c
-    x = jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, f - first, keepdims=False), xs)
-    tok = jax.lax.dynamic_index_in_dim(targets, f, axis=1, keepdims=False)
-    logits, carry = step(params, carry, x, tok)
-    nxt = jax.lax.dynamic_index_in_dim(targets, f + 1, axis=1, keepdims=False)
-    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    col = -jnp.take_along_axis(logp, nxt[:, None], axis=-1)
-    return carry, jax.lax.dynamic_update_slice_in_dim(nll, col, f + 1, axis=1)
-
-  return jax.lax.fori_loop(start, stop, body, (carry, nll))
-
-
-_forced_jit = jax.jit(_forced, static_argnames=("step",), donate_argnums=(1, 2))
-
-
-def teacher_forced_nll(plan: DevicePlan, params, logits, targets) -> np.ndarray:
-  """``[B, n]`` NLL of ``targets [B, n]``: token 0 under the prefill ``logits [B, V]``, token
-  ``t`` under the logits after feeding ``targets[:, :t]`` through the plan's steps (``n - 1``
-  feeds, each segment one device loop). Used where a method's protocol scores continuations by
-  decoding (FocusLLM's perplexity); equal to a host loop of ``step`` calls."""
-  targets = np.asarray(targets, np.int32)
-  if targets.ndim != 2 or targets.shape[0] != logits.shape[0] or targets.shape[1] < 1:
-    raise DevicePlanError(f"teacher forcing takes targets [B, n >= 1] for {logits.shape[0]} rows, "
-                          f"got shape {targets.shape}")
-  n_feeds = targets.shape[1] - 1
-  logp0 = jax.nn.log_softmax(jnp.asarray(logits, jnp.float32), axis=-1)
-  first = -jnp.take_along_axis(logp0, jnp.asarray(targets[:, :1]), axis=-1)
-  nll = jnp.zeros(targets.shape, jnp.float32).at[:, :1].set(first)
-  carry, end = plan.carry, 0
-  dev_targets = jnp.asarray(targets)
-  for g in plan.segments:
-    if g.end < end or g.end > n_feeds:
-      raise DevicePlanError(f"a device plan segment ends at feed {g.end} (after {end}, of "
-                            f"{n_feeds})")
-    xs = None if g.xs is None else jax.device_put(g.xs)
-    carry, nll = _forced_jit(params, carry, nll, xs, np.int32(g.first), dev_targets,
-                             np.int32(end), np.int32(g.end), step=g.step)
-    end = g.end
-    if end == n_feeds:
-      break
-  if end != n_feeds:
-    raise DevicePlanError(f"the device plan's segments end at feed {end}, not {n_feeds}")
-  return np.asarray(nll)

@@ -190,13 +190,12 @@ class Focus:
   def suffix_nll(self, model, params, cfg, ids, n: int):
     """FocusLLM protocol (``inference_ppl_forward``): prefill on the context, then teacher-forced
     decode steps over the held-out tokens, each scored by the logits before it (one device loop:
-    ``decode_loop.teacher_forced_nll``)."""
-    from longjax import decode_loop
+    ``teacher_forcing.teacher_forced_nll``)."""
+    from longjax.teacher_forcing import teacher_forced_nll
     ids = np.asarray(ids, np.int32)
     ctx, tgt = ids[:len(ids) - n], ids[len(ids) - n:]
     logits, state = model.prefill(params, ctx[None], np.array([len(ctx)], np.int32), n)
-    nll = decode_loop.teacher_forced_nll(model.device_plan(state, n - 1), params, logits,
-                                         tgt[None])
+    nll = teacher_forced_nll(model.device_plan(state, n - 1), params, logits, tgt[None])
     return float(np.sum(nll)), n
 
   def export(self, out, cfg, settings, params):

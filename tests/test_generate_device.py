@@ -16,6 +16,7 @@ from longjax.beacon import decode as beacon_decode
 from longjax.focus import FocusLLM
 from longjax.generate import GenerateError
 from longjax.plain import PlainLM
+from longjax.teacher_forcing import teacher_forced_nll
 
 from focus_helpers import prompt, tiny_focus, tiny_model
 from test_beacon import BCFG, VOCAB, tiny_cfg, tiny_params
@@ -271,7 +272,7 @@ def _host_forced_nll(method, params, prompts, targets):
 def _device_forced_nll(method, params, prompts, targets):
   logits, state = _prefill_rows(method, params, prompts, targets.shape[1])
   plan = _no_host_steps(method).device_plan(state, targets.shape[1] - 1)
-  return decode_loop.teacher_forced_nll(plan, params, logits, targets)
+  return teacher_forced_nll(plan, params, logits, targets)
 
 
 @pytest.mark.parametrize("kind", ["plain", "beacon", "focus"])
@@ -302,4 +303,4 @@ def test_teacher_forcing_rejects_bad_targets(plain):
   lm, params = plain
   logits, state = lm.prefill(params, np.array([_ids(5, 1)], np.int32), np.array([5]), 4)
   with pytest.raises(decode_loop.DevicePlanError, match="targets"):
-    decode_loop.teacher_forced_nll(lm.device_plan(state, 3), params, logits, np.zeros((3, 4)))
+    teacher_forced_nll(lm.device_plan(state, 3), params, logits, np.zeros((3, 4)))

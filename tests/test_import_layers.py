@@ -22,7 +22,7 @@ LAYERS = [
      ["longjax/tasks.py", "longjax/plain/", "longjax/__init__.py"]),
     ("the methods, their data", ["longjax/beacon/", "longjax/focus/", "longjax/data/"]),
     ("checkpoints, conversion, generation", ["longjax/checkpoint.py", "longjax/convert/",
-                                             "longjax/generate.py"]),
+                                             "longjax/generate.py", "longjax/teacher_forcing.py"]),
     ("the decoder", ["longjax/models/"]),
     ("run config, CLI plumbing, the device decode loop",
      ["longjax/run_config/", "longjax/cli.py", "longjax/decode_loop.py", "longjax/campaign.py"]),
