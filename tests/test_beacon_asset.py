@@ -79,3 +79,31 @@ def test_shipped_smollm2_asset_loads_in_one_call(smollm2_dir):
   out = BeaconLM(cfg, bcfg, max_length=2 * bcfg.window).forward(
       params, ids)
   assert np.isfinite(np.asarray(jnp.asarray(out.next_logits))).all()
+
+
+def test_init_from_may_add_projections_but_nothing_else(tmp_path):
+  """train.init_from: a q/k/v asset starts a q/k/v/o run (the asset's tensors, o from its
+  official copy of the base's o); any other difference, fewer projections included, is refused."""
+  import dataclasses
+  from types import SimpleNamespace
+  from longjax.train.loop import TrainingError, params_from_asset
+  base, cfg, bcfg, params = _trained(tmp_path)
+  out = save_beacon_asset(tmp_path / "asset", cfg, bcfg, params, base=str(base))
+  run = SimpleNamespace(method="beacon", train=SimpleNamespace(init_from=str(out)))
+  wide = dataclasses.replace(bcfg, param=("q", "k", "v", "o"))
+  _, wide, init = load_beacon(base, init="official", beacon=wide, param_dtype="float32")
+  got = params_from_asset(run, wide, init, None)
+  bf16 = lambda x: np.asarray(x).astype(ml_dtypes.bfloat16).astype(np.float32)  # noqa: E731
+  attn, got_attn = params["layers"]["attn"], got["layers"]["attn"]
+  for p in "qkv":
+    np.testing.assert_array_equal(got_attn[f"alt_{p}_proj"]["kernel"],
+                                  bf16(attn[f"alt_{p}_proj"]["kernel"]))
+  np.testing.assert_array_equal(got_attn["alt_o_proj"]["kernel"],  # the official init: a copy
+                                np.asarray(init["layers"]["attn"]["o_proj"]["kernel"]))
+  np.testing.assert_array_equal(got["alt_embedding"], bf16(params["alt_embedding"]))
+  for change, msg in ((dict(param=("q", "k")), "only the projections may grow"),
+                      (dict(param=("q", "k", "v", "o"), ratios=(2,)), "settings differ")):
+    other = dataclasses.replace(bcfg, **change)
+    _, other, p0 = load_beacon(base, init="official", beacon=other, param_dtype="float32")
+    with pytest.raises(TrainingError, match=msg):
+      params_from_asset(run, other, p0, None)

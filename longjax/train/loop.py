@@ -198,7 +198,9 @@ def _pretrain_config(c: RunConfig, workdir: Path) -> RunConfig:
 def params_from_asset(c, settings, params, base_dir):
   """``params`` with the trained tensors of the asset ``train.init_from`` (a campaign continues
   from a committed asset: its tensors, a fresh optimizer; a checkpoint in the workdir still wins
-  on resume). The asset's settings must equal this run's."""
+  on resume). The asset's settings must equal this run's, except that a run may train more
+  projections than the asset holds (``param`` a superset, e.g. q/k/v -> q/k/v/o): those start
+  from this run's initialisation (the official copies of the base's)."""
   method = methods.get(c.method)
   if not method.assets:
     raise TrainingError(f"train.init_from is for methods that ship trained-tensor assets; "
@@ -207,23 +209,45 @@ def params_from_asset(c, settings, params, base_dir):
   if not src.is_dir():
     raise TrainingError(f"train.init_from={src}: no such asset directory")
   _, loaded_settings, loaded = method.load_asset(src, base_dir or None)
-  if loaded_settings != settings:
-    diff = {k: (getattr(loaded_settings, k), getattr(settings, k))
-            for k in settings.__dataclass_fields__
-            if getattr(loaded_settings, k) != getattr(settings, k)}
+  diff = {k: (getattr(loaded_settings, k), getattr(settings, k))
+          for k in settings.__dataclass_fields__
+          if getattr(loaded_settings, k) != getattr(settings, k)}
+  widened = _widened_projections(diff)
+  if diff and widened is None:
     raise TrainingError(f"train.init_from={src}: its {c.method} settings differ from this run's "
                         f"(asset vs config: {diff}); set the config's {method.section} fields to "
-                        "the asset's")
+                        "the asset's (only the projections may grow: q/k/v -> q/k/v/o)")
   flat = traverse_util.flatten_dict(jax.tree.map(np.asarray, params), sep="/")
   new = traverse_util.flatten_dict(loaded, sep="/")
+  fresh = []
   for k in flat:
     if method.is_trainable(k):
+      if widened and any(f"alt_{p}_proj/" in k for p in widened):
+        fresh.append(k)  # a projection the asset does not train: keep this run's initial copy
+        continue
       if np.shape(new[k]) != np.shape(flat[k]):
         raise TrainingError(f"train.init_from={src}: {k} has shape {np.shape(new[k])}, this "
                             f"model needs {np.shape(flat[k])}")
       flat[k] = np.asarray(new[k], np.float32)
-  log.info("train.init_from: trained %s tensors from %s", c.method, src)
+  log.info("train.init_from: trained %s tensors from %s%s", c.method, src,
+           f"; new projections {sorted(widened)} from their initial copies ({len(fresh)} tensors)"
+           if widened else "")
   return traverse_util.unflatten_dict(flat, sep="/")
+
+
+def _widened_projections(diff):
+  """The projections a run adds to its asset's (``diff`` differs only in ``param``, the asset's
+  a subset of the run's), or None when the difference is anything else; {} without a difference."""
+  if not diff:
+    return set()
+  if len(diff) != 1 or not set(diff) <= PROJECTION_FIELDS:
+    return None
+  had, want = (set(x) for x in next(iter(diff.values())))
+  return (want - had) if had < want else None
+
+
+# the settings field naming a method's trained projections (beacon, FocusLLM)
+PROJECTION_FIELDS = {"param", "candidate_projections"}
 
 
 # --------------------------------------------------------------------------------------------
