@@ -211,29 +211,33 @@ def cmd_overfit(args, res, out):
 def cmd_curve(args, res, out):
   """For every kept checkpoint of --workdir (every --every steps; step 0 = the official init):
   the swap probe on fresh documents (--data, written by ``data`` with another seed) and the
-  perplexity of the held-out prose after the first window."""
+  perplexity of the held-out prose after the first window. A run that continued a campaign from an
+  asset (train.init_from) gives ``--offset`` (the asset's cumulative steps): its checkpoints are
+  recorded at cumulative steps, and its step 0 (the asset) is left to the earlier run's curve."""
   import orbax.checkpoint as ocp
   recs = [json.loads(x) for x in Path(args.data).read_text().splitlines() if x.strip()]
   ns = argparse.Namespace(workdir=args.workdir, asset=args.asset, window=W, max_new_tokens=12)
   models = lpr.Models(ns)
   prose = lpr.real_text_docs(models.tok, args.docs, args.doc_tokens)
-  curve = res.setdefault("campaign_curve", {})
-  res["campaign_curve_protocol"] = dict(
+  curve = res.setdefault(args.key, {})
+  res[f"{args.key}_protocol"] = dict(
       probe=f"{len(recs)} fresh passkey documents ({Path(args.data).name}), key outside the last "
             "window; delta = answer-digit NLL with a twin's memory (another key) minus own",
       ppl=f"{args.docs} x {args.doc_tokens} tokens of pydoc_data.topics, after the first window",
-      workdir=Path(args.workdir).name)
+      workdir=Path(args.workdir).name, offset=args.offset)
   steps = sorted(ocp.CheckpointManager(Path(args.workdir).absolute() / "checkpoints").all_steps())
-  for step in [0] + steps:
-    if str(step) in curve or step % args.every:
+  for step in ([] if args.offset else [0]) + steps:
+    at = str(step + args.offset)  # cumulative steps of the campaign
+    if at in curve or step % args.every:
       continue
     t0 = time.time()
     lm, params, desc, _ = models.beacon("trained" if step else "untrained", step or None)
     c = probe(lm, params, models.tok, recs)
     c["ppl"] = prose_ppl(lm, params, prose)
-    curve[str(step)] = c
-    lpr.save(out, res, ("campaign_curve", str(step)), ("campaign_curve_protocol",))
-    print(f"step {step:5d}: delta {c['delta']:+.3f}, digit NLL {c['digit_nll_inference_layout']:.3f}"
+    c["run_step"] = step
+    curve[at] = c
+    lpr.save(out, res, (args.key, at), (f"{args.key}_protocol",))
+    print(f"step {at:>5s}: delta {c['delta']:+.3f}, digit NLL {c['digit_nll_inference_layout']:.3f}"
           f", ppl {c['ppl']:.2f} ({time.time() - t0:.0f} s)", flush=True)
 
 
@@ -253,6 +257,9 @@ def main(argv=None):
   ap.add_argument("--seed", type=int, default=5)
   ap.add_argument("--max_windows", type=int, default=2, help="data: longest document in windows")
   ap.add_argument("--every", type=int, default=50, help="curve: checkpoints every N steps")
+  ap.add_argument("--key", default="campaign_curve", help="curve: the results key it fills")
+  ap.add_argument("--offset", type=int, default=0,
+                  help="curve: cumulative steps before this run (its init_from asset's)")
   ap.add_argument("--twins", action="store_true",
                   help="data: also write each document's twin (same text, another key) for "
                        "training, so that memorising a document cannot give its key")

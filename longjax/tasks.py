@@ -74,18 +74,19 @@ class BeaconTask:
   def prepare(self, ds, idx, step: int, row_offset: int = 0) -> dict:
     """Host side: plan every row's official calls: a stacked ``WindowPlan`` ``[n_steps, B, ...]``."""
     rows_ids, rows_labels, starts = [], [], []
+    objectives = [self._objective(ds, int(i)) for i in idx]
     for row, i in enumerate(idx):
       ids = ds.ids[int(i)]
       ans = ds.answer[int(i)]
       labels = ids.astype(np.int64)
-      if ans is not None and self.answer_only:
+      # the sample's own objective (its source's "@answer", else the run's data.loss_on)
+      if ans is not None and objectives[row] == "answer":
         labels = np.where(ans, labels, IGNORE)
       rows_ids.append(ids)
       rows_labels.append(labels)
       # Ratio RNG: the official one is a single default_rng(42) running over the whole training;
       # here each (seed, step, row) gets its own, so a resumed run draws the same ratios.
       starts.append(RowState.seeded(pipeline.row_rng(self.seed, step, row_offset + row, salt=1)))
-    objectives = [self._objective(ds, int(i)) for i in idx]
     training = self.layout == "official"
     if "distill" not in objectives:
       plan = self.lm.schedule.plan(rows_ids, rows_labels, rows=starts, training=training,

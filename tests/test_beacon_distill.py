@@ -118,6 +118,27 @@ def test_mixed_objectives_in_one_batch(model):
   np.testing.assert_allclose(ls[0] / lc[0], nll, rtol=1e-5)
 
 
+def test_an_answer_source_scores_only_its_answer_in_a_distill_run(model):
+  """``SOURCE@answer`` in a run whose data.loss_on is ``distill``: that row's loss is on its answer
+  span alone, the same as in an answer run (it was once every token: the run's default decided)."""
+  cfg, params = model
+  bcfg = BeaconConfig(window=W, stride=W, ratios=(4,))
+  rng = np.random.default_rng(4)
+  a, b = rng.integers(3, VOCAB, 2 * W + 3), rng.integers(3, VOCAB, 2 * W + 5)
+  ans = np.zeros(len(a), bool)
+  ans[-5:] = True  # the answer and its EOS
+  ds = Dataset([a.astype(np.int32), b.astype(np.int32)], [ans, None], {}, ["answer", "distill"])
+
+  def loss(task, idx):
+    batch = task.prepare(ds, np.asarray(idx), step=0)
+    return task.loss(frozen_base(params), jax.tree.map(jnp.asarray, batch["plans"]))
+
+  ls, lc = loss(_task(cfg, bcfg, objective="distill"), [0, 1])
+  alone, n = loss(_task(cfg, bcfg, objective="answer"), [0])
+  assert int(lc[0]) == int(n[0]) == 5
+  np.testing.assert_allclose(ls[0], alone[0], rtol=1e-5)
+
+
 def test_inference_layout_puts_beacons_in_the_last_window(model):
   cfg, _ = model
   bcfg = BeaconConfig(window=W, stride=W, ratios=(4,))

@@ -38,7 +38,8 @@ def test_jsonl_text_filter_truncate_eos(tmp_path):
   assert short[0] == TOK.bos_id and short[-1] == TOK.eos_id
   assert all(x[-1] != TOK.eos_id for x in ds.ids if len(x) == 20)
   conv = [a for a in ds.answer if a is not None]
-  assert len(conv) == 1 and conv[0].sum() == 3  # "ans" is the answer span
+  # "ans" and the EOS after it are the answer span (an answer's end is scored); plain text has none
+  assert len(conv) == 1 and conv[0].tolist() == [False] * (len(conv[0]) - 4) + [True] * 4
   # [N] keeps the first N records
   ds2 = pipeline.build_dataset(dc(sources=f"jsonl:{f}[2]", min_length=0), TOK, 0)
   assert len(ds2) == 2

@@ -78,7 +78,8 @@ def build_dataset(dc, tokenizer, seed: int) -> Dataset:
       truncated += 1
     elif dc.append_eos and tokenizer.eos_id is not None:
       ids = np.append(ids, np.int32(tokenizer.eos_id))
-      ans = np.append(ans, False)
+      # an answer's EOS is part of the answer: scored, a trained model learns to stop after it
+      ans = np.append(ans, bool(ans[-1]) if len(ans) else False)
     if len(ids) < min_len:
       short += 1
       continue
