@@ -73,3 +73,15 @@ def test_flash_gradient_with_sharded_heads_compiles():
       lambda q, k, v: att(q, k, v, m).astype(jnp.float32).sum(), argnums=(0, 1, 2))(q, k, v)
   compiled, _ = co.compile_program(fn, args, mesh=mesh)
   assert "bf16[2,14,1024,128]" in compiled.as_text()  # 2 rows, 14 of 28 heads per chip
+
+
+def test_inference_programs_compile_on_a_pod_slice():
+  """The beacon prefill chunk + decode step (Qwen2-7B, heads over 4 chips) and the FocusLLM
+  prefill + decode step (Llama-2-7B, chunk rows over 4 chips) compile for v5p-8 and fit, at 16K
+  tokens (the 128K rows of docs/kernels.md come from scripts/tpu_compile_report.py --infer)."""
+  results = (co.beacon_infer("v5p-8", length=16384) + co.focus_infer("v5p-8", length=16384))
+  assert [r.program for r in results] == ["beacon_prefill_16K", "beacon_decode_step",
+                                          "focus_prefill_16K", "focus_decode_step"]
+  failed = [f"{r.program}: {r.error}" for r in results if not r.ok]
+  assert not failed, failed
+  assert all(r.fits() and r.pallas_calls for r in results)
