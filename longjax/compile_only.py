@@ -212,7 +212,7 @@ def train_step(slice_name: str, *, config: str = "beacon_qwen2", length: Optiona
   stride per step: ``focus_stride`` picks the step shape (default: the stride whose chunk rows
   hold the most tokens, the largest program)."""
   import importlib
-  from longjax import methods
+  from longjax import method_names, methods
   from longjax.kernels import flash
   from longjax.models.config import remat_mode
   from longjax.run_config import from_config
@@ -230,7 +230,8 @@ def train_step(slice_name: str, *, config: str = "beacon_qwen2", length: Optiona
   c = from_config(c)  # the overrides above in, then typed and checked once
   length = int(length or c.data.max_length)
   gb = int(c.train.global_batch)
-  if c.method == "focus":
+  is_focus = c.method == method_names.FOCUS.name
+  if is_focus:
     focus = c.method_section()
     window = f"local window {focus.local_window}"
   else:
@@ -261,7 +262,7 @@ def train_step(slice_name: str, *, config: str = "beacon_qwen2", length: Optiona
     # The plans of one global batch of random tokens, from the real planner (host).
     rng = np.random.default_rng(0)
     ids = [rng.integers(3, cfg.vocab_size, length).astype(np.int64) for _ in range(gb)]
-    if c.method == "focus":
+    if is_focus:
       plans, info = _focus_plans(task, ids, focus_stride)
       extra["note"] = info
     else:
@@ -286,8 +287,7 @@ def train_step(slice_name: str, *, config: str = "beacon_qwen2", length: Optiona
     return fn, (tr, opt_state, fr, plans), mesh, dict(donate=(0, 1),
                                                      out_shardings=(tr_sh, opt_sh, None))
   n = topology(slice_name).devices.__len__()
-  name = "focus_train" if c.method == "focus" else "beacon_train"
-  r = measure(name, slice_name, n, build, note=note)
+  r = measure(f"{c.method}_train", slice_name, n, build, note=note)
   r.note += extra.get("note", "")
   return r
 

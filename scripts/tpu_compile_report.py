@@ -27,6 +27,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from longjax import compile_only as co  # noqa: E402
+from longjax.method_names import BEACON, FOCUS  # noqa: E402
 
 
 def row(r: co.Result) -> str:
@@ -62,7 +63,8 @@ def main(argv=None):
   ap.add_argument("--infer", default="", help="slices for the 128K inference programs: the "
                   "beacon_qwen2 prefill chunk + decode step and the focus_llama2 prefill + decode "
                   "step, e.g. v5p-8,v5e-16")
-  ap.add_argument("--infer-methods", default="beacon,focus", help="which of them (beacon,focus)")
+  ap.add_argument("--infer-methods", default=f"{BEACON.name},{FOCUS.name}",
+                  help=f"which of them ({BEACON.name},{FOCUS.name})")
   ap.add_argument("--infer-length", type=int, default=131072, help="prompt tokens for --infer")
   ap.add_argument("--out", default="", help="also write the markdown table here")
   args = ap.parse_args(argv)
@@ -85,9 +87,9 @@ def main(argv=None):
   methods = set(filter(None, args.infer_methods.split(",")))
   for sl in filter(None, args.infer.split(",")):
     rs = []
-    if "beacon" in methods:
+    if BEACON.name in methods:
       rs += co.beacon_infer(sl, length=args.infer_length, impl=args.impl or None)
-    if "focus" in methods:
+    if FOCUS.name in methods:
       rs += co.focus_infer(sl, length=args.infer_length, impl=args.impl or None)
     results += rs
     for r in rs:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import math
+
 import jax
 from jax.sharding import PartitionSpec as P
 
@@ -65,11 +66,9 @@ def split_axes(mesh, batch: int, kv_heads: int):
   """``(batch_axes, head_axes)``: the mesh axes the batch and the heads split over (possibly
   empty), or ``None`` when the call needs no ``shard_map`` (no mesh, one device, or every axis
   manual already)."""
-  if mesh is None or math.prod(mesh.shape.values()) == 1:
+  if mesh is None or math.prod(mesh.shape.values()) == 1 or not _auto_axes(mesh):
     return None
   free = tuple(a for a in _auto_axes(mesh) if mesh.shape[a] > 1)
-  if not _auto_axes(mesh):
-    return None
   heads, rows = [], []
   for a in free:
     if a in HEAD_AXES and kv_heads % (math.prod(mesh.shape[h] for h in heads) * mesh.shape[a]) == 0:
@@ -99,6 +98,10 @@ def per_shard(fwd, q, k, v, km: KernelMeta):
   b, h = _entry(batch_axes), _entry(head_axes)
   x_spec = P(b, None, h, None)
   meta_spec = jax.tree.map(lambda _: P(b, None), km)
+  if jax.sharding.AxisType.Explicit in tuple(getattr(mesh, "axis_types", ())):
+    # Explicit axes: shard_map takes operands only in its in_specs' layout.
+    q, k, v = (jax.sharding.reshard(x, x_spec) for x in (q, k, v))
+    km = jax.tree.map(jax.sharding.reshard, km, meta_spec)
   fn = jax.shard_map(fwd, mesh=mesh, in_specs=(x_spec, x_spec, x_spec, meta_spec),
                      out_specs=(x_spec, P(b, h, None)), axis_names=set(_auto_axes(mesh)),
                      check_vma=False)
