@@ -9,11 +9,14 @@ bytes (arguments, outputs, temporaries) and ``cost_analysis()`` the FLOPs. Nothi
 Programs (``PROGRAMS``):
 
 * ``kernels``: every TPU Pallas kernel case of ``longjax.kernels.lowering`` on one chip.
-* ``beacon_train``: the training step of ``configs/beacon_qwen2.py`` (Qwen2-7B shape, W = S =
-  2048, bf16, remat, global batch 8 of its longest samples, the config's mesh ``fsdp = -1``), the
+* ``train_step``: the training step of ``configs/beacon_qwen2.py`` (Qwen2-7B shape, W = S =
+  2048, bf16, remat, global batch 8 of its longest samples, the config's mesh ``fsdp = -1``), of
+  ``beacon_llama3`` or of ``focus_llama2`` (Llama-2-7B shape, at its largest chunk layout), the
   very function the Trainer jits (``train.loop.step_functions``), its plans from the real planner.
-* Not written yet: the 128K-token beacon prefill + decode step and the FocusLLM 128K condense +
-  decode (Llama-2-7B shape).
+* ``beacon_infer``: a 128K-token beacon prefill (its largest ``lax.scan`` call) and one decode
+  step after it (Qwen2-7B shape, heads over ``tensor``).
+* ``focus_infer``: the FocusLLM 128K prefill (condensing every chunk, chunk rows over every chip)
+  and one cached decode step (Llama-2-7B shape).
 
 Used by ``scripts/tpu_compile_report.py`` (the README's table) and ``tests/test_compile_only.py``.
 """
@@ -37,7 +40,7 @@ CHIPS = {
 }
 # Named slices -> topology strings. v4 / v5p count TensorCores in the name (2 per chip).
 SLICES = {"v4-8": "v4:2x2x1", "v5p-8": "v5p:2x2x1", "v5p-16": "v5p:2x2x2", "v5e-8": "v5e:2x4",
-          "v5e-16": "v5e:4x4", "v6e-8": "v6e:2x4"}
+          "v5e-16": "v5e:4x4", "v5e-32": "v5e:4x8", "v6e-8": "v6e:2x4"}
 # One host of each chip (the smallest topology libtpu describes); the kernels use its first chip.
 HOST = {"v4": "v4:2x2x1", "v5e": "v5e:2x2", "v5p": "v5p:2x2x1", "v6e": "v6e:2x2"}
 
@@ -47,7 +50,11 @@ QWEN2_7B = dict(family="qwen2", hidden_size=3584, intermediate_size=18944, num_l
 LLAMA3_8B = dict(family="llama", hidden_size=4096, intermediate_size=14336, num_layers=32,
                  num_heads=32, num_kv_heads=8, head_dim=128, vocab_size=128256,
                  rope_theta=5e5, rms_norm_eps=1e-5, max_position_embeddings=8192)
-SHAPES = {"beacon_qwen2": QWEN2_7B, "beacon_llama3": LLAMA3_8B}  # each training config's model
+LLAMA2_7B = dict(family="llama", hidden_size=4096, intermediate_size=11008, num_layers=32,
+                 num_heads=32, num_kv_heads=32, head_dim=128, vocab_size=32000,
+                 rope_theta=1e4, rms_norm_eps=1e-5, max_position_embeddings=4096)
+SHAPES = {"beacon_qwen2": QWEN2_7B, "beacon_llama3": LLAMA3_8B,  # each config's model
+          "focus_llama2": LLAMA2_7B}
 
 
 def libtpu_available() -> bool:
@@ -80,6 +87,7 @@ class Result:
   temp_bytes: int = 0
   alias_bytes: int = 0
   flops: float = 0.0  # per device, as XLA counts them (cost_analysis)
+  pallas_calls: int = 0  # Mosaic kernel calls in the compiled program (tpu_custom_call)
   note: str = ""
   error: str = ""
 
@@ -107,8 +115,10 @@ def compile_program(fn: Callable, args, *, mesh, donate=(), out_shardings=None):
   return compiled, time.time() - t0
 
 
-def measure(program: str, slice_name: str, devices: int, build: Callable, note="") -> Result:
-  """Compile ``build()`` (-> ``(fn, args, mesh, kwargs)``) and read its memory and cost."""
+def measure(program: str, slice_name: str, devices: int, build: Callable, note="",
+            on_compiled: Optional[Callable] = None) -> Result:
+  """Compile ``build()`` (-> ``(fn, args, mesh, kwargs)``) and read its memory and cost;
+  ``on_compiled(compiled)`` sees the compiled program (e.g. for its output shardings)."""
   t0 = time.time()
   try:
     fn, args, mesh, kw = build()
@@ -117,6 +127,8 @@ def measure(program: str, slice_name: str, devices: int, build: Callable, note="
     msg = str(e).strip().splitlines()
     return Result(program, slice_name, devices, False, time.time() - t0, note=note,
                   error=f"{type(e).__name__}: {msg[0] if msg else ''}"[:400])
+  if on_compiled is not None:
+    on_compiled(compiled)
   ma = compiled.memory_analysis()
   ca = compiled.cost_analysis()
   if isinstance(ca, (list, tuple)):
@@ -127,7 +139,8 @@ def measure(program: str, slice_name: str, devices: int, build: Callable, note="
                 out_bytes=int(getattr(ma, "output_size_in_bytes", 0)),
                 temp_bytes=int(getattr(ma, "temp_size_in_bytes", 0)),
                 alias_bytes=int(getattr(ma, "alias_size_in_bytes", 0)),
-                flops=float(ca.get("flops", 0.0)), note=note)
+                flops=float(ca.get("flops", 0.0)), note=note,
+                pallas_calls=compiled.as_text().count('custom_call_target="tpu_custom_call"'))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -188,14 +201,18 @@ def kernel_results(chip: str) -> list:
   return out
 
 
-def beacon_train(slice_name: str, *, config: str = "beacon_qwen2", length: Optional[int] = None,
-                 shape: Optional[dict] = None, remat=None, global_batch: Optional[int] = None,
-                 impl: Optional[str] = None, mesh: Optional[dict] = None) -> Result:
-  """The training step of ``configs/<config>.py`` at ``shape``: global batch of the config, each
-  sample ``length`` tokens (default the config's ``data.max_length``), on ``slice_name`` with the
-  config's mesh."""
+def train_step(slice_name: str, *, config: str = "beacon_qwen2", length: Optional[int] = None,
+               shape: Optional[dict] = None, remat=None, global_batch: Optional[int] = None,
+               impl: Optional[str] = None, mesh: Optional[dict] = None,
+               focus_stride: Optional[int] = None) -> Result:
+  """The training step of ``configs/<config>.py`` (a beacon or FocusLLM config) at ``shape``:
+  global batch of the config, each sample ``length`` tokens (default the config's
+  ``data.max_length``), on ``slice_name`` with the config's mesh; the very function the Trainer
+  jits (``train.loop.step_functions``), its plans from the real planner. FocusLLM draws a chunk
+  stride per step: ``focus_stride`` picks the step shape (default: the stride whose chunk rows
+  hold the most tokens, the largest program)."""
   import importlib
-  from longjax import methods
+  from longjax import method_names, methods
   from longjax.kernels import flash
   from longjax.models.config import remat_mode
   from longjax.run_config import from_config
@@ -213,8 +230,15 @@ def beacon_train(slice_name: str, *, config: str = "beacon_qwen2", length: Optio
   c = from_config(c)  # the overrides above in, then typed and checked once
   length = int(length or c.data.max_length)
   gb = int(c.train.global_batch)
-  note = (f"{config}: {gb} x {length} tokens, W={c.beacon.window}, remat={c.model.remat}, "
+  is_focus = c.method == method_names.FOCUS.name
+  if is_focus:
+    focus = c.method_section()
+    window = f"local window {focus.local_window}"
+  else:
+    window = f"W={c.beacon.window}"
+  note = (f"{config}: {gb} x {length} tokens, {window}, remat={c.model.remat}, "
           f"attention {c.train.impl}, mesh {dataclasses.asdict(c.train.mesh)}")
+  extra = {}
 
   def build():
     method = methods.get(c.method)
@@ -238,10 +262,14 @@ def beacon_train(slice_name: str, *, config: str = "beacon_qwen2", length: Optio
     # The plans of one global batch of random tokens, from the real planner (host).
     rng = np.random.default_rng(0)
     ids = [rng.integers(3, cfg.vocab_size, length).astype(np.int64) for _ in range(gb)]
-    from longjax.beacon.planner import RowState
-    rows = [RowState.seeded(np.random.default_rng(i)) for i in range(gb)]
-    plans = task.lm.schedule.plan(ids, ids, rows=rows, training=True,
-                                  steps_multiple=task.step_bucket)
+    if is_focus:
+      plans, info = _focus_plans(task, ids, focus_stride)
+      extra["note"] = info
+    else:
+      from longjax.beacon.planner import RowState
+      rows = [RowState.seeded(np.random.default_rng(i)) for i in range(gb)]
+      plans = task.lm.schedule.plan(ids, ids, rows=rows, training=True,
+                                    steps_multiple=task.step_bucket)
     ax = method.plan_batch_axis
 
     def put(x):
@@ -259,7 +287,211 @@ def beacon_train(slice_name: str, *, config: str = "beacon_qwen2", length: Optio
     return fn, (tr, opt_state, fr, plans), mesh, dict(donate=(0, 1),
                                                      out_shardings=(tr_sh, opt_sh, None))
   n = topology(slice_name).devices.__len__()
-  return measure("beacon_train", slice_name, n, build, note=note)
+  r = measure(f"{c.method}_train", slice_name, n, build, note=note)
+  r.note += extra.get("note", "")
+  return r
 
 
-PROGRAMS = ("kernels", "beacon_train")
+def _focus_plans(task, ids, stride: Optional[int]):
+  """One global batch of FocusLLM training plans (``task.prepare``, the Trainer's host step) at
+  the chunk stride ``stride`` (``None``: the one whose chunk rows hold the most tokens)."""
+  import types
+  from longjax.data import pipeline
+  lengths = np.asarray([len(x) for x in ids])
+  strides = tuple(int(x) for x in task.fc["strides"])
+  if stride is None:
+    def tokens(s):
+      shp = task.static_shapes(len(ids), s, int(lengths.max()))
+      return shp["rows"] * shp["length"]
+    stride = max(strides, key=tokens)
+  ds = types.SimpleNamespace(ids=ids, answer=[None] * len(ids), lengths=lengths)
+  for step in range(1, 10000):  # the first step whose drawn stride is the one wanted
+    if strides[int(pipeline.row_rng(task.seed, step, 0, salt=4).integers(len(strides)))] == stride:
+      break
+  prep = task.prepare(ds, np.arange(len(ids)), step)
+  rows, width = prep["plans"]["chunks"]["tokens"].shape
+  return prep["plans"], f"; stride {stride}: {rows} chunk rows x {width} tokens"
+
+
+beacon_train = train_step  # the name the report used first
+
+
+# ------------------------------------------------------------------------------------------------
+# Inference at 128K tokens.
+# ------------------------------------------------------------------------------------------------
+def _config(config: str):
+  import importlib
+  from longjax.run_config import from_config
+  return from_config(importlib.import_module(f"configs.{config}").get_config())
+
+
+def _put(mesh, spec_of=None):
+  """numpy / abstract leaf -> ``ShapeDtypeStruct`` on ``mesh`` (``spec_of(x)``: its spec; default
+  replicated)."""
+  def put(x):
+    spec = spec_of(x) if spec_of is not None else P()
+    return jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=NamedSharding(mesh, spec))
+  return put
+
+
+def _kv_spec(mesh, batch: int, kv_heads: int, batch_dim: int, head_dim: int, ndim: int) -> P:
+  """A KV buffer's spec: batch over (data, fsdp) and KV heads over tensor where they divide."""
+  from longjax.train import sharding as shd
+  spec = [None] * ndim
+  spec[batch_dim] = shd.batch_sharding(mesh, 1, 0, batch).spec[0] if batch > 1 else None
+  if mesh.shape["tensor"] > 1 and kv_heads % mesh.shape["tensor"] == 0:
+    spec[head_dim] = "tensor"
+  return P(*spec)
+
+
+def beacon_infer(slice_name: str, *, config: str = "beacon_qwen2", length: int = 131072,
+                 batch: int = 1, new_tokens: int = 8, ratio: Optional[int] = 2,
+                 impl: Optional[str] = None, mesh: Optional[dict] = None) -> list:
+  """Activation Beacon inference at ``length`` tokens, the programs ``BeaconLM`` runs: the
+  prefill's last (largest) ``lax.scan`` chunk (``scan_chunk`` = 8 windows at the memory bucket
+  the prompt ends in; the prefill is ``length / (8 W)`` such calls at growing buckets) and one
+  decode step after it (``decode_slots`` query slots at the final bucket). ``ratio`` 2 (the
+  smallest of the config: the most memory) unless given; batch ``batch`` rows of random tokens.
+  Mesh default ``{"tensor": 4, "fsdp": -1}``: heads and MLP over 4 chips (Qwen2-7B has 4 KV
+  heads), the rest fsdp; parameters as the training mesh lays them out (bf16)."""
+  from longjax import methods
+  from longjax.beacon import BeaconLM
+  from longjax.beacon.planner import RowState, stack
+  from longjax.beacon.schedule import segments
+  from longjax.beacon.step import Carry, scan_windows, window_step
+  from longjax.kernels import flash
+  c = _config(config)
+  shape = SHAPES[config]
+  mesh_shape = dict(mesh or {"data": 1, "fsdp": -1, "tensor": 4})
+  impl = impl or "auto"
+  method = methods.get(c.method)
+  bcfg = method.settings(c)
+  projections, n_embed, _ = method.extra_params(bcfg)
+  cfg = _model_config(shape, alt_projections=projections, num_alt_embeddings=n_embed,
+                      dtype="bfloat16", param_dtype="bfloat16")
+  w = bcfg.window
+  lm = BeaconLM(cfg, bcfg, max_length=-(-(length + new_tokens) // w) * w, ratio=ratio, impl=impl,
+                progress=False)
+  rng = np.random.default_rng(0)
+  ids = [rng.integers(3, cfg.vocab_size, length).astype(np.int64) for _ in range(batch)]
+  sch = lm.schedule
+  call = sch.call(ids, None, None, tuple(RowState() for _ in range(batch)), False, ratio,
+                  new_tokens)
+  buckets = [sch.memory_bucket(n) for n in call.needs]
+  chunks = segments(buckets, most=lm.scan_chunk)
+  c0, c1, bucket = chunks[-1]
+  plans = [sch.assemble(step, call.q_slots) for step in call.steps[c0:c1]]
+  plans += [sch.assemble([None] * batch, call.q_slots)] * (lm.scan_chunk - len(plans))
+  prefill_plan = stack(plans, [(lm.scan_chunk, bucket)], lm.capacity)
+  dec = sch.call([[5]] * batch, None, None, call.rows, False, ratio, 0)
+  dec_bucket = sch.memory_bucket(dec.needs[0])
+  dec_plan = sch.assemble(dec.steps[0], dec.q_slots)
+  n = len(topology(slice_name).devices)
+  tag = f"{length // 1024}K" if length % 1024 == 0 else str(length)
+  note = (f"{config}: {batch} x {tag} tokens, W={w}, ratio {ratio}, memory {lm.capacity} "
+          f"entries/layer, attention {impl}, mesh {mesh_shape}")
+
+  def args_for(plan):
+    m = _mesh(slice_name, mesh_shape)
+    params = _abstract_params(cfg, m, jnp.bfloat16)
+    kv = _kv_spec(m, batch, cfg.num_kv_heads, 1, 3, 5)
+    buf = jax.ShapeDtypeStruct((cfg.num_layers, batch, lm.capacity, cfg.num_kv_heads,
+                                cfg.head_dim), jnp.bfloat16, sharding=NamedSharding(m, kv))
+    rep = NamedSharding(m, P())
+    carry = Carry(buf, buf, jax.ShapeDtypeStruct((batch, cfg.vocab_size), jnp.float32,
+                                                 sharding=rep),
+                  jax.ShapeDtypeStruct((batch,), jnp.float32, sharding=rep),
+                  jax.ShapeDtypeStruct((batch,), jnp.int32, sharding=rep))
+    return m, params, carry, jax.tree.map(_put(m), plan)
+
+  def build_prefill():
+    m, params, carry, plan = args_for(prefill_plan)
+
+    def fn(params, carry, plan):
+      with flash.target_platform("tpu"):
+        return scan_windows(lm.model, lm.sink_cap, params, carry, plan, want_loss=False,
+                            want_hidden=False)
+    return fn, (params, carry, plan), m, {}
+
+  def build_step():
+    m, params, carry, plan = args_for(dec_plan)
+
+    def fn(params, carry, plan):
+      with flash.target_platform("tpu"):
+        return window_step(lm.model, lm.sink_cap, params, carry, plan, mem_size=dec_bucket,
+                           want_loss=False, want_hidden=False)
+    return fn, (params, carry, plan), m, {}
+  return [measure(f"beacon_prefill_{tag}", slice_name, n, build_prefill,
+                  note=note + f"; the last of {len(chunks)} scan calls ({c1 - c0} windows, "
+                  f"memory bucket {bucket})"),
+          measure("beacon_decode_step", slice_name, n, build_step,
+                  note=note + f"; {dec.q_slots} query slots over memory bucket {dec_bucket}")]
+
+
+def focus_infer(slice_name: str, *, config: str = "focus_llama2", length: int = 131072,
+                batch: int = 1, new_tokens: int = 8, impl: Optional[str] = None) -> list:
+  """FocusLLM inference at ``length`` tokens, the programs ``FocusLLM`` runs: the prefill
+  (condensing every chunk row ``chunk_batch_size`` = 8 rows per forward on each device, the chunk
+  caches sized for ``new_tokens`` more, and the local forward) and one cached decode step (the
+  2-token chunk step over every chunk cache, then the local forward). FocusLLM's own mesh: the
+  chunk rows over every chip (``focus.chunk_mesh``); parameters replicated (bf16), as its
+  ``shard_map`` takes them."""
+  from jax.sharding import AxisType, Mesh
+  from longjax import methods
+  from longjax.focus import FocusLLM
+  from longjax.kernels import flash
+  from longjax.models.decoder import param_shapes
+  c = _config(config)
+  shape = SHAPES[config]
+  impl = impl or "auto"
+  method = methods.get(c.method)
+  fcfg = method.settings(c, 1)
+  projections, n_embed, _ = method.extra_params(fcfg)
+  cfg = _model_config(shape, alt_projections=projections, num_alt_embeddings=n_embed,
+                      dtype="bfloat16", param_dtype="bfloat16")
+  devs = np.asarray(topology(slice_name).devices)
+  mesh = Mesh(devs.reshape(-1), ("chunks",), axis_types=(AxisType.Auto,))
+  fm = FocusLLM(cfg, fcfg, mesh=mesh, impl=impl)
+  rng = np.random.default_rng(0)
+  rows = [fm.plan(rng.integers(3, cfg.vocab_size, length).astype(np.int32))
+          for _ in range(batch)]
+  cb, lb, cap = fm._pack(rows, new_tokens)
+  n = devs.size
+  tag = f"{length // 1024}K" if length % 1024 == 0 else str(length)
+  note = (f"{config}: {batch} x {tag} tokens, {cb.tokens.shape[0]} chunk rows x "
+          f"{cb.tokens.shape[1]} tokens (stride {fcfg.chunk_stride}), cache {cap}/row, "
+          f"local window {fcfg.local_window}, {fm.chunk_batch_size} rows per forward, "
+          f"attention {impl}, mesh chunks={n}")
+  rep = NamedSharding(mesh, P())
+  params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, jnp.bfloat16, sharding=rep),
+                        param_shapes(cfg))
+  state = {}
+
+  def build_prefill():
+    def fn(params, cb, lb):
+      with flash.target_platform("tpu"):
+        return fm._prefill_impl(params, cb, lb, cache_cap=cap, all_logits=False)
+    args = (params, jax.tree.map(_put(mesh), cb), jax.tree.map(_put(mesh), lb))
+    state["shapes"] = jax.eval_shape(fn, *args)[1]
+    return fn, args, mesh, {}
+
+  def keep(compiled):
+    state["shardings"] = compiled.output_shardings[1]
+
+  def build_step():
+    s = jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
+                     state["shapes"], state["shardings"])
+    tokens = jax.ShapeDtypeStruct((batch,), jnp.int32, sharding=rep)
+
+    def fn(params, s, tokens):
+      with flash.target_platform("tpu"):
+        return fm._step_impl(params, s, tokens)
+    return fn, (params, s, tokens), mesh, dict(donate=(1,))
+  first = measure(f"focus_prefill_{tag}", slice_name, n, build_prefill, note=note,
+                  on_compiled=keep)
+  if not first.ok:
+    return [first]
+  return [first, measure("focus_decode_step", slice_name, n, build_step, note=note)]
+
+
+PROGRAMS = ("kernels", "train_step", "beacon_infer", "focus_infer")

@@ -6,6 +6,7 @@ Needs ``libtpu`` (``pip install -r requirements-tpu.txt``). From the repository 
     JAX_PLATFORMS=cpu python scripts/tpu_compile_report.py --kernels v4,v5e,v5p,v6e
     JAX_PLATFORMS=cpu python scripts/tpu_compile_report.py --train v5p-8 --length 4096 --impl blockwise
     JAX_PLATFORMS=cpu python scripts/tpu_compile_report.py --train v5p-8 --config beacon_llama3 --length 4096 --impl blockwise
+    JAX_PLATFORMS=cpu python scripts/tpu_compile_report.py --infer v5p-8,v5e-16
 
 Per program and slice: per-device bytes at the peak (arguments + outputs + temporaries - donated
 aliases, from ``compiled.memory_analysis()``) against the chip's HBM, the FLOPs XLA counts
@@ -26,6 +27,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from longjax import compile_only as co  # noqa: E402
+from longjax.method_names import BEACON, FOCUS  # noqa: E402
 
 
 def row(r: co.Result) -> str:
@@ -35,9 +37,10 @@ def row(r: co.Result) -> str:
     return (f"| {r.program} | {r.slice} | {r.devices} | FAILED | {gib(hbm)} | | | {r.compile_s:.0f} s "
             f"| {r.error} |")
   fit = "yes" if r.fits() else "**no**"
+  kernels = f"; {r.pallas_calls} Pallas calls" if r.pallas_calls else ""
   return (f"| {r.program} | {r.slice} | {r.devices} | {gib(r.peak_bytes)} (temp {gib(r.temp_bytes)}) "
           f"| {gib(hbm)} ({fit}) | {r.flops / 1e12:.3g} | {1e3 * r.seconds_at_peak():.3g} ms "
-          f"| {r.compile_s:.0f} s | {r.note} |")
+          f"| {r.compile_s:.0f} s | {r.note}{kernels} |")
 
 
 HEADER = ("| program | slice | devices | per-device GiB at peak | HBM GiB (fits) | TFLOP / device "
@@ -51,10 +54,18 @@ def main(argv=None):
                   "e.g. v5p-8,v5e-16")
   ap.add_argument("--config", default="beacon_qwen2", choices=sorted(co.SHAPES),
                   help="the training config whose step --train compiles (at its model's shape)")
+  ap.add_argument("--focus-stride", type=int, default=0, help="FocusLLM training: the chunk "
+                  "stride of the step (default: the one with the most chunk-row tokens)")
   ap.add_argument("--length", type=int, default=0, help="tokens per training sample "
                   "(default: the config's data.max_length)")
-  ap.add_argument("--impl", default="", help="attention impl override for the training step")
+  ap.add_argument("--impl", default="", help="attention impl override (--train, --infer)")
   ap.add_argument("--mesh", default="", help='mesh override, JSON, e.g. {"fsdp": 8, "tensor": 2}')
+  ap.add_argument("--infer", default="", help="slices for the 128K inference programs: the "
+                  "beacon_qwen2 prefill chunk + decode step and the focus_llama2 prefill + decode "
+                  "step, e.g. v5p-8,v5e-16")
+  ap.add_argument("--infer-methods", default=f"{BEACON.name},{FOCUS.name}",
+                  help=f"which of them ({BEACON.name},{FOCUS.name})")
+  ap.add_argument("--infer-length", type=int, default=131072, help="prompt tokens for --infer")
   ap.add_argument("--out", default="", help="also write the markdown table here")
   args = ap.parse_args(argv)
   if not co.libtpu_available():
@@ -68,10 +79,21 @@ def main(argv=None):
     for r in rs:
       print(row(r), flush=True)
   for sl in filter(None, args.train.split(",")):
-    r = co.beacon_train(sl, config=args.config, length=args.length or None, impl=args.impl or None,
-                        mesh=json.loads(args.mesh) if args.mesh else None)
+    r = co.train_step(sl, config=args.config, length=args.length or None, impl=args.impl or None,
+                        mesh=json.loads(args.mesh) if args.mesh else None,
+                        focus_stride=args.focus_stride or None)
     results.append(r)
     print(row(r), flush=True)
+  methods = set(filter(None, args.infer_methods.split(",")))
+  for sl in filter(None, args.infer.split(",")):
+    rs = []
+    if BEACON.name in methods:
+      rs += co.beacon_infer(sl, length=args.infer_length, impl=args.impl or None)
+    if FOCUS.name in methods:
+      rs += co.focus_infer(sl, length=args.infer_length, impl=args.impl or None)
+    results += rs
+    for r in rs:
+      print(row(r), flush=True)
   table = HEADER + "\n" + "\n".join(row(r) for r in results)
   print("\n" + table)
   print(f"\n{len(results)} programs, {sum(r.ok for r in results)} compiled, "

@@ -11,7 +11,9 @@ Implementations, selected by ``impl``:
   fully masked KV blocks with ``lax.cond``; blockwise backward (custom VJP).
 * ``"pallas"``     Pallas flash kernels (``pallas_tpu.py`` on TPU, ``pallas_gpu.py`` on GPU), or the
   decode kernel (``decode.py``: head packing + split-K) when ``G * Tq <= 64`` rows; backward via
-  the blockwise VJP. On CPU it needs interpret mode: ``interpret=True`` or
+  the blockwise VJP. On a mesh of several devices the kernel forward runs per shard under one
+  ``jax.shard_map`` (batch over ``data``/``fsdp``, heads over ``tensor``: ``sharded.py``), since
+  XLA cannot partition a Pallas call. On CPU it needs interpret mode: ``interpret=True`` or
   ``LONGJAX_PALLAS_INTERPRET=1`` (``=tpu``: TPU interpret params); the kernel flavour on CPU is
   ``pallas_backend=`` / ``LONGJAX_PALLAS_BACKEND`` (default ``gpu``). An explicit ``"pallas"``
   request that cannot run raises ``ValueError`` with the reason; it never falls back.

@@ -22,7 +22,7 @@ import math
 
 import jax.numpy as jnp
 
-from longjax.kernels import flash
+from longjax.kernels import flash, sharded
 from longjax.kernels.blockwise import attention_with_vjp, blockwise_bwd
 from longjax.kernels.mask import INT_MAX, KernelMeta
 from longjax.sizes import round_up
@@ -87,7 +87,7 @@ def _decode_pair(scale, kind_sees, backend, interpret, num_splits, block_k, gpu_
                           gpu_opts=gpu_opts)
   bwd = functools.partial(blockwise_bwd, scale=scale, kind_sees=kind_sees, block_q=bwd_blocks[0],
                           block_k=bwd_blocks[1])
-  return fwd, bwd
+  return sharded.wrap(fwd), bwd
 
 
 def decode_attention(q, k, v, km: KernelMeta, *, scale: float, kind_sees=None, backend: str = "gpu",

@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from longjax.kernels import pallas_gpu, pallas_tpu
+from longjax.kernels import pallas_gpu, pallas_tpu, sharded
 from longjax.kernels.blockwise import attention_with_vjp, blockwise_bwd
 from longjax.kernels.errors import KernelError
 from longjax.kernels.mask import (KernelMeta, block_lists, block_visits, is_concrete,
@@ -174,7 +174,7 @@ def _flash_pair(scale, kind_sees, backend, interpret, block_q, block_k, gpu_opts
                           interpret=interpret, block_q=block_q, block_k=block_k, gpu_opts=gpu_opts)
   bwd = functools.partial(blockwise_bwd, scale=scale, kind_sees=kind_sees, block_q=bwd_blocks[0],
                           block_k=bwd_blocks[1])
-  return fwd, bwd
+  return sharded.wrap(fwd), bwd
 
 
 def _hashable_interpret(interpret):
