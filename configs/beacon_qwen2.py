@@ -11,6 +11,11 @@ EOS appended (RedPajama sample).
 
 Finetune stage: --config.beacon.ratios="(2,4,8)" --config.train.lr=1e-5
 --config.data.min_length=7200 --config.model.checkpoint=<pretrain export_hf> and the finetune data.
+
+Topology: a TPU v5p-8 (4 chips, mesh fsdp = 4). Compiled, not run (docs/kernels.md, compile-only
+TPU): 58.1 GiB per chip of 95 at the full 20 000-token samples. On v5e-16 (16 GiB per chip) it
+needs --config.train.mesh.fsdp=8 --config.train.mesh.tensor=2 and samples of at most 8192 tokens
+(--config.data.max_length=8192: 13.7 GiB); its 20 000-token samples need 20.7 GiB there.
 """
 import ml_collections
 

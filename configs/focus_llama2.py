@@ -9,6 +9,10 @@ prompt cap 512, chunking threshold 4096.
   python train.py --config=configs/focus_llama2.py \
       --config.model.checkpoint=/path/to/Llama-2-7b-chat-hf \
       --config.data.sources=jsonl:/path/focusllm/redpajama-sample.json,jsonl:/path/focusllm/longalpaca.json
+
+Topology: a TPU v5p-8 (4 chips; the packed chunk rows over every chip). Compiled, not run
+(docs/kernels.md): 53.5 GiB per chip of 95 at its largest chunk layout (stride 64). 128K-token
+inference fits v5p-8 (63.5 GiB) but not v5e-16 (the parameters are replicated on its chunk mesh).
 """
 import ml_collections
 
