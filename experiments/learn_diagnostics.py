@@ -208,6 +208,12 @@ def cmd_overfit(args, res, out):
   del longjax
 
 
+def _run_name(workdir) -> str:
+  """A run's name without machine paths: ``runs/retr/run`` -> ``retr``."""
+  w = Path(workdir)
+  return w.parent.name if w.name == "run" else w.name
+
+
 def cmd_curve(args, res, out):
   """For every kept checkpoint of --workdir (every --every steps; step 0 = the official init):
   the swap probe on fresh documents (--data, written by ``data`` with another seed) and the
@@ -224,7 +230,7 @@ def cmd_curve(args, res, out):
       probe=f"{len(recs)} fresh passkey documents ({Path(args.data).name}), key outside the last "
             "window; delta = answer-digit NLL with a twin's memory (another key) minus own",
       ppl=f"{args.docs} x {args.doc_tokens} tokens of pydoc_data.topics, after the first window",
-      workdir=Path(args.workdir).name, offset=args.offset)
+      runs="each point names its run (the workdir's folder) and that run's own step")
   steps = sorted(ocp.CheckpointManager(Path(args.workdir).absolute() / "checkpoints").all_steps())
   for step in ([] if args.offset else [0]) + steps:
     at = str(step + args.offset)  # cumulative steps of the campaign
@@ -234,7 +240,7 @@ def cmd_curve(args, res, out):
     lm, params, desc, _ = models.beacon("trained" if step else "untrained", step or None)
     c = probe(lm, params, models.tok, recs)
     c["ppl"] = prose_ppl(lm, params, prose)
-    c["run_step"] = step
+    c["run"], c["run_step"] = _run_name(args.workdir), step
     curve[at] = c
     lpr.save(out, res, (args.key, at), (f"{args.key}_protocol",))
     print(f"step {at:>5s}: delta {c['delta']:+.3f}, digit NLL {c['digit_nll_inference_layout']:.3f}"
