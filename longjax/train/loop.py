@@ -237,7 +237,7 @@ def params_from_asset(c, settings, params, base_dir):
 
 def _widened_projections(diff):
   """The projections a run adds to its asset's (``diff`` differs only in ``param``, the asset's
-  a subset of the run's), or None when the difference is anything else; {} without a difference."""
+  a subset of the run's), or None when the difference is anything else; empty without one."""
   if not diff:
     return set()
   if len(diff) != 1 or not set(diff) <= PROJECTION_FIELDS:
