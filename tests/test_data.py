@@ -63,6 +63,16 @@ def test_bad_inputs(tmp_path):
     pipeline.build_dataset(dc(sources=f"jsonl:{f}"), TOK, 0)
   with pytest.raises(DataError, match="tfds_data_dir"):
     pipeline.build_dataset(dc(sources="tfds:whatever"), TOK, 0)
+  # an @answer source must give every record an answer span, also after truncation (a record
+  # without one would be scored on every token: another objective than the one asked for)
+  f.write_text(json.dumps({"input": "q?", "output": "ans"}) + "\n" + json.dumps({"text": "abc"}) + "\n")
+  with pytest.raises(DataError, match=r"t.json'@answer, record 1: no answer span.*it has none"):
+    pipeline.build_dataset(dc(sources=f"jsonl:{f}@answer"), TOK, 0)
+  f.write_text(json.dumps({"input": "question " * 5, "output": "ans"}) + "\n")
+  with pytest.raises(DataError, match=r"record 0: no answer span.*max_length=10 tokens"):
+    pipeline.build_dataset(dc(sources=f"jsonl:{f}@answer", max_length=10), TOK, 0)
+  assert len(pipeline.build_dataset(dc(sources=f"jsonl:{f}@answer"), TOK, 0).answer[0]) > 10
+  assert len(pipeline.build_dataset(dc(sources=f"jsonl:{f}", max_length=10), TOK, 0)) == 1
 
 
 def test_synthetic_deterministic_and_answer_spans():

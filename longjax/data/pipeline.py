@@ -64,6 +64,7 @@ def build_dataset(dc, tokenizer, seed: int) -> Dataset:
   ids_out, ans_out, obj_out = [], [], []
   read = short = truncated = 0
   per_source = [0] * len(specs)
+  read_from = [0] * len(specs)
   limit = int(dc.max_per_source or 0)
   for i, segs in sources.read_all(specs, text_field=dc.text_field,
                                   tfds_data_dir=dc.tfds_data_dir or None,
@@ -72,11 +73,20 @@ def build_dataset(dc, tokenizer, seed: int) -> Dataset:
     if limit and per_source[i] >= limit:
       continue
     read += 1
+    read_from[i] += 1
     ids, ans = tokenize_segments(segs, tokenizer, add_bos=add_bos)
-    if len(ids) > max_len:
+    cut = len(ids) > max_len
+    if cut:
       ids, ans = ids[:max_len], ans[:max_len]
       truncated += 1
-    elif dc.append_eos and tokenizer.eos_id is not None:
+    if objectives[i] == "answer" and not ans.any():
+      # scored on every token instead would train another objective than the one asked for
+      why = (f"its answer lies past data.max_length={max_len} tokens: raise max_length or "
+             "shorten the record" if cut else "it has none: give every record an output "
+             "(jsonl input/output) or drop '@answer'")
+      raise DataError(f"data source {specs[i]!r}@answer, record {read_from[i] - 1}: no answer "
+                      f"span to score ({why})")
+    if not cut and dc.append_eos and tokenizer.eos_id is not None:
       ids = np.append(ids, np.int32(tokenizer.eos_id))
       # an answer's EOS is part of the answer: scored, a trained model learns to stop after it
       ans = np.append(ans, bool(ans[-1]) if len(ans) else False)
