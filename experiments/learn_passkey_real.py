@@ -13,7 +13,8 @@ atomically after every sample, so an interrupted run resumes where it stopped):
   ppl      perplexity of the last --scored tokens of held-out real text (Python's own reference
            documentation, pydoc_data.topics: in every Python, never in the training data), split
            into documents of --doc_tokens tokens; truncation scores each token from at most W
-           preceding tokens (W-token windows every W/2), full and beacon from the whole document
+           preceding tokens (W-token windows every W/2), local from the beacon window it follows
+           (the plain model without the beacons' memory), full and beacon from the whole document
   curve    accuracy at --length on --samples documents (seed --curve_seed) for every kept
            checkpoint of --workdir not yet in the file (the learning curve)
   layout   NLL per key digit with the training layout (last window without beacons) vs the
@@ -40,6 +41,9 @@ import numpy as np  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CONDITIONS = ("truncation", "untrained", "trained", "full")
+# ppl only: the plain model reading each beacon window on its own (what the beacon model reads
+# without its memory): the memory helps exactly when the beacons score below this
+PPL_ONLY = ("local",)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -217,7 +221,7 @@ def cmd_ppl(args, models: Models, res: dict, out: Path):
     cell = table.setdefault(cond, dict(doc_nll=[]))
     if len(cell["doc_nll"]) >= len(docs):
       continue
-    if cond in ("truncation", "full"):
+    if cond in ("truncation", "full", "local"):
       built = Built(methods.Plain.name, plain, params, models.tok, None, cfg)
     else:
       lm, bparams, desc, bcfg = models.beacon(cond)
@@ -230,6 +234,13 @@ def cmd_ppl(args, models: Models, res: dict, out: Path):
         nll = cnt = 0
         for end in range(n - args.scored + w // 2, n + 1, w // 2):
           s, c = built.suffix_nll(ids[max(0, end - w):end], w // 2)
+          nll, cnt = nll + s, cnt + c
+      elif cond == "local":  # token t read from the beacon window holding t - 1, no memory
+        nll = cnt = 0
+        first = n - args.scored
+        for s0 in range((first - 1) // w * w, n - 1, w):
+          end = min(s0 + w + 1, n)
+          s, c = built.suffix_nll(ids[s0:end], end - max(s0 + 1, first))
           nll, cnt = nll + s, cnt + c
       else:
         nll, cnt = built.suffix_nll(ids, args.scored)
@@ -406,9 +417,10 @@ def main(argv=None):
   ap.add_argument("--scored", type=int, default=1024, help="ppl: last tokens scored")
   args = ap.parse_args(argv)
   args.conditions = [c.strip() for c in args.conditions.split(",") if c.strip()]
-  bad = sorted(set(args.conditions) - set(CONDITIONS))
+  known = CONDITIONS + (PPL_ONLY if args.command == "ppl" else ())
+  bad = sorted(set(args.conditions) - set(known))
   if bad:
-    ap.error(f"unknown condition(s) {bad}; choose from {list(CONDITIONS)}")
+    ap.error(f"unknown condition(s) {bad} for {args.command}; choose from {list(known)}")
   args.lengths = [int(x) for x in args.lengths.split(",")]
   if args.command == "curve" and not args.workdir:
     ap.error("curve needs --workdir (a train.py run with checkpoints)")
