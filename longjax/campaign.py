@@ -29,7 +29,8 @@ def _recipe(c: dict) -> dict:
   return dict(
       **{method: {k: c.get(method, {}).get(k) for k in SECTION_FIELDS.get(method, ())}},
       data=[Path(s.split(":", 1)[-1]).name for s in sources], loss_on=d.get("loss_on"),
-      max_length=d.get("max_length"), layout=t.get("layout", "official"),
+      max_length=d.get("max_length"), curriculum=d.get("curriculum") or None,
+      layout=t.get("layout", "official"),
       distill=t.get("distill"), lr=t.get("lr"), warmup_steps=t.get("warmup_steps"),
       num_steps=t.get("num_steps"), global_batch=t.get("global_batch"))
 

@@ -180,13 +180,34 @@ class GlobalBatches:
     return self
 
   def __next__(self) -> np.ndarray:
-    batches = self.epoch_batches(self.epoch)
-    if self.index >= len(batches):
-      self.epoch, self.index = self.epoch + 1, 0
+    return self.take()
+
+  def take(self, max_key: Optional[int] = None) -> np.ndarray:
+    """The next batch; with ``max_key`` (a curriculum stage's most windows) the next one whose
+    group key is at most that, skipping the others where the epoch's order has them (the order
+    stays a function of ``(seed, epoch)``: a resumed run skips the same batches)."""
+    if max_key is not None:
+      self.check_max_key(max_key)
+    while True:
       batches = self.epoch_batches(self.epoch)
-    b = batches[self.index]
-    self.index += 1
-    return b
+      if self.index >= len(batches):
+        self.epoch, self.index = self.epoch + 1, 0
+        batches = self.epoch_batches(self.epoch)
+      b = batches[self.index]
+      self.index += 1
+      if max_key is None or self.keys is None or int(self.keys[b[0]]) <= max_key:
+        return b
+
+  def check_max_key(self, max_key: int):
+    """Refuse a limit that no complete batch meets (``take`` would never return)."""
+    if self.keys is None:
+      raise DataError("a limit on windows per document needs batches grouped by window count")
+    keys, counts = np.unique(self.keys, return_counts=True)
+    if not np.any((keys <= max_key) & (counts >= self.global_batch)):
+      raise DataError(f"no complete global batch of {self.global_batch} documents of at most "
+                      f"{max_key} windows (documents per window count: "
+                      f"{dict(zip(keys.tolist(), counts.tolist()))}); add shorter documents or "
+                      "raise that stage's windows in data.curriculum")
 
   def get_state(self) -> dict:
     return {"epoch": int(self.epoch), "index": int(self.index), "seed": self.seed,

@@ -13,6 +13,7 @@ import typing
 from typing import Any, Optional
 
 from longjax import method_names
+from longjax.run_config import curriculum
 from longjax.errors import LongjaxError
 from longjax.run_config.eval_sections import EvalSection, eval_defaults
 from longjax.run_config.sections import (LAYOUTS, LOSS_ON, BeaconSection, DataSection,
@@ -129,6 +130,13 @@ def _check_values(rc: RunConfig, entry: method_names.MethodName):
   d = rc.train.distill
   if int(d.top_k) < 1 or float(d.alpha) < 0:
     raise ConfigError("train.distill needs top_k >= 1 and alpha >= 0")
+  try:
+    stages = curriculum.parse(rc.data.curriculum)
+  except curriculum.CurriculumError as e:
+    raise ConfigError(str(e)) from None
+  if stages and not (section is not None and getattr(section, "windowed", False)):
+    raise ConfigError(f"data.curriculum is for methods that cut documents into windows (beacon); "
+                      f"method {rc.method!r} does not: leave data.curriculum empty")
   if rc.train.layout not in LAYOUTS:
     raise ConfigError(f"train.layout={rc.train.layout!r}: use one of {LAYOUTS} (official: the "
                       "last window without beacons; inference: every window as generation plans it)")

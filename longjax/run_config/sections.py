@@ -82,6 +82,9 @@ class DataSection:
   max_per_source: int = 0
   loss_on: str = "all"  # one of LOSS_ON
   synthetic: Optional[SyntheticSection] = None  # None: longjax.data.synthetic's own sizes
+  # "STEP:WINDOWS,...": the longest documents (beacon windows) trained on from each step
+  # (longjax.run_config.curriculum); "": every document from the start
+  curriculum: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,6 +169,7 @@ class BeaconSection:
   embed_init: str = "eos"
   attend_prev: bool = True
   distills: ClassVar[bool] = True  # data.loss_on="distill" (KL to the full-attention base) is for it
+  windowed: ClassVar[bool] = True  # documents count in windows: data.curriculum is for it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,3 +185,4 @@ class FocusSection:
   min_local: int = 30
   objective: str = "random"
   distills: ClassVar[bool] = False
+  windowed: ClassVar[bool] = False

@@ -29,6 +29,7 @@ import optax
 from flax import traverse_util
 
 from longjax.data import pipeline
+from longjax.run_config import curriculum
 from longjax.data.tokenizers import (TokenizerChoiceError, choose_tokenizer, get_tokenizer,
                                      save_with_model)
 from longjax.train import distributed, lock
@@ -340,6 +341,12 @@ class Trainer:
                                           group_key=self.task.group_key
                                           if self.method.groups_by_windows else None)
     self.num_steps = int(tc.num_steps) or self.batches.batches_per_epoch * int(tc.num_epochs)
+    self.curriculum = curriculum.parse(c.data.curriculum)
+    if self.curriculum and not self.method.groups_by_windows:
+      raise TrainingError(f"data.curriculum is for methods whose batches group documents by "
+                          f"window count; {c.method!r} does not: leave it empty")
+    for _, windows in self.curriculum:  # every stage must find batches, before any compile
+      self.batches.check_max_key(windows)
 
     self.mesh = shd.make_mesh(dataclasses.asdict(tc.mesh))
     micro = gb // accum
@@ -428,7 +435,9 @@ class Trainer:
           records.write(dict(step=step, loss=m["loss"], lr=m["lr"], grad_norm=m["grad_norm"],
                              label_tokens=int(m["label_tokens"]),
                              tokens=sum(p["tokens"] for p in preps), step_time_s=round(dt, 4),
-                             epoch=self.batches.epoch), dt)
+                             epoch=self.batches.epoch,
+                             **({"max_windows": curriculum.max_windows(self.curriculum, step)}
+                                if self.curriculum else {})), dt)
           if save_every and step % save_every == 0 or step == self.num_steps:
             self._save(ck, step, trainable, opt_state)
             last_saved = step
@@ -500,7 +509,7 @@ class Trainer:
 
   def _prepare(self, step: int) -> list:
     """The next global batch, prepared on the host as ``grad_accum`` micro-batches."""
-    idx = next(self.batches)
+    idx = self.batches.take(curriculum.max_windows(self.curriculum, step))
     micro = np.array_split(np.asarray(idx), self.accum)
     offsets = np.cumsum([0] + [len(m) for m in micro])
     return [self.task.prepare(self.ds, m, step, row_offset=int(o))
