@@ -12,6 +12,10 @@ a real model, round 2). Every number lands in results/learn_smollm2.json (atomic
             truncation to W / full attention), teacher-forced NLL of the answer digits in the
             training and inference layouts, and the memory-swap difference
             delta = NLL(answer | twin's memory) - NLL(answer | own memory)
+  curve     the swap probe and prose perplexity for every kept checkpoint of a run
+  prose     does the memory carry prose? NLL of held-out prose in a document's last window after
+            its own memory, another document's, none, and the plain model on the whole document
+            and on the window alone, for the window's first tokens and the rest
 
   python experiments/learn_diagnostics.py start
   python experiments/learn_diagnostics.py data --out runs/overfit/train.jsonl
@@ -247,10 +251,76 @@ def cmd_curve(args, res, out):
           f", ppl {c['ppl']:.2f} ({time.time() - t0:.0f} s)", flush=True)
 
 
+# ------------------------------------------------------------------------------------------------
+HEAD = 32  # the first tokens of a window: the least raw context, where a memory can matter most
+
+
+def _window_nll(lm, params, ids, first: int, span) -> tuple:
+  """Summed NLL and count of the positions ``first + span`` of ``ids`` (beacon inference layout)."""
+  labels = np.full(len(ids), -100, np.int64)
+  sel = first + np.asarray(span)
+  labels[sel] = np.asarray(ids)[sel]
+  o = lm.forward(params, np.asarray(ids, np.int64), labels=labels, training=False)
+  return float(np.asarray(o.loss_sum)[0]), float(np.asarray(o.loss_count)[0])
+
+
+def cmd_prose(args, res, out):
+  """Does the memory carry prose? The last window of held-out prose documents, scored
+  (a) after the document's own memory, (b) after another document's memory (same lengths: the
+  first windows of the next document), (c) with no memory (the window alone), and the plain model
+  on (d) the whole document and (e) the window alone; separately for the window's first HEAD
+  tokens and the rest (the window's first token is predicted in the window before, and left out)."""
+  ns = argparse.Namespace(workdir=args.workdir, asset=args.asset, window=W, max_new_tokens=12)
+  models = lpr.Models(ns)
+  from longjax import methods
+  from longjax.eval.models import Built
+  cfg, base_params, plain = models.base()
+  built = Built(methods.Plain.name, plain, base_params, models.tok, None, cfg)
+  docs = [np.asarray(d, np.int64) for d in lpr.real_text_docs(models.tok, args.docs + 1,
+                                                                args.doc_tokens)]
+  n = args.doc_tokens
+  parts = dict(head=np.arange(1, HEAD + 1), rest=np.arange(HEAD + 1, W))
+  name = "untrained" if args.conditions == ["untrained"] else "trained"
+  lm, params, desc, _ = models.beacon(name, args.step)
+  sums = {c: {p: [0.0, 0.0] for p in parts} for c in ("own", "swapped", "no_memory",
+                                                      "full", "local")}
+  t0 = time.time()
+  for i in range(args.docs):
+    a, other = docs[i], docs[i + 1]
+    swapped = np.concatenate([other[:n - W], a[n - W:]])
+    for part, span in parts.items():
+      for cond, ids, first in (("own", a, n - W), ("swapped", swapped, n - W),
+                               ("no_memory", a[n - W:], 0)):
+        s_, c_ = _window_nll(lm, params, ids, first, span)
+        sums[cond][part][0] += s_
+        sums[cond][part][1] += c_
+      last = n - W + int(span[-1]) + 1  # plain model: the same positions, by suffix
+      for cond, lo in (("full", 0), ("local", n - W)):
+        s_, c_ = built.suffix_nll(a[lo:last], len(span))
+        sums[cond][part][0] += s_
+        sums[cond][part][1] += c_
+  cell = {c: {p: v[0] / max(v[1], 1) for p, v in d.items()} for c, d in sums.items()}
+  cell.update(model=desc, delta_swap={p: cell["swapped"][p] - cell["own"][p] for p in parts},
+              delta_no_memory={p: cell["no_memory"][p] - cell["own"][p] for p in parts})
+  key = ("official init" if name == "untrained" else f"{_run_name(args.workdir)} step {args.step}"
+         if args.workdir else lpr._display(args.asset))
+  res.setdefault("prose_memory", {})[key] = cell
+  res["prose_memory_protocol"] = dict(
+      text="pydoc_data.topics (held out)", docs=args.docs, doc_tokens=n, window=W,
+      scored=f"the last window: positions 1..{HEAD} (head) and {HEAD + 1}..{W - 1} (rest), NLL "
+             "per token", conditions="own / swapped (another document's memory) / no_memory "
+             "(the window alone) with beacons; full / local (the window alone) plain")
+  lpr.save(out, res, ("prose_memory", key), ("prose_memory_protocol",))
+  for c in sums:
+    print(f"{c:10s} head {cell[c]['head']:.3f}  rest {cell[c]['rest']:.3f}")
+  print(f"delta swap {cell['delta_swap']}, delta no memory {cell['delta_no_memory']} "
+        f"({time.time() - t0:.0f} s)", flush=True)
+
+
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__,
                                formatter_class=argparse.RawDescriptionHelpFormatter)
-  ap.add_argument("cmd", choices=("start", "data", "overfit", "curve"))
+  ap.add_argument("cmd", choices=("start", "data", "overfit", "curve", "prose"))
   ap.add_argument("--out", default=None, help="results JSON (data: the jsonl to write)")
   ap.add_argument("--docs", type=int, default=1)
   ap.add_argument("--doc_tokens", type=int, default=1024)
@@ -282,7 +352,8 @@ def main(argv=None):
     return cmd_data(args, None, None)
   out = Path(args.out or lpr.ROOT / "results" / "learn_smollm2.json")
   res = lpr.load(out)
-  {"start": cmd_start, "overfit": cmd_overfit, "curve": cmd_curve}[args.cmd](args, res, out)
+  {"start": cmd_start, "overfit": cmd_overfit, "curve": cmd_curve,
+   "prose": cmd_prose}[args.cmd](args, res, out)
 
 
 if __name__ == "__main__":

@@ -155,6 +155,9 @@ class Models:
         cfg, bcfg, params = load_beacon(self.hf_dir, init="official", beacon=bcfg,
                                         param_dtype="float32")
         src = "official init"
+      if getattr(a, "ratios", ""):  # evaluate at other ratios than trained (beacons are shared across ratios)
+        import dataclasses
+        bcfg = dataclasses.replace(bcfg, ratios=tuple(int(r) for r in a.ratios.split(",")))
       desc = (f"beacon W={bcfg.window} ratio {'/'.join(map(str, bcfg.ratios))} "
               f"({'+'.join(bcfg.param)}), {which} ({src})")
       lm = BeaconLM(cfg, bcfg, max_length=16 * bcfg.window + 512, progress=False)
@@ -412,6 +415,7 @@ def main(argv=None):
   ap.add_argument("--every", type=int, default=50, help="curve: checkpoints whose step divides by it")
   ap.add_argument("--max_new_tokens", type=int, default=16)
   ap.add_argument("--window", type=int, default=256, help="W: what truncation keeps")
+  ap.add_argument("--ratios", default="", help="beacon ratios to evaluate at (default: as trained)")
   ap.add_argument("--docs", type=int, default=4, help="ppl: documents")
   ap.add_argument("--doc_tokens", type=int, default=3072, help="ppl: tokens per document")
   ap.add_argument("--scored", type=int, default=1024, help="ppl: last tokens scored")
