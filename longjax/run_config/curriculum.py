@@ -2,8 +2,9 @@
 
 ``"0:2,300:4,600:8"`` trains the steps before 300 on documents of at most 2 windows, steps 300-599
 on at most 4, and from step 600 on at most 8 (RMT's curriculum on the number of segments; the
-official recipe has none). Documents longer than the current stage allows are skipped where the epoch's order meets
-them, so the order stays a function of ``(seed, epoch)`` and a resumed run skips the same ones.
+official recipe has none). Documents longer than the current stage allows are skipped where the
+epoch's order meets them, so the order stays a function of ``(seed, epoch)`` and a resumed run
+skips the same ones.
 """
 from __future__ import annotations
 
