@@ -1,5 +1,6 @@
 """data.curriculum: the longest documents (beacon windows) trained on, by step: parsing, the
-batch order it skips (deterministic and resumable), clear errors, and a training run that obeys it."""
+batch order it skips (deterministic and resumable), clear errors, and a training run that
+obeys it."""
 import numpy as np
 import pytest
 
