@@ -143,6 +143,7 @@ class GlobalBatches:
     self.keys = None if group_key is None else np.asarray([group_key(int(n)) for n in self.lengths])
     self.epoch, self.index = 0, 0
     self._cache = None
+    self._checked = set()  # curriculum limits known to admit a complete batch
     if not self.epoch_batches(0):
       groups = "" if self.keys is None else (
           f" in any group of equal window count (groups: "
@@ -186,8 +187,9 @@ class GlobalBatches:
     """The next batch; with ``max_key`` (a curriculum stage's most windows) the next one whose
     group key is at most that, skipping the others where the epoch's order has them (the order
     stays a function of ``(seed, epoch)``: a resumed run skips the same batches)."""
-    if max_key is not None:
+    if max_key is not None and max_key not in self._checked:  # once per limit, not per step
       self.check_max_key(max_key)
+      self._checked.add(max_key)
     while True:
       batches = self.epoch_batches(self.epoch)
       if self.index >= len(batches):
