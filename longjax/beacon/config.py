@@ -6,7 +6,11 @@ refused here with an explanation, instead of being approximated:
 
 * ``pos="interleave"`` needs ``stride == window`` (official assert).
 * ``pos="append"`` with ``stride < window`` raises ``NameError`` in the official code
-  (``raw_size_to_cache`` undefined), so only ``stride == window`` is accepted.
+  (``raw_size_to_cache`` undefined). longjax runs what that code means to do (spec §2.1: after a
+  full window ``S / r`` beacons cover its first ``S`` tokens and its last ``W - S`` raw tokens
+  stay raw for the next window), so every token reads at least ``W - S`` raw tokens besides the
+  memory. A longjax extension with no official output to compare with; ratio 0 is refused with
+  it (which raw tokens would become memory is undefined).
 * ``attn="step-expansion"`` with ``pos="interleave"`` is broken in the official code (indexes a
   mask with a 0/1 LongTensor); refused.
 * ``attn="segmentation"`` raises in the official code for both layouts; refused.
@@ -86,9 +90,10 @@ class BeaconConfig(BeaconSection):
     if self.pos == "interleave" and self.stride != self.window:
       raise err(f"pos='interleave' requires stride == window (got stride {self.stride}, "
                 f"window {self.window}); the official code asserts this")
-    if self.pos == "append" and self.stride != self.window:
-      raise err(f"pos='append' with stride ({self.stride}) < window ({self.window}) fails in the "
-                "official code (NameError in _extract_beacon_and_raw_memory); use stride == window")
+    if self.stride != self.window and 0 in self.ratios:
+      raise err(f"ratio 0 (keep whole windows) with stride ({self.stride}) < window "
+                f"({self.window}) is undefined (which raw tokens become memory?); use stride == "
+                "window or positive ratios")
     if self.attn == "segmentation":
       raise err("attn='segmentation' is broken in the official code (TypeError with append, "
                 "NotImplementedError with interleave); use 'full-coverage'")

@@ -285,9 +285,16 @@ class Planner:
       raise MemoryFullError(
           f"beacon memory full: this window would bring it to {beacon_len} entries but the "
           f"capacity is {self.beacon_capacity}; create the BeaconLM with a larger max_length")
-    return src, dict(beacon_len=beacon_len, raw_len=0, raw_keep=(), start=st.start + c.stride,
-                     windows_done=st.windows_done + 1, need_ratio=True,
-                     used_zero=st.used_zero or ratio == 0)
+    # stride < window (append only): the window's last W - S raw tokens stay raw for the next
+    # window (official ``raw_size_to_cache = W - S``); written right after the new beacons, they
+    # are the next raw region. Its beacons covered the first S tokens, the ones that leave.
+    tail = c.window - c.stride
+    if tail:
+      raw = np.concatenate([np.arange(st.raw_len), new_slots[:keep.size][~keep]])
+      src = np.concatenate([src, raw[-tail:]]).astype(np.int64)
+    return src, dict(beacon_len=beacon_len, raw_len=tail, raw_keep=(0,) * tail,
+                     start=st.start + c.stride, windows_done=st.windows_done + 1,
+                     need_ratio=True, used_zero=st.used_zero or ratio == 0)
 
 
 def _fill(isb: np.ndarray, raw: np.ndarray, fill: int) -> np.ndarray:

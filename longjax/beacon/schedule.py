@@ -76,7 +76,7 @@ class Schedule:
     self.r_slots = self.q_slots
     self.decode_slots = min(int(decode_slots), self.q_slots)
     self.sink_cap = bcfg.sink_size
-    self.beacon_capacity = (self.max_length // bcfg.window) * bcfg.max_memory_per_window
+    self.beacon_capacity = (self.max_length // bcfg.stride) * bcfg.max_memory_per_window
     self.capacity = self.sink_cap + self.beacon_capacity + self.r_slots
     self.memory_buckets = bool(memory_buckets)
     self.memory_bucket_min = max(1, int(memory_bucket_min))
@@ -188,7 +188,7 @@ class Schedule:
     if capacity is None:
       longest = max(len(r) for r in call.ids)
       capacity = min(self.capacity, self.sink_cap + self.r_slots
-                     + (longest // self.bcfg.window) * self.bcfg.max_memory_per_window)
+                     + (longest // self.bcfg.stride) * self.bcfg.max_memory_per_window)
     buckets = [self.memory_bucket(n, capacity) for n in call.needs]
     pad = round_up(len(call.steps), max(1, int(steps_multiple))) - len(call.steps)
     runs = segments(buckets, pad=pad, lone_steps=False)
