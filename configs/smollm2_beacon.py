@@ -1,24 +1,26 @@
-"""Activation Beacon on frozen SmolLM2-135M-Instruct: the real-model learning campaign (round 4).
+"""Activation Beacon on frozen SmolLM2-135M-Instruct: the real-model learning campaign (round 5).
 
-W = S = 256 (1/32 of SmolLM2's 8K context). The start point was chosen by measurement
-(experiments/learn_diagnostics.py start: untrained perplexity on held-out prose after the first
-window; results/learn_smollm2.json "start_point"): append + step-expansion, ratio 8, sink 1 (19.7;
-truncation 12.8) instead of interleave + full-coverage ratio 2 (508.6), whose untrained beacons
-sit between the raw tokens of every window. Beacon q/k/v/o + embedding trained from the official
-init (copies, embedding from EOS), fp32. The o projection is what opened the memory: on the twin
-overfit set (experiments/learn_diagnostics.py overfit; results "overfit_o") the answer loss with
-q/k/v alone never made the memory matter (delta +0.002 after 150 steps), with q/k/v/o it did.
+W = 256 (1/32 of SmolLM2's 8K context), stride S = 128 since round 5 (256 before). The start point
+was chosen by measurement (experiments/learn_diagnostics.py start: untrained perplexity on held-out
+prose after the first window; results/learn_smollm2.json "start_point"): append + step-expansion,
+ratio 8, sink 1 (19.7; truncation 12.8) instead of interleave + full-coverage ratio 2 (508.6), whose
+untrained beacons sit between the raw tokens of every window. Beacon q/k/v/o + embedding trained
+from the official init (copies, embedding from EOS), fp32. The o projection is what opened the
+memory: on the twin overfit set (experiments/learn_diagnostics.py overfit; results "overfit_o") the
+answer loss with q/k/v alone never made the memory matter (delta +0.002 after 150 steps), with
+q/k/v/o it did.
 
-This is the recipe of the latest stage (docs/learning.md, round 4), run from an asset with
-train.init_from: prose and the copy task distilled from the full-attention base on every raw
-token after the first window (teacher top-32 inside the step, far-context weight alpha 1), passkey
-documents of 2-6 and 6-17 windows (5-digit keys anywhere before the last window) on the answer
-loss (answer + EOS), all in the inference layout (train.layout="inference"). Data (offline;
+This is the recipe of the latest stage (docs/learning.md, round 5: round 4's data and losses with
+overlapping windows, stride 128 = W/2, a longjax extension of the official append layout), run from
+an asset with train.init_from: prose and the copy task distilled from the full-attention base on
+every raw token after the first window (teacher top-32 inside the step, far-context weight alpha 1),
+passkey documents of 2-6 and 6-17 windows (5-digit keys anywhere before the last window) on the
+answer loss (answer + EOS), all in the inference layout (train.layout="inference"). Data (offline;
 README "Does it learn?"): long prose (King James Bible, Debian Administrator's Handbook), a copy
 task (the last window repeats a span of an earlier one after a cue), passkey documents. Held-out
 evaluation text: pydoc_data.topics, never trained on. data.curriculum can grow the windows per
-document by step within one run (e.g. "0:2,300:4,600:8"); the committed asset's stages were
-separate runs chained by init_from (docs/learning.md).
+document by step within one run (e.g. "0:2,300:4,600:8"); the committed asset's stages were separate
+runs chained by init_from (docs/learning.md).
 
   python experiments/long_text_data.py --kind prose --out runs/campaign/prose.jsonl --count 3000 --min 500 --max 1100
   python experiments/long_text_data.py --kind copy --out runs/campaign/copy.jsonl --count 1500 --min 500 --max 1100 --seed 4
@@ -43,7 +45,9 @@ def get_config():
   c.seed = 0
   c.model = common.real_model("HuggingFaceTB/SmolLM2-135M-Instruct", checkpoint="smollm2",
                               dtype="float32", param_dtype="float32")
-  c.beacon = ml_collections.ConfigDict(dict(window=256, stride=256, ratios=(8,),
+  # stride 128 < W (round 5): windows overlap by half, so every token reads W/2..W-1 raw tokens,
+  # as truncation's, besides the memory (round 4 and the assets before it: stride 256)
+  c.beacon = ml_collections.ConfigDict(dict(window=256, stride=128, ratios=(8,),
                                             ratio_mix="step-random", pos="append",
                                             attn="step-expansion", param=("q", "k", "v", "o"),
                                             sink_size=1, embed_init="eos", attend_prev=True))
@@ -54,7 +58,7 @@ def get_config():
                                 min_length=0, max_length=4200, loss_on="distill")
   # round 4 (docs/learning.md): the mixed recipe, to win back the prose the answer-only stages
   # cost while the memory keeps its keys, with passkeys up to 16 windows for 4K
-  c.train = common.train_defaults(num_steps=450, global_batch=1, lr=2e-4, warmup_steps=20,
+  c.train = common.train_defaults(num_steps=600, global_batch=1, lr=2e-4, warmup_steps=20,
                                   save_every=50, keep=40, log_every=1, progress=False,
                                   remat="dots",  # 2.8 GB and 12 % faster than True (bench)
                                   layout="inference", distill=dict(top_k=32, alpha=1.0))

@@ -158,7 +158,10 @@ class Models:
       if getattr(a, "ratios", ""):  # evaluate at other ratios than trained (beacons are shared across ratios)
         import dataclasses
         bcfg = dataclasses.replace(bcfg, ratios=tuple(int(r) for r in a.ratios.split(",")))
-      desc = (f"beacon W={bcfg.window} ratio {'/'.join(map(str, bcfg.ratios))} "
+      if getattr(a, "stride", 0):  # stride < W (append): the last W - S raw tokens stay raw
+        import dataclasses
+        bcfg = dataclasses.replace(bcfg, stride=a.stride)
+      desc = (f"beacon W={bcfg.window}{f' S={bcfg.stride}' if bcfg.stride != bcfg.window else ''} ratio {'/'.join(map(str, bcfg.ratios))} "
               f"({'+'.join(bcfg.param)}), {which} ({src})")
       lm = BeaconLM(cfg, bcfg, max_length=16 * bcfg.window + 512, progress=False)
       self._beacon = {key: (lm, jax.tree.map(jnp.asarray, params), desc, bcfg)}  # one at a time
@@ -416,6 +419,8 @@ def main(argv=None):
   ap.add_argument("--max_new_tokens", type=int, default=16)
   ap.add_argument("--window", type=int, default=256, help="W: what truncation keeps")
   ap.add_argument("--ratios", default="", help="beacon ratios to evaluate at (default: as trained)")
+  ap.add_argument("--stride", type=int, default=0,
+                  help="beacon stride S to evaluate at (default: as trained; S < W keeps W - S raw)")
   ap.add_argument("--docs", type=int, default=4, help="ppl: documents")
   ap.add_argument("--doc_tokens", type=int, default=3072, help="ppl: tokens per document")
   ap.add_argument("--scored", type=int, default=1024, help="ppl: last tokens scored")

@@ -63,6 +63,9 @@ class Beacon:
   section = method_names.BEACON.section  # the run config's section of its settings
   eval_protocols = method_names.BEACON  # eval_config's defaults: the Activation Beacon paper's
   assets = True  # its trained tensors travel as a small asset (train.init_from starts from one)
+  # settings that change where the trained tensors are used, not what they are: a run may start
+  # from an asset trained with another value (e.g. stride 256 -> 128: overlapping windows)
+  layout_only_fields = ("stride",)
   reads_bos = False  # settings do not depend on the model's BOS
   plan_batch_axis = 1  # WindowPlan leaves are [windows, batch, ...]
   groups_by_windows = True  # batches of equal window counts: one compile per count
@@ -139,6 +142,7 @@ class Focus:
   section = method_names.FOCUS.section
   eval_protocols = method_names.FOCUS  # the FocusLLM paper's
   assets = True  # its candidate projections travel as a small asset (longjax/focus/asset.py)
+  layout_only_fields = ()
   reads_bos = True  # every chunk starts with the model's BOS
   plan_batch_axis = 0
   groups_by_windows = False
@@ -216,6 +220,7 @@ class Plain:
   section = method_names.PLAIN.section  # None: no settings of its own
   eval_protocols = method_names.BEACON  # the truncation baseline of the Activation Beacon paper
   assets = False
+  layout_only_fields = ()
   reads_bos = False
   plan_batch_axis = 0
   groups_by_windows = False

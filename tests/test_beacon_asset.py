@@ -101,6 +101,14 @@ def test_init_from_may_add_projections_but_nothing_else(tmp_path):
   np.testing.assert_array_equal(got_attn["alt_o_proj"]["kernel"],  # the official init: a copy
                                 np.asarray(init["layers"]["attn"]["o_proj"]["kernel"]))
   np.testing.assert_array_equal(got["alt_embedding"], bf16(params["alt_embedding"]))
+  # the stride only says where the tensors are used: a run may overlap its windows (append)
+  app = dataclasses.replace(bcfg, pos="append")
+  app_run = SimpleNamespace(method="beacon", train=SimpleNamespace(
+      init_from=str(save_beacon_asset(tmp_path / "append", cfg, app, params, base=str(base)))))
+  half = dataclasses.replace(app, stride=bcfg.stride // 2)
+  got = params_from_asset(app_run, half, load_beacon(base, init="official", beacon=half,
+                                                     param_dtype="float32")[2], None)
+  np.testing.assert_array_equal(got["alt_embedding"], bf16(params["alt_embedding"]))
   for change, msg in ((dict(param=("q", "k")), "only the projections may grow"),
                       (dict(param=("q", "k", "v", "o"), ratios=(2,)), "settings differ")):
     other = dataclasses.replace(bcfg, **change)

@@ -213,6 +213,7 @@ def params_from_asset(c, settings, params, base_dir):
   diff = {k: (getattr(loaded_settings, k), getattr(settings, k))
           for k in settings.__dataclass_fields__
           if getattr(loaded_settings, k) != getattr(settings, k)}
+  relaid = {k: diff.pop(k) for k in method.layout_only_fields if k in diff}
   widened = _widened_projections(diff)
   if diff and widened is None:
     raise TrainingError(f"train.init_from={src}: its {c.method} settings differ from this run's "
@@ -230,9 +231,10 @@ def params_from_asset(c, settings, params, base_dir):
         raise TrainingError(f"train.init_from={src}: {k} has shape {np.shape(new[k])}, this "
                             f"model needs {np.shape(flat[k])}")
       flat[k] = np.asarray(new[k], np.float32)
-  log.info("train.init_from: trained %s tensors from %s%s", c.method, src,
+  log.info("train.init_from: trained %s tensors from %s%s%s", c.method, src,
            f"; new projections {sorted(widened)} from their initial copies ({len(fresh)} tensors)"
-           if widened else "")
+           if widened else "", f"; trained on another layout (asset vs run: {relaid})"
+           if relaid else "")
   return traverse_util.unflatten_dict(flat, sep="/")
 
 
