@@ -95,12 +95,19 @@ def passkey_docs(tok, length: int, n: int, seed: int) -> list:
   return docs
 
 
-def real_text_docs(tok, n_docs: int, doc_tokens: int) -> list:
-  from pydoc_data.topics import topics
-  text = "\n\n".join(topics[k] for k in sorted(topics))
-  ids = tok.encode(text)
+def real_text_docs(tok, n_docs: int, doc_tokens: int, text: str = "pydoc") -> list:
+  """``n_docs`` consecutive pieces of ``doc_tokens`` tokens of the held-out text (``pydoc``:
+  Python's reference topics), or of a training text (``handbook``, ``kjv``: the Debian
+  packages, for an in-domain comparison only)."""
+  if text == "pydoc":
+    from pydoc_data.topics import topics
+    text_str = "\n\n".join(topics[k] for k in sorted(topics))
+  else:
+    import long_text_data
+    text_str = {"handbook": long_text_data.handbook_text, "kjv": long_text_data.kjv_text}[text]()
+  ids = tok.encode(text_str)
   if len(ids) < n_docs * doc_tokens:
-    raise SystemExit(f"pydoc_data.topics has {len(ids)} tokens, fewer than {n_docs} x {doc_tokens}")
+    raise SystemExit(f"{text} has {len(ids)} tokens, fewer than {n_docs} x {doc_tokens}")
   return [ids[i * doc_tokens:(i + 1) * doc_tokens] for i in range(n_docs)]
 
 
@@ -218,9 +225,10 @@ def cmd_ppl(args, models: Models, res: dict, out: Path):
   from longjax.eval.models import Built
   cfg, params, plain = models.base()
   w = args.window
-  docs = real_text_docs(models.tok, args.docs, args.doc_tokens)
+  docs = real_text_docs(models.tok, args.docs, args.doc_tokens, args.text)
   table = res.setdefault("perplexity", {})
-  res["perplexity_protocol"] = dict(text="pydoc_data.topics (sorted keys, joined)",
+  res["perplexity_protocol"] = dict(text="pydoc_data.topics (sorted keys, joined)"
+                                    if args.text == "pydoc" else f"{args.text} (training text)",
                                     docs=args.docs, doc_tokens=args.doc_tokens,
                                     scored=args.scored, window=w)
   for cond in args.conditions:
@@ -421,6 +429,8 @@ def main(argv=None):
   ap.add_argument("--ratios", default="", help="beacon ratios to evaluate at (default: as trained)")
   ap.add_argument("--stride", type=int, default=0,
                   help="beacon stride S to evaluate at (default: as trained; S < W keeps W - S raw)")
+  ap.add_argument("--text", default="pydoc", choices=("pydoc", "handbook", "kjv"),
+                  help="ppl: the held-out text (default) or a training text, in-domain check only")
   ap.add_argument("--docs", type=int, default=4, help="ppl: documents")
   ap.add_argument("--doc_tokens", type=int, default=3072, help="ppl: tokens per document")
   ap.add_argument("--scored", type=int, default=1024, help="ppl: last tokens scored")
