@@ -32,7 +32,7 @@ from longjax.data import pipeline
 from longjax.run_config import curriculum
 from longjax.data.tokenizers import (TokenizerChoiceError, choose_tokenizer, get_tokenizer,
                                      save_with_model)
-from longjax.train import distributed, lock
+from longjax.train import distributed, lock, mappings
 from longjax.train import sharding as shd
 from longjax.train.checkpointing import Checkpointer, fingerprint
 from longjax.train.metrics import MetricsWriter
@@ -443,6 +443,16 @@ class Trainer:
           if save_every and step % save_every == 0 or step == self.num_steps:
             self._save(ck, step, trainable, opt_state)
             last_saved = step
+          if step % mappings.CHECK_EVERY == 0 and step < self.num_steps:
+            why = mappings.near_limit()
+            if why:  # stop with a checkpoint instead of an abort inside the next compile
+              if last_saved != step:
+                self._save(ck, step, trainable, opt_state)
+              ck.wait()
+              raise TrainingError(
+                  f"stopped after step {step} (saved): {why}. Rerun the same command to resume "
+                  "in a fresh process, or raise the limit first: sysctl -w "
+                  "vm.max_map_count=262144")
           if kill_after == step:
             ck.wait()
             os.kill(os.getpid(), signal.SIGKILL)
