@@ -443,7 +443,8 @@ class Trainer:
           if save_every and step % save_every == 0 or step == self.num_steps:
             self._save(ck, step, trainable, opt_state)
             last_saved = step
-          if step % mappings.CHECK_EVERY == 0 and step < self.num_steps:
+          if (step % mappings.CHECK_EVERY == 0 and step < self.num_steps
+              and jax.process_count() == 1):
             why = mappings.near_limit()
             if why:  # stop with a checkpoint instead of an abort inside the next compile
               if last_saved != step:
