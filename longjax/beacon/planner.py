@@ -290,7 +290,7 @@ class Planner:
     # are the next raw region. Its beacons covered the first S tokens, the ones that leave.
     tail = c.window - c.stride
     if tail:
-      raw = np.concatenate([np.arange(st.raw_len), new_slots[:keep.size][~keep]])
+      raw = np.concatenate([np.arange(st.raw_len), new_slots[~keep]])
       src = np.concatenate([src, raw[-tail:]]).astype(np.int64)
     return src, dict(beacon_len=beacon_len, raw_len=tail, raw_keep=(0,) * tail,
                      start=st.start + c.stride, windows_done=st.windows_done + 1,
