@@ -116,3 +116,29 @@ def test_training_gradient_reaches_beacons_through_memory(model):
   for p in ("q", "k", "v", "o"):
     assert float(jnp.abs(g[f"alt_{p}_proj"]["kernel"]).max()) > 0, p
   assert float(jnp.abs(grads["alt_embedding"]).max()) > 0
+
+
+def test_loss_plan_runs_later_windows_narrow_and_agrees_with_forward(model):
+  """The loss plan runs the steps after the first window with S + S / r query slots instead of
+  W + S / r (``Schedule._width``); its loss equals the NLL of the full-width forward's logits,
+  for rows of different lengths in one batch."""
+  import jax
+  cfg, params = model
+  lm = BeaconLM(cfg, OVERLAP, max_length=128)
+  rows = [_ids(61, 14).tolist(), _ids(45, 15).tolist()]
+  plan = lm.schedule.plan(rows, rows)
+  q = OVERLAP.query_slots
+  widths = [s[2] for s in plan.segments]
+  assert widths[0] == q and OVERLAP.stride_query_slots in widths[1:], plan.segments
+  assert all(s[3] <= plan.labels.shape[-1] for s in plan.segments)
+  total = count = 0.0
+  for r in rows:
+    logits = np.asarray(lm.forward(params, r, collect_logits=True).raw_logits[0])
+    logp = np.asarray(jax.nn.log_softmax(jnp.asarray(logits), axis=-1))
+    total += -logp[np.arange(len(r) - 1), np.asarray(r[1:])].sum()
+    count += len(r) - 1
+  padded = np.zeros((2, 61), np.int64)
+  for i, r in enumerate(rows):
+    padded[i, :len(r)] = r
+  loss = lm.loss(params, padded, lengths=[61, 45])
+  np.testing.assert_allclose(float(loss), total / count, rtol=1e-5)

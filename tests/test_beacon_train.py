@@ -46,9 +46,9 @@ def test_grad_memory_grows_by_a_small_residual_per_window(model):
   b, plan = _grad_temp_bytes(lm, params, hi)
   per_window = (b - a) / (hi - lo)
   # The bucketed scan: the attention reads memory buckets smaller than the buffer.
-  assert len(plan.segments) >= 1 and max(m for _, m in plan.segments) <= plan.capacity
+  assert len(plan.segments) >= 1 and max(s[1] for s in plan.segments) <= plan.capacity
   assert plan.capacity < lm.capacity  # the buffer is sized to the input, not max_length
-  q, m = plan.tokens.shape[-1], max(mem for _, mem in plan.segments)
+  q, m = plan.tokens.shape[-1], max(s[1] for s in plan.segments)
   kv = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 4  # bytes per (k, v) entry
   estimate = kv * (plan.capacity + m) + cfg.num_layers * q * cfg.hidden_size * 4
   assert per_window <= 1.5 * estimate, (per_window, estimate)

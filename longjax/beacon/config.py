@@ -149,6 +149,14 @@ class BeaconConfig(BeaconSection):
     return self.window + self.max_beacons_per_call
 
   @property
+  def stride_query_slots(self) -> int:
+    """Query slots a call after the first full window needs with append and stride S < W: S raw
+    tokens plus their beacons (``query_slots`` when S = W)."""
+    if self.stride == self.window:
+      return self.query_slots
+    return self.stride + self.max_beacons_per_call
+
+  @property
   def adapt_n(self) -> Optional[int]:
     m = re.fullmatch(r"adapt-(\d+)", self.ratio_mix)
     return int(m.group(1)) if m else None

@@ -408,17 +408,36 @@ def stack(plans: Sequence[WindowPlan], segments, capacity: int, compact_labels: 
           guard: bool = True) -> WindowPlan:
   """Stack single-step plans into an ``[n, ...]`` plan for the scan (``segments`` must cover
   exactly ``n`` steps). ``compact_labels``: keep only as many label slots as the most labelled
-  step needs (a power of two >= 8, at most Q): beacons and unlabelled tokens get no logits."""
-  if sum(n for n, _ in segments) != len(plans):
+  step needs (a power of two >= 8, at most Q): beacons and unlabelled tokens get no logits.
+
+  ``segments`` are ``(steps, bucket)`` or ``(steps, bucket, width)``; the plan keeps them as
+  ``(steps, bucket, width, labels)``: the segment's steps run with only their first ``width``
+  query slots (default Q; every step of the segment must fit) and ``labels`` label slots (with
+  ``compact_labels``, as many as the segment's most labelled step needs, else all)."""
+  if sum(s[0] for s in segments) != len(plans):
     raise AssertionError(f"segments {segments} do not cover {len(plans)} steps")
   leaves = {f.name: np.stack([getattr(p, f.name) for p in plans])
             for f in dataclasses.fields(WindowPlan)
             if not f.metadata.get("static") and getattr(plans[0], f.name) is not None}
+  q = leaves["tokens"].shape[-1]
+  n_labels = [q] * len(plans)
   if compact_labels:
     ok = leaves["labels"] != IGNORE  # [n, B, Q], label_slot is still arange(Q)
-    need = max(8, int(ok.sum(-1).max()))
-    keep = np.argsort(~ok, axis=-1, kind="stable")[..., :min(ok.shape[-1], next_pow2(need))]
+    counts = ok.sum(-1).max(-1)  # [n]
+    size = min(q, next_pow2(max(8, int(counts.max()))))
+    keep = np.argsort(~ok, axis=-1, kind="stable")[..., :size]  # labelled slots first
     leaves["labels"] = np.take_along_axis(leaves["labels"], keep, -1)
     leaves["label_slot"] = keep.astype(np.int32)
-  return WindowPlan(**leaves, segments=tuple((int(n), int(m)) for n, m in segments),
-                    capacity=int(capacity), guard=guard)
+    n_labels = [min(size, next_pow2(max(8, int(c)))) for c in counts]
+  out, s0 = [], 0
+  for seg in segments:
+    n, bucket = int(seg[0]), int(seg[1])
+    width = int(seg[2]) if len(seg) > 2 else q
+    used = leaves["valid"][s0:s0 + n].sum(-1).max(initial=0)
+    last = np.flatnonzero(leaves["valid"][s0:s0 + n].any((0, 1)))
+    if width > q or (last.size and last[-1] >= width):
+      raise AssertionError(f"segment {seg}: its steps use {used} of {q} query slots (last "
+                           f"{last[-1] if last.size else -1}), more than its width {width}")
+    out.append((n, bucket, width, max(n_labels[s0:s0 + n], default=0) if n else 0))
+    s0 += n
+  return WindowPlan(**leaves, segments=tuple(out), capacity=int(capacity), guard=guard)

@@ -192,10 +192,22 @@ class Schedule:
     buckets = [self.memory_bucket(n, capacity) for n in call.needs]
     pad = round_up(len(call.steps), max(1, int(steps_multiple))) - len(call.steps)
     runs = segments(buckets, pad=pad, lone_steps=False)
+    c0, c1, bucket = runs[0]
+    if c1 - c0 > 1 and self._width(call, c0, c1) > self._width(call, c0 + 1, c1):
+      # The first window (full width) merged into the next segment would run its narrow steps
+      # at full width: it runs alone (a 1-step scan: its backward keeps a little more memory).
+      runs[:1] = [(c0, c0 + 1, buckets[c0]), (c0 + 1, c1, bucket)]
     plans = [self.assemble(sd, call.q_slots) for sd in call.steps]
     plans += [self.assemble([None] * len(rows), call.q_slots)] * pad
-    return stack(plans, [(c1 - c0, bucket) for c0, c1, bucket in runs], capacity,
-                 compact_labels=True, guard=False)
+    return stack(plans, [(c1 - c0, bucket, self._width(call, c0, c1)) for c0, c1, bucket in runs],
+                 capacity, compact_labels=True, guard=False)
+
+  def _width(self, call: Call, c0: int, c1: int) -> int:
+    """Query slots steps ``[c0, c1)`` of ``call`` run with: the narrower stride width when
+    every step fits it (append with S < W after the first window), else the call's."""
+    used = max((x.n for sd in call.steps[c0:c1] for x in sd if x is not None), default=0)
+    narrow = min(call.q_slots, self.bcfg.stride_query_slots)
+    return narrow if used <= narrow else call.q_slots
 
 
 def segments(buckets: Sequence[int], most: Optional[int] = None, pad: int = 0,

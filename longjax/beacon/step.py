@@ -7,6 +7,7 @@ reverse.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import NamedTuple, Optional
 
@@ -212,18 +213,38 @@ def scan_windows(model: Decoder, sink_cap: int, params, carry: Carry, plan: Wind
   Returns ``(carry, hidden [n, B, Q, H] or None)``.
   """
   outs, s0 = [], 0
-  for n, mem_size in plan.segments:
-    seg = jax.tree.map(lambda x, s0=s0, n=n: x[s0:s0 + n], plan)
+  q = plan.tokens.shape[-1]
+  for n, mem_size, width, n_labels in plan.segments:
+    seg = _narrow(jax.tree.map(lambda x, s0=s0, n=n: x[s0:s0 + n], plan), width, n_labels)
     s0 += n
     step = functools.partial(window_step, model, sink_cap, params, mem_size=mem_size,
                              want_loss=want_loss, want_hidden=want_hidden, frozen_head=frozen_head)
     if plan.guard:
       step = _skip_inactive(step, want_hidden, params["embedding"].shape[-1])
     carry, hid = jax.lax.scan(step, carry, seg)
+    if want_hidden and width < q:
+      hid = jnp.pad(hid, ((0, 0), (0, 0), (0, q - width), (0, 0)))
     outs.append(hid)
   if s0 != plan.n_steps:
     raise AssertionError(f"segments {plan.segments} do not cover the plan's {plan.n_steps} steps")
   return carry, (jnp.concatenate(outs, axis=0) if want_hidden else None)
+
+
+def _narrow(seg: WindowPlan, width: int, n_labels: int) -> WindowPlan:
+  """A segment's steps with only their first ``width`` query slots and ``n_labels`` label slots
+  (static slices, see ``stack``): after the first window, an append step with stride S < W feeds
+  S raw tokens, and padding it to W + S / r slots would nearly double its compute. Beacon slots
+  padded with Q stay out of range (dropped); label slots of padding labels are clamped."""
+  q, nl = seg.tokens.shape[-1], seg.labels.shape[-1]
+  if width == q and n_labels == nl:
+    return seg
+  cut = lambda x, m: None if x is None else x[:, :, :m]  # noqa: E731  [n, B, Q or L, ...]
+  return dataclasses.replace(
+      seg, tokens=cut(seg.tokens, width), pos=cut(seg.pos, width), order=cut(seg.order, width),
+      kind=cut(seg.kind, width), valid=cut(seg.valid, width),
+      label_slot=jnp.minimum(cut(seg.label_slot, n_labels), width - 1),
+      labels=cut(seg.labels, n_labels), soft_idx=cut(seg.soft_idx, n_labels),
+      soft_p=cut(seg.soft_p, n_labels))
 
 
 def _skip_inactive(step, want_hidden: bool, hidden_size: int):
