@@ -64,8 +64,9 @@ class Beacon:
   eval_protocols = method_names.BEACON  # eval_config's defaults: the Activation Beacon paper's
   assets = True  # its trained tensors travel as a small asset (train.init_from starts from one)
   # settings that change where the trained tensors are used, not what they are: a run may start
-  # from an asset trained with another value (e.g. stride 256 -> 128: overlapping windows)
-  layout_only_fields = ("stride",)
+  # from an asset trained with another value (e.g. stride 256 -> 128: overlapping windows; the
+  # ratios drawn: one beacon embedding and one set of projections serve every ratio)
+  layout_only_fields = ("stride", "ratios", "ratio_mix")
   reads_bos = False  # settings do not depend on the model's BOS
   plan_batch_axis = 1  # WindowPlan leaves are [windows, batch, ...]
   groups_by_windows = True  # batches of equal window counts: one compile per count

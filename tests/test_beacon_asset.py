@@ -109,8 +109,13 @@ def test_init_from_may_add_projections_but_nothing_else(tmp_path):
   got = params_from_asset(app_run, half, load_beacon(base, init="official", beacon=half,
                                                      param_dtype="float32")[2], None)
   np.testing.assert_array_equal(got["alt_embedding"], bf16(params["alt_embedding"]))
+  # so do the ratios drawn (one embedding and one set of projections serve every ratio)
+  mixed = dataclasses.replace(bcfg, ratios=(2, 4, 8), ratio_mix="instance-random")
+  got = params_from_asset(run, mixed, load_beacon(base, init="official", beacon=mixed,
+                                                  param_dtype="float32")[2], None)
+  np.testing.assert_array_equal(got["alt_embedding"], bf16(params["alt_embedding"]))
   for change, msg in ((dict(param=("q", "k")), "only the projections may grow"),
-                      (dict(param=("q", "k", "v", "o"), ratios=(2,)), "settings differ")):
+                      (dict(param=("q", "k", "v", "o"), window=16, stride=16), "settings differ")):
     other = dataclasses.replace(bcfg, **change)
     _, other, p0 = load_beacon(base, init="official", beacon=other, param_dtype="float32")
     with pytest.raises(TrainingError, match=msg):
