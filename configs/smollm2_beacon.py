@@ -10,22 +10,25 @@ memory: on the twin overfit set (experiments/learn_diagnostics.py overfit; resul
 answer loss with q/k/v alone never made the memory matter (delta +0.002 after 150 steps), with
 q/k/v/o it did.
 
-This is the recipe of the latest stage (docs/learning.md, round 5: round 4's data and losses with
-overlapping windows, stride 128 = W/2, a longjax extension of the official append layout), run from
-an asset with train.init_from: prose and the copy task distilled from the full-attention base on
-every raw token after the first window (teacher top-32 inside the step, far-context weight alpha 1),
-passkey documents of 2-6 and 6-17 windows (5-digit keys anywhere before the last window) on the
-answer loss (answer + EOS), all in the inference layout (train.layout="inference"). Data (offline;
-README "Does it learn?"): long prose (King James Bible, Debian Administrator's Handbook), a copy
-task (the last window repeats a span of an earlier one after a cue), passkey documents. Held-out
-evaluation text: pydoc_data.topics, never trained on. data.curriculum can grow the windows per
-document by step within one run (e.g. "0:2,300:4,600:8"); the committed asset's stages were separate
-runs chained by init_from (docs/learning.md).
+This is the recipe of the latest stage (docs/learning.md, round 6), run from an asset with
+train.init_from: overlapping windows (stride 128 = W/2, a longjax extension of the official append
+layout), three compression ratios (8, 32 and 128, one per document: instance-random) so that one
+set of tensors serves dense memory for passkeys and sparse memory for prose; prose (two lengths)
+and the copy task distilled from the full-attention base on every raw token after the first
+window (teacher top-32 inside the step, far-context weight alpha 1), passkey documents of 2-6 and
+6-17 windows (5-digit keys anywhere before the last window) on the answer loss (answer + EOS),
+all in the inference layout (train.layout="inference"). Data (offline; README "Does it learn?"):
+long prose (King James Bible, Debian Administrator's Handbook), a copy task (the last window
+repeats a span of an earlier one after a cue), passkey documents. Held-out evaluation text:
+pydoc_data.topics, never trained on. data.curriculum can grow the windows per document by step
+within one run (e.g. "0:2,300:4,600:8"); the committed asset's stages were separate runs chained
+by init_from (docs/learning.md).
 
   python experiments/long_text_data.py --kind prose --out runs/campaign/prose.jsonl --count 3000 --min 500 --max 1100
   python experiments/long_text_data.py --kind copy --out runs/campaign/copy.jsonl --count 1500 --min 500 --max 1100 --seed 4
   head -n 2000 runs/campaign/prose.jsonl > runs/campaign/prose_2k.jsonl
   head -n 1000 runs/campaign/copy.jsonl > runs/campaign/copy_1k.jsonl
+  python experiments/long_text_data.py --kind prose --out runs/campaign/prose_long.jsonl --count 1000 --min 1400 --max 3100 --seed 8
   python experiments/passkey_data.py --out runs/campaign/pk5_short.jsonl --count 1000 --min 500 --max 1400 \
       --digits 5 --before_last 1.0 --seed 71
   python experiments/passkey_data.py --out runs/campaign/pk5_long.jsonl --count 1500 --min 1400 --max 4100 \
@@ -41,24 +44,26 @@ from configs import common
 def get_config():
   c = ml_collections.ConfigDict()
   c.method = "beacon"
-  c.workdir = "runs/campaign6/run"  # the next stage (round 4 ran in runs/campaign5)
+  c.workdir = "runs/campaign8/run"  # round 6 (round 5 ran in runs/campaign6 and 7)
   c.seed = 0
   c.model = common.real_model("HuggingFaceTB/SmolLM2-135M-Instruct", checkpoint="smollm2",
                               dtype="float32", param_dtype="float32")
   # stride 128 < W (round 5): windows overlap by half, so every token reads W/2..W-1 raw tokens,
   # as truncation's, besides the memory (round 4 and the assets before it: stride 256)
-  c.beacon = ml_collections.ConfigDict(dict(window=256, stride=128, ratios=(8,),
-                                            ratio_mix="step-random", pos="append",
+  # ratios 8 / 32 / 128, one per document (round 6; round 4's asset trained at 8 alone)
+  c.beacon = ml_collections.ConfigDict(dict(window=256, stride=128, ratios=(8, 32, 128),
+                                            ratio_mix="instance-random", pos="append",
                                             attn="step-expansion", param=("q", "k", "v", "o"),
                                             sink_size=1, embed_init="eos", attend_prev=True))
   c.data = common.data_defaults(sources="jsonl:runs/campaign/prose_2k.jsonl@distill,"
+                                        "jsonl:runs/campaign/prose_long.jsonl@distill,"
                                         "jsonl:runs/campaign/copy_1k.jsonl@distill,"
                                         "jsonl:runs/campaign/pk5_short.jsonl@answer,"
                                         "jsonl:runs/campaign/pk5_long.jsonl@answer",
                                 min_length=0, max_length=4200, loss_on="distill")
   # round 4 (docs/learning.md): the mixed recipe, to win back the prose the answer-only stages
   # cost while the memory keeps its keys, with passkeys up to 16 windows for 4K
-  c.train = common.train_defaults(num_steps=600, global_batch=1, lr=2e-4, warmup_steps=20,
+  c.train = common.train_defaults(num_steps=1000, global_batch=1, lr=2e-4, warmup_steps=20,
                                   save_every=50, keep=40, log_every=1, progress=False,
                                   remat="dots",  # 2.8 GB and 12 % faster than True (bench)
                                   layout="inference", distill=dict(top_k=32, alpha=1.0))

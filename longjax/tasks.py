@@ -29,7 +29,7 @@ from longjax.focus.config import FocusConfig
 from longjax.focus.losses import FocusLoss
 from longjax.focus.planner import pack_chunks, pack_local, split_training
 from longjax.models.config import ModelConfig
-from longjax.models.decoder import Decoder
+from longjax.models.decoder import CAUSAL_PREFILL, Decoder
 from longjax.models.head import token_nll
 # train.layout (LAYOUTS) and train.distill (DistillSettings) are run config sections
 from longjax.run_config.sections import LAYOUTS, DistillSettings
@@ -63,10 +63,11 @@ class BeaconTask:
     self.step_bucket = max(1, int(step_bucket))
     self.distill = distill or DistillSettings()
     self.default_objective = default_objective or ("answer" if answer_only else "lm")
-    self.teacher = Decoder(cfg, impl=impl)  # the frozen base attending to the whole document
+    # the frozen base attending to the whole document
+    self.teacher = Decoder(cfg, rule=CAUSAL_PREFILL, impl=impl)
     if self.distill.alpha:  # the base reading only the last W tokens: what the memory must add
       self.truncated = Decoder(cfg.replace(sliding_windows=(bcfg.window,) * cfg.num_layers),
-                               impl=impl)
+                               rule=CAUSAL_PREFILL, impl=impl)
 
   def group_key(self, length: int) -> int:
     return pipeline.beacon_windows(length, self.bcfg.window, self.bcfg.stride)

@@ -21,8 +21,8 @@ from longjax.kernels import decode as decode_lib
 from longjax.kernels import flash
 from longjax.kernels.blockwise import blockwise_attention
 from longjax.kernels.chunked import chunked_attention
-from longjax.kernels.mask import (MaskRule, TokenMeta, allowed, block_lists, block_visits,
-                                  kernel_allowed, kernel_meta, pad_kernel_meta)
+from longjax.kernels.mask import (NO_WINDOW, MaskRule, TokenMeta, allowed, block_lists,
+                                  block_visits, kernel_allowed, kernel_meta, pad_kernel_meta)
 from longjax.kernels.reference import dense_attention
 from longjax.kernels.testing import TOL, case_meta, grad_loss, make_case, rel_err
 
@@ -146,6 +146,46 @@ def test_chunked_grads(remat_scores):
   fn = lambda q, k, v: chunked_attention(q, k, v, qm, km, rule, window=window, block_q=16,
                                          remat_scores=remat_scores)
   check_grads(fn, q, k, v, qm, km, rule, window)
+
+
+def _cached_prefill_case(seed=0, b=2, mem=37, t=203, hq=4, hkv=2, d=16):
+  """A causal prefill of ``t`` tokens after a cache of ``mem`` slots (row lengths 0 and 29), as
+  ``cache_forward`` builds it: key index ``mem + j`` is new token ``j``. Row 0's cache is empty
+  and its last 11 new tokens are padding (they see nothing)."""
+  rng = np.random.default_rng(seed)
+  q = jnp.asarray(rng.standard_normal((b, t, hq, d)), jnp.float32)
+  k = jnp.asarray(rng.standard_normal((b, mem + t, hkv, d)), jnp.float32)
+  v = jnp.asarray(rng.standard_normal((b, mem + t, hkv, d)), jnp.float32)
+  length = np.asarray([0, 29])[:, None]
+  slots = np.broadcast_to(np.arange(mem), (b, mem))
+  pos = length + np.arange(t)
+  valid = np.ones((b, t), bool)
+  valid[0, -11:] = False
+  qm = TokenMeta.causal(pos, valid=valid)
+  km = TokenMeta.causal(slots, valid=slots < length).concat(qm)
+  return q, k, v, qm, km, mem
+
+
+@pytest.mark.parametrize("block_q", [16, 64])
+def test_chunked_causal_trimming_matches_dense(block_q):
+  """``causal_offset``: query groups against only the keys they can see give the dense
+  reference's output, lse and gradients (a fresh prefill and one after cached entries)."""
+  q, k, v, qm, km, mem = _cached_prefill_case()
+  rule = MaskRule(causal=True)
+  for offset, args in ((mem, (q, k, v, qm, km)),
+                       (0, (q, k[:, mem:], v[:, mem:], qm, qm))):
+    from longjax.kernels.chunked import _groups
+    groups = _groups(-(-q.shape[1] // block_q), block_q, args[1].shape[1], offset)
+    assert len(groups) > 1 and groups[0][2] < args[1].shape[1], groups  # it does trim
+    out, lse = chunked_attention(*args, rule, block_q=block_q, causal_offset=offset)
+    check_forward(out, lse, *args, rule, NO_WINDOW)
+    fn = lambda q, k, v, a=args: chunked_attention(q, k, v, a[3], a[4], rule, block_q=block_q,
+                                                   causal_offset=offset)[0]
+    ref = lambda q, k, v, a=args: dense_attention(q, k, v, a[3], a[4], rule)[0]
+    g = jax.grad(lambda *x: jnp.sum(fn(*x) ** 2), argnums=(0, 1, 2))(*args[:3])
+    g_ref = jax.grad(lambda *x: jnp.sum(ref(*x) ** 2), argnums=(0, 1, 2))(*args[:3])
+    for a, r in zip(g, g_ref):
+      assert rel_err(a, r) < 1e-5, rel_err(a, r)
 
 
 # ------------------------------------------------------------------------------------------------

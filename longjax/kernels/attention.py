@@ -170,8 +170,9 @@ def attention(q, k, v, q_meta: TokenMeta, k_meta: TokenMeta, rule: MaskRule = Ma
   if choice == "dense":
     out, lse = dense_attention(q, k, v, q_meta, k_meta, rule, window=window, scale=scale)
   elif choice == "chunked":
+    offset = k.shape[1] - q.shape[1] if rule.suffix_queries else None
     out, lse = chunked_attention(q, k, v, q_meta, k_meta, rule, window=window, scale=scale,
-                                 block_q=CHUNK_Q)
+                                 block_q=CHUNK_Q, causal_offset=offset)
   else:
     km = kernel_meta(q_meta, k_meta, rule, window)
     if choice == "blockwise":

@@ -53,16 +53,28 @@ def _block(qb, kt, v, ok):
   return o.transpose(0, 3, 1, 2, 4).reshape(b, bq, hq, d), lse.reshape(b, hq, bq)
 
 
+# Causal trimming (``causal_offset``): query blocks run in this many groups, each against the keys
+# its last query can see. 8 groups do 9/16 of the untrimmed score work; more groups mean more
+# compiled bodies for ever smaller savings.
+TRIM_GROUPS = 8
+
+
 def chunked_attention(q, k, v, q_meta: TokenMeta, k_meta: TokenMeta, rule: MaskRule = MaskRule(),
                       window=NO_WINDOW, scale=None, block_q: int = 64,
-                      remat_scores: int = 2048 * 2048):
+                      remat_scores: int = 2048 * 2048, causal_offset=None):
   """Grouped-query attention, query-chunked (see the module docstring).
 
   Args:
     q: ``[B, Tq, Hq, D]``; k, v: ``[B, Tk, Hkv, D]`` with ``Hq % Hkv == 0``.
+    causal_offset: ``None``, or a static promise from the caller that query ``i`` sees no key
+      after index ``causal_offset + i`` (a causal prefill after ``causal_offset`` cached
+      entries): the query blocks then run in up to ``TRIM_GROUPS`` groups, each against only
+      the keys its queries may see, which nearly halves the work of a fresh prefill. The mask is
+      still applied in full, so a wrong promise drops keys but never adds any.
   Returns ``(out [B, Tq, Hq, D] in q.dtype, lse [B, Hq, Tq] fp32)``.
   """
   b, tq, hq, d = q.shape
+  tk = k.shape[1]
   scale = d ** -0.5 if scale is None else scale
   bq = min(block_q, round_up(tq, 8))
   nq = -(-tq // bq)
@@ -72,18 +84,44 @@ def chunked_attention(q, k, v, q_meta: TokenMeta, k_meta: TokenMeta, rule: MaskR
     x = jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2))
     return jnp.moveaxis(x.reshape((b, nq, bq) + x.shape[2:]), 1, 0)
 
-  qs = (q.astype(jnp.float32) * scale).astype(q.dtype)
+  qs = blocks((q.astype(jnp.float32) * scale).astype(q.dtype))
   kt = k.transpose(0, 2, 3, 1)  # [B, Hkv, D, Tk]: the score matmul's natural layout
   vt = v.transpose(0, 2, 1, 3)  # [B, Hkv, Tk, D]
   meta_b = jax.tree.map(blocks, q_meta)
 
-  def one(args):
-    qb, mb = args
-    return _block(qb, kt, vt, allowed(mb, k_meta, rule, window))
+  outs, lses = [], []
+  for n0, n1, kend in _groups(nq, bq, tk, causal_offset):
+    km = jax.tree.map(lambda x, kend=kend: x[:, :kend], k_meta)
+    ktg, vtg = kt[..., :kend], vt[:, :, :kend]
 
-  if tq * k.shape[1] > remat_scores:
-    one = jax.checkpoint(one)
-  out, lse = jax.lax.map(one, (blocks(qs), meta_b))
+    def one(args, ktg=ktg, vtg=vtg, km=km):
+      qb, mb = args
+      return _block(qb, ktg, vtg, allowed(mb, km, rule, window))
+
+    if (n1 - n0) * bq * kend > remat_scores:
+      one = jax.checkpoint(one)
+    out, lse = jax.lax.map(one, (qs[n0:n1], jax.tree.map(lambda x: x[n0:n1], meta_b)))
+    outs.append(out)
+    lses.append(lse)
+  out, lse = jnp.concatenate(outs, axis=0), jnp.concatenate(lses, axis=0)
   out = jnp.moveaxis(out, 0, 1).reshape(b, nq * bq, hq, d)[:, :tq]
   lse = jnp.moveaxis(lse, 0, 2).reshape(b, hq, nq * bq)[..., :tq]
   return out.astype(q.dtype), lse
+
+
+def _groups(nq: int, bq: int, tk: int, causal_offset):
+  """``(first block, end block, keys)`` of each group of query blocks: all blocks against all
+  ``tk`` keys, or (``causal_offset``) up to ``TRIM_GROUPS`` groups, each against the keys up to
+  its last query's ``causal_offset + i`` (a multiple of 8, at least 1, at most ``tk``)."""
+  if causal_offset is None or nq < 2:
+    return [(0, nq, tk)]
+  n = min(TRIM_GROUPS, nq)
+  cuts = [round(i * nq / n) for i in range(n + 1)]
+  out = []
+  for n0, n1 in zip(cuts[:-1], cuts[1:]):
+    kend = min(tk, max(8, round_up(int(causal_offset) + n1 * bq, 8)))
+    if out and out[-1][2] == kend:  # nothing to trim between them: one group
+      out[-1] = (out[-1][0], n1, kend)
+    else:
+      out.append((n0, n1, kend))
+  return out

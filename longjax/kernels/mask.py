@@ -89,9 +89,19 @@ class MaskRule:
     ``a`` may see (bit ``b`` set: may see keys of kind ``b``). Kinds outside the table see nothing.
     ``None`` (default): kinds are ignored. Example, beacon append-mode step-expansion with raw=0,
     beacon=1: ``kind_sees=(0b01, 0b11)`` (raw sees raw only, beacons see raw and beacons).
+  * ``suffix_queries``: a promise that the ``Tq`` queries are the last ``Tq`` keys, in order,
+    and that query ``i`` sees no key after its own (index ``Tk - Tq + i``): a causal prefill,
+    fresh or after cached entries. Kernels may then skip those keys without reading the
+    metadata (the chunked path does); the mask above still decides what is seen.
   """
   causal: bool = True
   kind_sees: Optional[Tuple[int, ...]] = None
+  suffix_queries: bool = False
+
+
+# A plain causal decoder's calls (prefill, fresh or after a cache; scoring; a teacher): the
+# queries are the last keys, in order, so kernels may skip the keys after each query.
+CAUSAL_PREFILL = MaskRule(causal=True, suffix_queries=True)
 
 
 def kind_bits(q_kind: jax.Array, kind_sees: Tuple[int, ...]) -> jax.Array:

@@ -31,7 +31,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from longjax.kernels import NO_WINDOW, MaskRule, TokenMeta, attention
+# CAUSAL_PREFILL: the rule of a plain causal decoder's calls, for the methods that build one
+from longjax.kernels import CAUSAL_PREFILL, NO_WINDOW, MaskRule, TokenMeta, attention  # noqa
 from longjax.models.config import ModelConfig
 from longjax.models.head import lm_head
 from longjax.models.rope import apply_rope, rope_tables

@@ -12,7 +12,7 @@ import numpy as np
 from longjax import decode_loop
 from longjax.generate import check_kv_fits, check_max_new_tokens, check_token_ids
 from longjax.models.config import ModelConfig
-from longjax.models.decoder import Decoder
+from longjax.models.decoder import CAUSAL_PREFILL, Decoder
 from longjax.models.kv_cache import KVCache, cache_forward, check_room
 from longjax.sizes import round_up
 
@@ -22,7 +22,7 @@ class PlainLM:
 
   def __init__(self, cfg: ModelConfig, impl: str = "auto"):
     self.cfg = cfg
-    self.model = Decoder(cfg, impl=impl)
+    self.model = Decoder(cfg, rule=CAUSAL_PREFILL, impl=impl)
     self._prefill = jax.jit(functools.partial(cache_forward, self.model, fresh=True, last_only=True))
     self._step = jax.jit(functools.partial(cache_forward, self.model, last_only=True))
 

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from longjax.models.config import ModelConfig
-from longjax.models.decoder import Decoder
+from longjax.models.decoder import CAUSAL_PREFILL, Decoder
 from longjax.models.head import head_nll
 from longjax.sizes import round_up
 
@@ -33,7 +33,7 @@ def suffix_nll(cfg: ModelConfig, params, ids, n: int):
 
 @functools.lru_cache(maxsize=8)
 def _nll_fn(cfg: ModelConfig, block: int):
-  model = Decoder(cfg)
+  model = Decoder(cfg, rule=CAUSAL_PREFILL)
 
   def f(params, tokens, targets, weights):
     # tokens/targets/weights [1, T] with T a multiple of block; returns summed weighted NLL.

@@ -9,7 +9,7 @@ import numpy as np
 
 from longjax.data import pipeline
 from longjax.models.config import ModelConfig
-from longjax.models.decoder import Decoder
+from longjax.models.decoder import CAUSAL_PREFILL, Decoder
 from longjax.models.head import token_nll
 
 
@@ -19,7 +19,7 @@ class LMTask:
   def __init__(self, cfg: ModelConfig, *, length: int, seed: int, answer_only: bool = False):
     self.cfg, self.length, self.seed = cfg, int(length), int(seed)
     self.answer_only = answer_only
-    self.model = Decoder(cfg)
+    self.model = Decoder(cfg, rule=CAUSAL_PREFILL)
 
   def group_key(self, length: int):
     return None
