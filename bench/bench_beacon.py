@@ -16,7 +16,8 @@ every method loads it:
 
 Per configuration (method x context length), in its own subprocess: warm-up (prefill + decode,
 compile included) timed separately, then the median of ``--runs`` runs of prefill and of a
-``--decode``-token greedy decode; peak host memory (``ru_maxrss``), the state's bytes (KV cache /
+``--decode``-token greedy decode (longjax: the compiled device loop ``generate`` uses by default,
+or ``--loop host``: one jitted step per token from Python); peak host memory (``ru_maxrss``), the state's bytes (KV cache /
 beacon memory buffers), analytic model FLOPs and MFU against a ``jnp.dot`` / ``torch.mm`` fp32
 peak measured in the same process. The next-token logits of the prefill are compared across
 methods (``plain`` vs ``hf`` should agree to ~1e-4). Results: ``bench/results/beacon.{json,md}``.
@@ -106,7 +107,8 @@ def worker_jax(spec: dict) -> dict:
 
   def run(tokens=tokens, lengths=lengths):
     return H.prefill_and_decode(lm, params, tokens, lengths, n_dec,
-                                lambda logits, state: box.update(logits=logits, state=state))
+                                lambda logits, state: box.update(logits=logits, state=state),
+                                loop=spec.get("loop", "host"))
 
   # Warm up on the full length: BeaconLM compiles one step per memory-size bucket (power of two)
   # that the prompt reaches, so a shorter warm-up would leave compiles inside the timed runs.
@@ -261,6 +263,9 @@ def main(argv=None):
                   help="skip a configuration whose predicted warm-up + 1 run exceeds this x budget")
   ap.add_argument("--layers", type=int, default=None)
   ap.add_argument("--impl", default="auto")
+  ap.add_argument("--loop", choices=("device", "host"), default="device",
+                  help="longjax decoding: the compiled loop (longjax.generate's default) or "
+                       "one jitted step per token from Python")
   ap.add_argument("--bucket-steps", type=int, default=None,
                   help="beacon memory buckets per octave (default: BeaconLM's)")
   ap.add_argument("--out", default=str(H.RESULTS_DIR))
@@ -293,6 +298,7 @@ def main(argv=None):
     for method in methods:
       spec = dict(method=method, length=length, decode=args.decode, runs=args.runs,
                   budget=args.budget, impl=args.impl, bucket_steps=args.bucket_steps,
+                  loop=args.loop,
                   ckpt=str(ckpt),
                   logits_out=str(tmp / f"logits_{method}_{length}.npy"))
       if method != BEACON and length > full_max:
@@ -383,7 +389,8 @@ def render(payload) -> str:
           f"{m['num_heads']}/{m['num_kv_heads']} heads × {m['head_dim']}, MLP "
           f"{m['intermediate_size']}, vocab {m['vocab_size']}, fp32. Beacon window "
           f"{payload['beacon']['window']}, ratio {payload['beacon']['ratio']}. Decode: "
-          f"{payload['args']['decode']} greedy tokens. Median of up to {payload['args']['runs']} "
+          f"{payload['args']['decode']} greedy tokens (longjax: "
+          f"{payload['args'].get('loop', 'host')} loop). Median of up to {payload['args']['runs']} "
           f"runs after a warm-up (per-configuration budget {payload['args']['budget']:.0f} s).\n\n"
           + H.machine_md(payload["machine"]) + "\n\n")
   extra = []

@@ -190,10 +190,12 @@ def timed_runs(run: Callable[[], dict], *, runs: int, budget_s: float, min_runs:
 
 
 def prefill_and_decode(lm, params, tokens, lengths, n_dec: int,
-                       on_prefill: Callable[[object, object], None]) -> dict:
-  """One timed run through a ``longjax.generate`` method (``prefill``, then ``n_dec`` greedy
-  cached ``step`` calls): ``{"prefill": s, "decode": s}``. ``on_prefill(logits, state)`` sees the
-  prefill's result before the steps (keep it cheap: it is inside the decode span)."""
+                       on_prefill: Callable[[object, object], None], loop: str = "host") -> dict:
+  """One timed run through a ``longjax.generate`` method: ``prefill``, then ``n_dec`` greedy
+  tokens fed back, ``{"prefill": s, "decode": s}``. ``loop="host"``: ``n_dec`` cached ``step``
+  calls from Python; ``"device"``: the compiled decode loop ``longjax.generate(loop="device")``
+  runs (``lm.device_plan`` + ``decode_loop.run``: the same tokens fed). ``on_prefill(logits,
+  state)`` sees the prefill's result before the decode (keep it cheap: it is inside its span)."""
   import jax
   import jax.numpy as jnp
   import numpy as np
@@ -202,10 +204,20 @@ def prefill_and_decode(lm, params, tokens, lengths, n_dec: int,
   logits = jax.block_until_ready(logits)
   t1 = time.perf_counter()
   on_prefill(logits, state)
-  for _ in range(n_dec):
-    nxt = np.asarray(jnp.argmax(logits, axis=-1))
-    logits, state = lm.step(params, state, nxt)
-  jax.block_until_ready(logits)
+  if loop == "device":
+    from longjax import decode_loop
+    from longjax.sampling import SamplingConfig
+    plan = lm.device_plan(state, n_dec)
+    samples, _, _ = decode_loop.run(plan, params, logits, n_dec + 1, SamplingConfig(),
+                                    jax.random.PRNGKey(0), [], return_logits=False)
+    np.asarray(samples)
+  elif loop == "host":
+    for _ in range(n_dec):
+      nxt = np.asarray(jnp.argmax(logits, axis=-1))
+      logits, state = lm.step(params, state, nxt)
+    jax.block_until_ready(logits)
+  else:
+    raise ValueError(f"loop must be 'host' or 'device', got {loop!r}")
   t2 = time.perf_counter()
   return {"prefill": t1 - t0, "decode": t2 - t1}
 
