@@ -147,24 +147,30 @@ def distill_targets(task: "BeaconTask", base, plans):
   """On device: the teacher's soft targets for every label of ``plans["plan"]`` and the
   per-row constant that turns the soft cross-entropy into KL(teacher || student).
 
-  Returns ``(plan with soft_idx / soft_p [n, B, L, K], const [B])``."""
+  Returns ``(plan with soft_idx / soft_p [n, B, L, K] (and soft_rest [n, B, L] with
+  distill.rest="bucket"), const [B])``."""
   plan, ids = plans["plan"], plans["teacher_ids"][0]  # [B, T]
   b, t = ids.shape
   pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
   logits, _ = task.teacher.apply({"params": base}, ids, pos)
   logp = jax.nn.log_softmax(logits, axis=-1)  # [B, T, V]: row j predicts token j + 1
   vals, top = jax.lax.top_k(logp, task.distill.top_k)
-  p = jax.nn.softmax(vals, axis=-1)  # renormalised over the top k
+  bucket = task.distill.rest == "bucket"
+  # the teacher's probabilities of its top k, and (bucket) its mass outside them
+  p = jnp.exp(vals) if bucket else jax.nn.softmax(vals, axis=-1)
   tpos = plans["target_pos"]  # [n, B, L]
   row = jnp.clip(tpos - 1, 0, t - 1)
   bi = jnp.arange(b)[None, :, None]
   soft_idx, soft_p = top[bi, row], p[bi, row]  # [n, B, L, K]
+  rest = jnp.maximum(1.0 - jnp.sum(soft_p, axis=-1), 0.0)  # [n, B, L]
   if task.distill.alpha:
     lt, _ = task.truncated.apply({"params": base}, ids, pos)
     nxt = jnp.concatenate([ids[:, 1:], ids[:, -1:]], axis=1)
     lp_full = jnp.take_along_axis(logp, nxt[..., None], -1)[..., 0]  # from the top-k table above
     lp_trunc = -token_nll(lt, nxt)
-    soft_p = soft_p * token_weights(lp_full, lp_trunc, task.distill.alpha)[bi, row][..., None]
+    weight = token_weights(lp_full, lp_trunc, task.distill.alpha)[bi, row]
+  else:
+    weight = jnp.ones(rest.shape, jnp.float32)
   soft = plans["soft"]
   labels = plan.labels
   k = task.distill.top_k
@@ -173,11 +179,16 @@ def distill_targets(task: "BeaconTask", base, plans):
   hard_p = jnp.concatenate([(labels != IGNORE)[..., None].astype(jnp.float32),
                             jnp.zeros(labels.shape + (k - 1,), jnp.float32)], axis=-1)
   idx = jnp.where(soft[..., None], soft_idx, hard_idx).astype(jnp.int32)
-  mass = jnp.where(soft[..., None], soft_p, hard_p)
-  # KL = CE + sum_k mass_k log p_k (the teacher's negative entropy, weighted): a constant
-  plogp = jnp.where(soft[..., None], soft_p * jnp.log(jnp.maximum(p[bi, row], 1e-30)), 0.0)
-  const = jnp.sum(plogp, axis=(0, 2, 3))
-  return dataclasses.replace(plan, soft_idx=idx, soft_p=mass), const
+  mass = jnp.where(soft[..., None], soft_p * weight[..., None], hard_p)
+  # KL = CE + sum_k mass_k log p_k (+ rest log rest: the teacher's negative entropy over the
+  # classes, weighted): a constant
+  plogp = jnp.sum(soft_p * jnp.log(jnp.maximum(soft_p, 1e-30)), axis=-1)
+  soft_rest = None
+  if bucket:
+    plogp = plogp + rest * jnp.log(jnp.maximum(rest, 1e-30))
+    soft_rest = jnp.where(soft, rest * weight, 0.0)
+  const = jnp.sum(jnp.where(soft, weight * plogp, 0.0), axis=(0, 2))
+  return dataclasses.replace(plan, soft_idx=idx, soft_p=mass, soft_rest=soft_rest), const
 
 
 # --------------------------------------------------------------------------------------------

@@ -44,24 +44,35 @@ def test_distill_is_zero_when_the_student_sees_what_the_teacher_sees(model):
   KL(teacher || student) over the whole vocabulary is 0 on every scored token."""
   cfg, params = model
   ids = np.random.default_rng(1).integers(3, VOCAB, 3 * W + 5)
-  ls, lc = _loss(_task(cfg, BeaconConfig(window=W, stride=W, ratios=(0,))), params, [ids])
-  assert int(lc[0]) == len(ids) - W  # every token after the first window is scored
-  assert abs(float(ls[0])) < 1e-4 * float(lc[0]), float(ls[0])
+  for top_k in (VOCAB, 5):  # 5: the top 5 and one class for the rest, still 0
+    ls, lc = _loss(_task(cfg, BeaconConfig(window=W, stride=W, ratios=(0,)), top_k=top_k),
+                   params, [ids])
+    assert int(lc[0]) == len(ids) - W  # every token after the first window is scored
+    assert abs(float(ls[0])) < 1e-4 * float(lc[0]), (top_k, float(ls[0]))
   # ... and it is not 0 once the memory compresses (the test can fail)
   ls4, lc4 = _loss(_task(cfg, BeaconConfig(window=W, stride=W, ratios=(4,))), params, [ids])
   assert float(ls4[0]) / float(lc4[0]) > 1e-2
 
 
-def _reference_kl(cfg, bcfg, params, ids, alpha=0.0):
+def _reference_kl(cfg, bcfg, params, ids, alpha=0.0, top_k=VOCAB):
   """Dense jnp reference: student logits of every raw token from the prefill path (inference
-  layout), teacher logits from the plain decoder on the whole document, KL over the vocabulary."""
+  layout), teacher logits from the plain decoder on the whole document, KL over the vocabulary;
+  with ``top_k`` < V, KL over the teacher's top k ids plus one class for all the others."""
   lm = BeaconLM(cfg, bcfg, max_length=8 * W)
   out = lm.forward(params, ids, collect_logits=True, training=False)
   q = jax.nn.log_softmax(out.raw_logits[0], axis=-1)  # row i predicts token i + 1
   pos = jnp.arange(len(ids))[None]
   t_logits, _ = Decoder(cfg).apply({"params": jax.lax.stop_gradient(params)}, ids[None], pos)
   p = jax.nn.log_softmax(t_logits[0], axis=-1)
-  kl = jnp.sum(jnp.exp(p) * (p - q), axis=-1)[W - 1:len(ids) - 1]  # targets W .. T-1
+  if top_k < VOCAB:  # coarsen both distributions to the top k + "the rest"
+    top = np.argsort(-np.asarray(p), axis=-1)[:, :top_k]
+    member = np.zeros(p.shape, bool)
+    np.put_along_axis(member, top, True, axis=-1)
+    rest = lambda x: jnp.log(jnp.sum(jnp.where(member, 0.0, jnp.exp(x)), -1))  # noqa: E731
+    kl = (jnp.sum(jnp.where(member, jnp.exp(p) * (p - q), 0.0), axis=-1)
+          + jnp.exp(rest(p)) * (rest(p) - rest(q)))[W - 1:len(ids) - 1]
+  else:
+    kl = jnp.sum(jnp.exp(p) * (p - q), axis=-1)[W - 1:len(ids) - 1]  # targets W .. T-1
   if alpha:
     trunc = Decoder(cfg.replace(sliding_windows=(W,) * cfg.num_layers))
     lt, _ = trunc.apply({"params": params}, ids[None], pos)
@@ -73,19 +84,21 @@ def _reference_kl(cfg, bcfg, params, ids, alpha=0.0):
   return jnp.sum(kl) / kl.shape[0]
 
 
-@pytest.mark.parametrize("alpha", [0.0, 0.7])
-def test_distill_loss_and_gradient_match_a_dense_reference(model, alpha):
+@pytest.mark.parametrize("alpha,top_k", [(0.0, VOCAB), (0.7, VOCAB), (0.0, 5), (0.7, 5)])
+def test_distill_loss_and_gradient_match_a_dense_reference(model, alpha, top_k):
+  """Top k < V: the teacher's mass outside its top k is one more class (distill.rest="bucket"),
+  compared with the student's mass there."""
   cfg, params = model
   bcfg = BeaconConfig(window=W, stride=W, ratios=(4,))
   ids = np.random.default_rng(2).integers(3, VOCAB, 3 * W + 9)
-  task = _task(cfg, bcfg, alpha=alpha)
+  task = _task(cfg, bcfg, alpha=alpha, top_k=top_k)
 
   def ours(p):
     ls, lc = _loss(task, p, [ids])
     return ls[0] / lc[0]
 
   def ref(p):
-    return _reference_kl(cfg, bcfg, frozen_base(p), ids, alpha)
+    return _reference_kl(cfg, bcfg, frozen_base(p), ids, alpha, top_k)
 
   a, ga = jax.value_and_grad(ours)(params)
   b, gb = jax.value_and_grad(ref)(params)

@@ -344,6 +344,10 @@ class WindowPlan:
   # label is K = 1 mass on its id. None: the plain next-token loss on ``labels``.
   soft_idx: Optional[np.ndarray] = None
   soft_p: Optional[np.ndarray] = None
+  # ``[B, L]`` the teacher's mass outside those K ids (times the weight; 0 for hard labels): the
+  # loss compares it with the student's mass outside them, one bucket, so that a top-K teacher
+  # does not teach the student to starve the rest of the vocabulary. None: no such bucket.
+  soft_rest: Optional[np.ndarray] = None
 
   @property
   def n_steps(self) -> int:

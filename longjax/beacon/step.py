@@ -75,38 +75,51 @@ def _frozen_head_nll_jvp(cfg, primals, tangents):
   return nll, jnp.sum(tangents[1] * dh, axis=-1, dtype=jnp.float32).astype(nll.dtype)
 
 
-def _soft_ce(cfg, params, h, idx, p, with_grad=False):
+def _soft_ce(cfg, params, h, idx, p, rest=None, with_grad=False):
   """Cross-entropy ``[B, L]`` of the logits of ``h [B, L, H]`` against soft targets: ids ``idx``
   and mass ``p`` ``[B, L, K]`` (unnormalised: a row's mass is its weight, 0 for no loss):
-  ``sum_k p_k * (logsumexp(z) - z[idx_k])``. ``with_grad`` also returns d/dh, computed from the
-  same logits (``w * softmax(z) - scatter(p)``, then the head's transpose), as ``_nll`` does."""
+  ``sum_k p_k * (logsumexp(z) - z[idx_k])``; with ``rest [B, L]`` (the target's mass outside the
+  ids with ``p > 0``) also ``- rest * log(mass of the student outside them)``: the K ids plus one
+  bucket for the rest of the vocabulary. ``with_grad`` also returns d/dh, computed from the same
+  logits (``w * softmax(z) - scatter(p)`` plus the bucket's term, then the head's transpose), as
+  ``_nll`` does."""
   logits = lm_head(cfg, params, h)
   m = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
   e = jnp.exp(logits - m)
   s = jnp.sum(e, axis=-1, keepdims=True)
   w = jnp.sum(p, axis=-1)
   ce = w * (jnp.log(s[..., 0]) + m[..., 0]) - jnp.sum(p * jnp.take_along_axis(logits, idx, -1), -1)
+  v = logits.shape[-1]
+  scatter = lambda vals, fn: jax.vmap(fn)(  # noqa: E731  one row of [V] per label
+      jnp.zeros((idx.shape[0] * idx.shape[1], v), logits.dtype), idx.reshape(-1, idx.shape[-1]),
+      vals.reshape(-1, vals.shape[-1])).reshape(logits.shape)
+  if rest is not None:
+    # the student's mass outside the ids, summed directly (1 - sum over the ids would cancel)
+    member = scatter((p > 0).astype(logits.dtype), lambda r, i, x: r.at[i].max(x))
+    out = jnp.sum(e * (1 - member), axis=-1) / s[..., 0]
+    tail = jnp.maximum(out, 1e-30)
+    ce = ce - jnp.where(rest > 0, rest * jnp.log(tail), 0.0)
   if not with_grad:
     return ce
-  g = e * (w[..., None] / s)
-  rows = g.reshape(-1, g.shape[-1])
-  rows = jax.vmap(lambda r, i, q: r.at[i].add(-q))(rows, idx.reshape(-1, idx.shape[-1]),
-                                                   p.reshape(-1, p.shape[-1]))
+  g = e * (w[..., None] / s) - scatter(p, lambda r, i, x: r.at[i].add(x))
+  if rest is not None:  # d(-rest log tail)/dz_j = rest / tail * q_j * (member_j - (1 - tail))
+    q = e / s
+    g = g + jnp.where(rest > 0, rest / tail, 0.0)[..., None] * q * (member - (1 - out)[..., None])
   _, pull = jax.vjp(lambda x: lm_head(cfg, params, x), h)
-  (dh,) = pull(rows.reshape(g.shape))
+  (dh,) = pull(g)
   return ce, dh.astype(h.dtype)
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
-def _frozen_head_soft_ce(cfg, params, h, idx, p):
+def _frozen_head_soft_ce(cfg, params, h, idx, p, rest):
   """``_soft_ce`` whose derivative reaches ``h`` only (see ``_frozen_head_nll``)."""
-  return _soft_ce(cfg, params, h, idx, p)
+  return _soft_ce(cfg, params, h, idx, p, rest)
 
 
 @_frozen_head_soft_ce.defjvp
 def _frozen_head_soft_ce_jvp(cfg, primals, tangents):
-  params, h, idx, p = primals
-  ce, dh = _soft_ce(cfg, params, h, idx, p, with_grad=True)
+  params, h, idx, p, rest = primals
+  ce, dh = _soft_ce(cfg, params, h, idx, p, rest, with_grad=True)
   return ce, jnp.sum(tangents[1] * dh, axis=-1, dtype=jnp.float32).astype(ce.dtype)
 
 
@@ -114,9 +127,12 @@ def _token_loss(cfg, params, h, plan, frozen_head: bool):
   """Per-label loss ``[B, L]``: next-token NLL, or the soft cross-entropy of ``plan.soft_*``."""
   if plan.soft_idx is None:
     return _token_nll(cfg, params, h, plan.labels, frozen_head)
+  rest = plan.soft_rest
   if frozen_head:
-    return _frozen_head_soft_ce(cfg, params, h, plan.soft_idx, plan.soft_p)
-  return _soft_ce(cfg, params, h, plan.soft_idx, plan.soft_p)
+    if rest is None:  # custom_jvp primals must be arrays
+      rest = jnp.zeros(plan.soft_p.shape[:-1], plan.soft_p.dtype)
+    return _frozen_head_soft_ce(cfg, params, h, plan.soft_idx, plan.soft_p, rest)
+  return _soft_ce(cfg, params, h, plan.soft_idx, plan.soft_p, rest)
 
 
 def window_step(model: Decoder, sink_cap: int, params, carry: Carry, plan: WindowPlan, *,
@@ -244,7 +260,7 @@ def _narrow(seg: WindowPlan, width: int, n_labels: int) -> WindowPlan:
       kind=cut(seg.kind, width), valid=cut(seg.valid, width),
       label_slot=jnp.minimum(cut(seg.label_slot, n_labels), width - 1),
       labels=cut(seg.labels, n_labels), soft_idx=cut(seg.soft_idx, n_labels),
-      soft_p=cut(seg.soft_p, n_labels))
+      soft_p=cut(seg.soft_p, n_labels), soft_rest=cut(seg.soft_rest, n_labels))
 
 
 def _skip_inactive(step, want_hidden: bool, hidden_size: int):

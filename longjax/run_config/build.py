@@ -130,6 +130,9 @@ def _check_values(rc: RunConfig, entry: method_names.MethodName):
   d = rc.train.distill
   if int(d.top_k) < 1 or float(d.alpha) < 0:
     raise ConfigError("train.distill needs top_k >= 1 and alpha >= 0")
+  if d.rest not in ("bucket", "renormalise"):
+    raise ConfigError(f"train.distill.rest must be 'bucket' (the teacher's mass outside its top_k "
+                      f"is one more class) or 'renormalise' (rounds 2-5), got {d.rest!r}")
   try:
     stages = curriculum.parse(rc.data.curriculum)
   except curriculum.CurriculumError as e:
