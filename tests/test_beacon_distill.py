@@ -210,3 +210,6 @@ def test_bad_objective_settings_are_refused_before_anything_loads():
   c.train.distill = ml_collections.ConfigDict(dict(top_k=0, alpha=0.0))
   with pytest.raises(ConfigError, match="top_k >= 1"):
     from_config(c)
+  c.train.distill = ml_collections.ConfigDict(dict(top_k=8, alpha=0.0, rest="renormalize"))
+  with pytest.raises(ConfigError, match="train.distill.rest must be 'bucket'"):
+    from_config(c)

@@ -198,6 +198,14 @@ def test_asset_of_a_tiny_base_run_embeds_its_base(micro_run, tmp_path, monkeypat
   flat = traverse_util.flatten_dict(params, sep="/")
   assert any(k.startswith("layers/attn/alt_") for k in flat)
   assert all(np.isfinite(np.asarray(v, np.float32)).all() for v in flat.values())
+  # --ratios: the ratio the asset runs at (a run trained on several ratios); a bad one is refused
+  trained = tuple(bcfg.ratios)
+  assert main(["--workdir", str(w), "--out", str(tmp_path / "r"), "--ratios",
+               str(trained[-1])]) == 0, capsys.readouterr()
+  assert json.loads((tmp_path / "r" / "beacon.json").read_text())["beacon_ratio"] == [trained[-1]]
+  capsys.readouterr()
+  assert main(["--workdir", str(w), "--out", str(tmp_path / "r2"), "--ratios", "3"]) == 1
+  assert "ratio" in capsys.readouterr().err and not (tmp_path / "r2").exists()
 
 
 # ------------------------------------------------------------------------------------------------

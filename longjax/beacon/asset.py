@@ -133,14 +133,29 @@ def params_from_workdir(workdir, step=None):
 
 
 def main(argv=None):
-  args = assets.export_parser(__doc__, BEACON.title).parse_args(argv)
+  ap = assets.export_parser(__doc__, BEACON.title)
+  ap.add_argument("--ratios", default="",
+                  help="comma list: the compression ratios the asset runs at (default: the run's); "
+                       "e.g. 8 for a run trained on 8,32,128 one per document, which would "
+                       "otherwise draw one at random per document at inference too (the "
+                       "campaign record keeps the training recipe)")
+  args = ap.parse_args(argv)
 
   def export():
+    import dataclasses
     from longjax.atomic_dir import check_output_apart
     check_output_apart(args.out, "--out", {"--workdir": args.workdir})
     if not (Path(args.workdir) / "config.json").exists():
       raise AssetError(f"{args.workdir} is not a train.py run directory (no config.json)")
+    ratios = None
+    if args.ratios.strip():
+      try:
+        ratios = tuple(int(r) for r in args.ratios.split(","))
+      except ValueError:
+        raise AssetError(f"--ratios must be a comma list of integers, got {args.ratios!r}") from None
     cfg, bcfg, params, step, base = params_from_workdir(args.workdir)
+    if ratios is not None:
+      bcfg = dataclasses.replace(bcfg, ratios=ratios)  # validated by BeaconConfig itself
     embed = None if str(base or "").strip() else Path(args.workdir) / "base"
     save_beacon_asset(args.out, cfg, bcfg, params, base=base, info=dict(train_step=step,
                                 campaign=campaign.record(args.workdir, step)),
