@@ -10,15 +10,15 @@ memory: on the twin overfit set (experiments/learn_diagnostics.py overfit; resul
 answer loss with q/k/v alone never made the memory matter (delta +0.002 after 150 steps), with
 q/k/v/o it did.
 
-This is the recipe of the latest stage (docs/learning.md, round 6: campaign11), run from an asset
-with train.init_from: overlapping windows (stride 128 = W/2, a longjax extension of the official
-append layout), three compression ratios (8, 32 and 128, one per document: instance-random), prose
-of two lengths distilled from the full-attention base on every raw token after the first window
-(the teacher's top 32 plus one class for the rest of its mass: train.distill.rest="bucket", no
-far-context weight), in the inference layout (train.layout="inference"). The passkey and copy
-sources of rounds 4-5 are out of this stage (docs/learning.md says why; add "...@answer" sources
-back to mix them in). Data (offline; README "Does it learn?"): long prose (King James Bible, Debian
-Administrator's Handbook); the passkey documents of earlier stages. Held-out evaluation text:
+This is the recipe of the next stage (docs/learning.md, round 6: campaigns 11 and 12 in one run),
+from an asset with train.init_from: overlapping windows (stride 128 = W/2, a longjax extension of
+the official append layout), three compression ratios (8, 32 and 128, one per document:
+instance-random), prose of two lengths distilled from the full-attention base on every raw token
+after the first window (the teacher's top 32 plus one class for the rest of its mass:
+train.distill.rest="bucket", no far-context weight), and passkey documents of 2-6 and 6-17 windows
+(5-digit keys anywhere before the last window) on the answer loss (answer + EOS), all in the
+inference layout (train.layout="inference"). Data (offline; README "Does it learn?"): long prose
+(King James Bible, Debian Administrator's Handbook), passkey documents. Held-out evaluation text:
 pydoc_data.topics, never trained on. data.curriculum can grow the windows per document by step
 within one run (e.g. "0:2,300:4,600:8"); the committed asset's stages were separate runs chained
 by init_from (docs/learning.md).
@@ -43,7 +43,7 @@ from configs import common
 def get_config():
   c = ml_collections.ConfigDict()
   c.method = "beacon"
-  c.workdir = "runs/campaign11/run"  # round 6 (campaigns 8-10 were its diagnostics)
+  c.workdir = "runs/campaign13/run"  # round 6's next stage (campaigns 8-12: docs/learning.md)
   c.seed = 0
   c.model = common.real_model("HuggingFaceTB/SmolLM2-135M-Instruct", checkpoint="smollm2",
                               dtype="float32", param_dtype="float32")
@@ -55,9 +55,12 @@ def get_config():
                                             attn="step-expansion", param=("q", "k", "v", "o"),
                                             sink_size=1, embed_init="eos", attend_prev=True))
   c.data = common.data_defaults(sources="jsonl:runs/campaign/prose_2k.jsonl@distill,"
-                                        "jsonl:runs/campaign/prose_long.jsonl@distill",
+                                        "jsonl:runs/campaign/prose_long.jsonl@distill,"
+                                        "jsonl:runs/campaign/pk5_short.jsonl@answer,"
+                                        "jsonl:runs/campaign/pk5_long.jsonl@answer",
                                 min_length=0, max_length=4200, loss_on="distill")
-  # round 6 (docs/learning.md): prose distilled with the teacher's tail as one class, lr 1e-4
+  # round 6 (docs/learning.md): prose distilled with the teacher's tail as one class, passkeys
+  # on the answer loss, lr 1e-4
   c.train = common.train_defaults(num_steps=1000, global_batch=1, lr=1e-4, warmup_steps=20,
                                   save_every=25, keep=40, log_every=1, progress=False,
                                   remat="dots",  # 2.8 GB and 12 % faster than True (bench)
