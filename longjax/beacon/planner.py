@@ -437,11 +437,10 @@ def stack(plans: Sequence[WindowPlan], segments, capacity: int, compact_labels: 
   for seg in segments:
     n, bucket = int(seg[0]), int(seg[1])
     width = int(seg[2]) if len(seg) > 2 else q
-    used = leaves["valid"][s0:s0 + n].sum(-1).max(initial=0)
     last = np.flatnonzero(leaves["valid"][s0:s0 + n].any((0, 1)))
     if width > q or (last.size and last[-1] >= width):
-      raise AssertionError(f"segment {seg}: its steps use {used} of {q} query slots (last "
-                           f"{last[-1] if last.size else -1}), more than its width {width}")
+      raise AssertionError(f"segment {seg}: its steps use query slots up to "
+                           f"{last[-1] if last.size else -1} of {q}, past its width {width}")
     out.append((n, bucket, width, max(n_labels[s0:s0 + n], default=0) if n else 0))
     s0 += n
   return WindowPlan(**leaves, segments=tuple(out), capacity=int(capacity), guard=guard)

@@ -89,6 +89,7 @@ def chunked_attention(q, k, v, q_meta: TokenMeta, k_meta: TokenMeta, rule: MaskR
   vt = v.transpose(0, 2, 1, 3)  # [B, Hkv, Tk, D]
   meta_b = jax.tree.map(blocks, q_meta)
 
+  remat = tq * tk > remat_scores  # decided by the whole call's scores, trimmed or not
   outs, lses = [], []
   for n0, n1, kend in _groups(nq, bq, tk, causal_offset):
     km = jax.tree.map(lambda x, kend=kend: x[:, :kend], k_meta)
@@ -98,7 +99,7 @@ def chunked_attention(q, k, v, q_meta: TokenMeta, k_meta: TokenMeta, rule: MaskR
       qb, mb = args
       return _block(qb, ktg, vtg, allowed(mb, km, rule, window))
 
-    if (n1 - n0) * bq * kend > remat_scores:
+    if remat:
       one = jax.checkpoint(one)
     out, lse = jax.lax.map(one, (qs[n0:n1], jax.tree.map(lambda x: x[n0:n1], meta_b)))
     outs.append(out)
@@ -112,7 +113,7 @@ def chunked_attention(q, k, v, q_meta: TokenMeta, k_meta: TokenMeta, rule: MaskR
 def _groups(nq: int, bq: int, tk: int, causal_offset):
   """``(first block, end block, keys)`` of each group of query blocks: all blocks against all
   ``tk`` keys, or (``causal_offset``) up to ``TRIM_GROUPS`` groups, each against the keys up to
-  its last query's ``causal_offset + i`` (a multiple of 8, at least 1, at most ``tk``)."""
+  its last query's ``causal_offset + i`` (a multiple of 8, at least 8, at most ``tk``)."""
   if causal_offset is None or nq < 2:
     return [(0, nq, tk)]
   n = min(TRIM_GROUPS, nq)
