@@ -56,8 +56,8 @@ def get_config():
                                             sink_size=1, embed_init="eos", attend_prev=True))
   c.data = common.data_defaults(sources="jsonl:runs/campaign/prose_2k.jsonl@distill,"
                                         "jsonl:runs/campaign/prose_long.jsonl@distill,"
-                                        "jsonl:runs/campaign/pk5_short.jsonl@answer,"
-                                        "jsonl:runs/campaign/pk5_long.jsonl@answer",
+                                        "jsonl:runs/campaign/pk5_short.jsonl@answer@ratio=8,"
+                                        "jsonl:runs/campaign/pk5_long.jsonl@answer@ratio=8",
                                 min_length=0, max_length=4200, loss_on="distill")
   # round 6 (docs/learning.md): prose distilled with the teacher's tail as one class, passkeys
   # on the answer loss, lr 1e-4

@@ -89,15 +89,18 @@ class BeaconTask:
       # here each (seed, step, row) gets its own, so a resumed run draws the same ratios.
       starts.append(RowState.seeded(pipeline.row_rng(self.seed, step, row_offset + row, salt=1)))
     training = self.layout == "official"
+    # a source's "@ratio=N" fixes its samples' ratio; the others draw by beacon.ratio_mix
+    fixed = getattr(ds, "ratio", None)
+    ratios = [fixed[int(i)] for i in idx] if fixed else None
     if "distill" not in objectives:
       plan = self.lm.schedule.plan(rows_ids, rows_labels, rows=starts, training=training,
-                                   steps_multiple=self.step_bucket)
+                                   ratio=ratios, steps_multiple=self.step_bucket)
       return dict(plans=plan, tokens=int(sum(len(r) for r in rows_ids)))
     # Distillation: plan with each label holding its target's position, so that the device can
     # gather the teacher's distribution for it; then put the token ids back as labels.
     positions = [np.arange(len(r), dtype=np.int64) for r in rows_ids]
     plan = self.lm.schedule.plan(rows_ids, positions, rows=starts, training=training,
-                                 steps_multiple=self.step_bucket)
+                                 ratio=ratios, steps_multiple=self.step_bucket)
     tpos = np.asarray(plan.labels)  # [n, B, L] target positions, IGNORE where unlabelled
     labels = np.full(tpos.shape, IGNORE, np.int32)
     soft = np.zeros(tpos.shape, bool)

@@ -169,8 +169,66 @@ def test_source_objectives():
   assert split_objectives(["jsonl:a.jsonl@distill", "text:b", "jsonl:c@lm"]) == (
       ["jsonl:a.jsonl", "text:b", "jsonl:c"], ["distill", None, "lm"])
   assert split_objectives(["text:/x/me@host.org/a.txt"])[1] == [None]  # an '@' inside a path
-  with pytest.raises(DataError, match="unknown objective 'distil'"):
+  with pytest.raises(DataError, match="unknown suffix 'distil'"):
     split_objectives(["jsonl:a@distil"])
+
+
+def test_source_suffixes_objective_and_ratio():
+  from longjax.run_config.source_options import SourceOptions, SourceSpecError, parse
+  assert parse("jsonl:a.jsonl@answer@ratio=8") == SourceOptions("jsonl:a.jsonl", "answer", 8)
+  assert parse("jsonl:a.jsonl@ratio=32@distill") == SourceOptions("jsonl:a.jsonl", "distill", 32)
+  assert parse("text:/x/me@host.org/a.txt@ratio=4") == SourceOptions("text:/x/me@host.org/a.txt",
+                                                                     None, 4)
+  for bad, msg in (("jsonl:a@ratio=8@ratio=4", "a second suffix 'ratio=8'"),
+                   ("jsonl:a@lm@answer", "a second suffix 'lm'"),
+                   ("jsonl:a@ratio=x", "an unknown suffix 'ratio=x'"),
+                   ("jsonl:a@ratio=0", "ratio=0")):
+    with pytest.raises(SourceSpecError, match=msg):
+      parse(bad)
+
+
+@pytest.mark.parametrize("objective", ["lm", "distill"])
+def test_a_source_ratio_fixes_its_samples_ratio(model, objective):
+  """Rows of a ``@ratio=N`` source train at N whatever ratio_mix draws; the others still draw
+  (both ratios appear over steps, so the test can fail)."""
+  cfg, _ = model
+  bcfg = BeaconConfig(window=W, stride=W, ratios=(2, 8), ratio_mix="instance-random")
+  ids = np.random.default_rng(5).integers(3, VOCAB, 3 * W).astype(np.int32)
+  ds = Dataset([ids, ids], [None, None], {}, None, [8, None])
+  task = _task(cfg, bcfg, objective=objective)
+  per_window = {2: 3 * (W // 2), 8: 3 * (W // 8)}  # beacons in 3 full windows (inference layout)
+  seen = [set(), set()]
+  for step in range(12):
+    plans = task.prepare(ds, np.arange(2), step)["plans"]
+    plan = plans if objective == "lm" else plans["plan"]
+    tok = np.asarray(plan.tokens)
+    for row in range(2):
+      n = int(np.sum(tok[:, row] == cfg.vocab_size))
+      seen[row].add({v: k for k, v in per_window.items()}[n])
+  assert seen[0] == {8} and seen[1] == {2, 8}
+
+
+def test_source_ratio_and_objective_suffixes_are_checked_before_anything_loads():
+  from configs import tiny_beacon, tiny_focus
+  from longjax.run_config import ConfigError, from_config
+  c = tiny_beacon.get_config()
+  ratios = tuple(c.beacon.ratios)
+  bad = max(ratios) * 2
+  c.data.sources = f"jsonl:a.jsonl@answer@ratio={bad}"
+  with pytest.raises(ConfigError, match=rf"@ratio={bad}: not one of beacon.ratios"):
+    from_config(c)
+  c.data.sources = f"jsonl:a.jsonl@answer@ratio={ratios[0]}"
+  from_config(c)  # a configured ratio is fine
+  c.data.sources = "jsonl:a.jsonl@answr"
+  with pytest.raises(ConfigError, match="unknown suffix 'answr'"):
+    from_config(c)
+  f = tiny_focus.get_config()
+  f.data.sources = "jsonl:a.jsonl@ratio=8"
+  with pytest.raises(ConfigError, match="is for methods that compress windows"):
+    from_config(f)
+  f.data.sources = "jsonl:a.jsonl@distill"
+  with pytest.raises(ConfigError, match="does not distill"):
+    from_config(f)
 
 
 def test_campaign_record_carries_the_started_from_asset(tmp_path):

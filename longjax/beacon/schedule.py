@@ -138,24 +138,32 @@ class Schedule:
             f"BeaconLM(..., max_length={round_up(need, self.bcfg.window)}) or more")
 
   def call(self, ids, labels, lengths, rows: Sequence[RowState], training: Optional[bool] = None,
-           ratio: Optional[int] = None, reserve: int = 0) -> Call:
+           ratio=None, reserve: int = 0) -> Call:
     """Plan one official call of the batch ``ids`` (with ``labels``, cut to ``lengths``) after
-    the planner's ``rows``, leaving room for ``reserve`` more tokens per row."""
+    the planner's ``rows``, leaving room for ``reserve`` more tokens per row. ``ratio``: one
+    compression ratio for every row, a sequence of one per row (None: drawn by ratio_mix), or
+    None (drawn)."""
     rows_ids = rows_of(ids, lengths)
     rows_labels = None if labels is None else rows_of(labels, lengths)
     training = self.training if training is None else training
     ratio = self.ratio if ratio is None else ratio
-    if ratio is not None:
-      self.bcfg.check_ratio(ratio)
     if len(rows_ids) != len(rows):
       raise BeaconInputError(f"{len(rows_ids)} rows of ids for a state of batch {len(rows)}")
+    # one ratio for every row, or one per row (None: that row's ratio_mix draws)
+    per_row = list(ratio) if isinstance(ratio, (list, tuple)) else [ratio] * len(rows_ids)
+    if len(per_row) != len(rows_ids):
+      raise BeaconInputError(f"{len(per_row)} ratios for a batch of {len(rows_ids)} rows; give "
+                             "one per row (None: drawn) or a single ratio")
+    for r in per_row:
+      if r is not None:
+        self.bcfg.check_ratio(r)
     if any(len(r) == 0 for r in rows_ids):
       raise BeaconInputError("empty input: every row needs at least one token")
     self.check_room(rows, [len(r) for r in rows_ids], reserve)
     descs, new_rows = [], []
     for i, ids_i in enumerate(rows_ids):
       labels_i = None if rows_labels is None else rows_labels[i]
-      d, st = self.planner.plan_row(rows[i], ids_i, labels_i, training, ratio)
+      d, st = self.planner.plan_row(rows[i], ids_i, labels_i, training, per_row[i])
       descs.append(d)
       new_rows.append(st)
     n_steps = max(len(d) for d in descs)
@@ -167,7 +175,7 @@ class Schedule:
 
   def plan(self, ids, labels=None, *, lengths=None, state: Optional[BeaconState] = None,
            rows: Optional[Sequence[RowState]] = None, training: Optional[bool] = None,
-           ratio: Optional[int] = None, steps_multiple: int = 1) -> WindowPlan:
+           ratio=None, steps_multiple: int = 1) -> WindowPlan:
     """Plan one official call (as ``BeaconLM.forward`` would) as one stacked ``WindowPlan`` for
     the loss scan: every step, in memory-bucket segments, padded with no-op steps to a
     multiple of ``steps_multiple``.

@@ -21,6 +21,7 @@ import numpy as np
 from longjax.data import sources
 from longjax.data.sources import DataError
 from longjax.focus import spans
+from longjax.run_config import source_options as source_spec
 
 
 @dataclasses.dataclass
@@ -31,6 +32,9 @@ class Dataset:
   # per sample: the training objective its source names (``SOURCE@lm|answer|distill``), or None
   # (the run's default, ``data.loss_on``)
   objective: Optional[list] = None
+  # per sample: the beacon ratio its source fixes (``SOURCE@ratio=N``), or None (the run's
+  # beacon.ratio_mix draws)
+  ratio: Optional[list] = None
 
   def __len__(self):
     return len(self.ids)
@@ -52,7 +56,8 @@ def tokenize_segments(segments, tokenizer, *, add_bos: bool):
 
 def build_dataset(dc, tokenizer, seed: int) -> Dataset:
   """``dc``: the run's ``data`` section (``longjax.run_config.DataSection``)."""
-  specs, objectives = split_objectives(sources.parse_specs(dc.sources))
+  opts = source_options(sources.parse_specs(dc.sources))
+  specs = [o.source for o in opts]
   add_bos = dc.add_bos
   if add_bos in (None, "auto"):
     add_bos = tokenizer.adds_bos
@@ -61,7 +66,7 @@ def build_dataset(dc, tokenizer, seed: int) -> Dataset:
   min_len, max_len = int(dc.min_length), int(dc.max_length)
   if min_len > max_len:
     raise DataError(f"data.min_length ({min_len}) > data.max_length ({max_len})")
-  ids_out, ans_out, obj_out = [], [], []
+  ids_out, ans_out, obj_out, ratio_out = [], [], [], []
   read = short = truncated = 0
   per_source = [0] * len(specs)
   read_from = [0] * len(specs)
@@ -79,7 +84,7 @@ def build_dataset(dc, tokenizer, seed: int) -> Dataset:
     if cut:
       ids, ans = ids[:max_len], ans[:max_len]
       truncated += 1
-    if objectives[i] == "answer" and not ans.any():
+    if opts[i].objective == "answer" and not ans.any():
       # scored on every token instead would train another objective than the one asked for
       why = (f"its answer lies past data.max_length={max_len} tokens: raise max_length or "
              "shorten the record" if cut else "it has none: give every record an output "
@@ -96,34 +101,30 @@ def build_dataset(dc, tokenizer, seed: int) -> Dataset:
     per_source[i] += 1
     ids_out.append(ids)
     ans_out.append(ans if ans.any() else None)
-    obj_out.append(objectives[i])
+    obj_out.append(opts[i].objective)
+    ratio_out.append(opts[i].ratio)
   stats = dict(read=read, kept=len(ids_out), too_short=short, truncated=truncated,
                tokens=int(sum(len(x) for x in ids_out)))
   if not ids_out:
     raise DataError(f"the dataset is empty after filtering: read {read} records from {specs}, "
                     f"{short} shorter than data.min_length={min_len} tokens; lower min_length or "
                     "add data")
-  return Dataset(ids_out, ans_out, stats, obj_out if any(obj_out) else None)
+  return Dataset(ids_out, ans_out, stats, obj_out if any(obj_out) else None,
+                 ratio_out if any(r is not None for r in ratio_out) else None)
 
 
-OBJECTIVES = ("lm", "answer", "distill")
+def source_options(specs):
+  """``SOURCE[@OBJECTIVE][@ratio=N]`` -> one ``SourceOptions`` per spec (``run_config``)."""
+  try:
+    return source_spec.parse_all(specs)
+  except source_spec.SourceSpecError as e:
+    raise DataError(str(e)) from None
 
 
 def split_objectives(specs):
   """``SOURCE@OBJECTIVE`` -> ``(sources, objectives)``; a source without a suffix gets None."""
-  out, objs = [], []
-  for spec in specs:
-    head, at, tail = spec.rpartition("@")
-    if at and tail in OBJECTIVES:
-      out.append(head)
-      objs.append(tail)
-    elif at and "/" not in tail and "." not in tail:
-      raise DataError(f"data source {spec!r}: unknown objective {tail!r}; use one of "
-                      f"{OBJECTIVES} after '@'")
-    else:
-      out.append(spec)
-      objs.append(None)
-  return out, objs
+  opts = source_options(specs)
+  return [o.source for o in opts], [o.objective for o in opts]
 
 
 def beacon_windows(length: int, window: int, stride: int) -> int:

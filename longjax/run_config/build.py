@@ -13,7 +13,7 @@ import typing
 from typing import Any, Optional
 
 from longjax import method_names
-from longjax.run_config import curriculum
+from longjax.run_config import curriculum, source_options
 from longjax.errors import LongjaxError
 from longjax.run_config.eval_sections import EvalSection, eval_defaults
 from longjax.run_config.sections import (LAYOUTS, LOSS_ON, BeaconSection, DataSection,
@@ -133,6 +133,7 @@ def _check_values(rc: RunConfig, entry: method_names.MethodName):
   if d.rest not in ("bucket", "renormalise"):
     raise ConfigError(f"train.distill.rest must be 'bucket' (the teacher's mass outside its top_k "
                       f"is one more class) or 'renormalise' (rounds 2-5), got {d.rest!r}")
+  _check_sources(rc, section)
   try:
     stages = curriculum.parse(rc.data.curriculum)
   except curriculum.CurriculumError as e:
@@ -143,6 +144,30 @@ def _check_values(rc: RunConfig, entry: method_names.MethodName):
   if rc.train.layout not in LAYOUTS:
     raise ConfigError(f"train.layout={rc.train.layout!r}: use one of {LAYOUTS} (official: the "
                       "last window without beacons; inference: every window as generation plans it)")
+
+
+def _check_sources(rc: RunConfig, section):
+  """Source suffixes (``@OBJECTIVE``, ``@ratio=N``) that name nothing, or a ratio the run cannot
+  train at, are refused here, before anything loads."""
+  srcs = rc.data.sources
+  specs = [x.strip() for x in srcs.split(",")] if isinstance(srcs, str) else list(srcs or ())
+  try:
+    opts = source_options.parse_all([x for x in specs if x])
+  except source_options.SourceSpecError as e:
+    raise ConfigError(str(e)) from None
+  for o in opts:
+    if o.objective == "distill" and not (section is not None and section.distills):
+      raise ConfigError(f"data source {o.source!r}@distill: method {rc.method!r} does not "
+                        "distill; drop the suffix")
+    if o.ratio is None:
+      continue
+    if not (section is not None and getattr(section, "windowed", False)):
+      raise ConfigError(f"data source {o.source!r}@ratio={o.ratio}: a compression ratio is for "
+                        f"methods that compress windows (beacon), not {rc.method!r}; drop it")
+    ratios = tuple(int(r) for r in rc.method_section().ratios)
+    if o.ratio not in ratios:
+      raise ConfigError(f"data source {o.source!r}@ratio={o.ratio}: not one of beacon.ratios "
+                        f"{ratios}; add it there or fix the suffix")
 
 
 # --------------------------------------------------------------------------------------------
