@@ -108,7 +108,8 @@ def worker_jax(spec: dict) -> dict:
   def run(tokens=tokens, lengths=lengths):
     return H.prefill_and_decode(lm, params, tokens, lengths, n_dec,
                                 lambda logits, state: box.update(logits=logits, state=state),
-                                loop=spec.get("loop", "host"))
+                                loop=spec.get("loop", "host"),
+                                on_tokens=lambda ids: box.update(tokens=ids))
 
   # Warm up on the full length: BeaconLM compiles one step per memory-size bucket (power of two)
   # that the prompt reaches, so a shorter warm-up would leave compiles inside the timed runs.
@@ -120,6 +121,8 @@ def worker_jax(spec: dict) -> dict:
   state_bytes = int(state.k.nbytes + state.v.nbytes)
   if spec.get("logits_out"):
     np.save(spec["logits_out"], np.asarray(box["logits"][0], np.float32))
+  if spec.get("want_tokens"):
+    extra["tokens"] = box["tokens"]  # greedy ids (bench_official compares them)
   return _summary(spec, res, peak, flops_p, flops_d, state_bytes, rss_loaded,
                   dict(extra, attention_choice=_attn_choice(spec, lm, t_len)))
 

@@ -190,12 +190,14 @@ def timed_runs(run: Callable[[], dict], *, runs: int, budget_s: float, min_runs:
 
 
 def prefill_and_decode(lm, params, tokens, lengths, n_dec: int,
-                       on_prefill: Callable[[object, object], None], loop: str = "host") -> dict:
+                       on_prefill: Callable[[object, object], None], loop: str = "host",
+                       on_tokens: Optional[Callable[[list], None]] = None) -> dict:
   """One timed run through a ``longjax.generate`` method: ``prefill``, then ``n_dec`` greedy
   tokens fed back, ``{"prefill": s, "decode": s}``. ``loop="host"``: ``n_dec`` cached ``step``
   calls from Python; ``"device"``: the compiled decode loop ``longjax.generate(loop="device")``
   runs (``lm.device_plan`` + ``decode_loop.run``: the same tokens fed). ``on_prefill(logits,
-  state)`` sees the prefill's result before the decode (keep it cheap: it is inside its span)."""
+  state)`` sees the prefill's result before the decode (keep it cheap: it is inside its span);
+  ``on_tokens(ids)`` the ``n_dec + 1`` greedy ids of row 0, after the timed span."""
   import jax
   import jax.numpy as jnp
   import numpy as np
@@ -210,15 +212,19 @@ def prefill_and_decode(lm, params, tokens, lengths, n_dec: int,
     plan = lm.device_plan(state, n_dec)
     samples, _, _ = decode_loop.run(plan, params, logits, n_dec + 1, SamplingConfig(),
                                     jax.random.PRNGKey(0), [], return_logits=False)
-    np.asarray(samples)
+    ids = [int(x) for x in np.asarray(samples)[0]]
   elif loop == "host":
+    ids = []
     for _ in range(n_dec):
       nxt = np.asarray(jnp.argmax(logits, axis=-1))
+      ids.append(int(nxt[0]))
       logits, state = lm.step(params, state, nxt)
-    jax.block_until_ready(logits)
+    ids.append(int(np.asarray(jnp.argmax(logits, axis=-1))[0]))  # waits for the last step
   else:
     raise ValueError(f"loop must be 'host' or 'device', got {loop!r}")
   t2 = time.perf_counter()
+  if on_tokens is not None:
+    on_tokens(ids)
   return {"prefill": t1 - t0, "decode": t2 - t1}
 
 
@@ -323,8 +329,9 @@ def beacon_decode_flops(c, t: int, n: int, window: int, ratio: int) -> float:
 # ----------------------------------------------------------------------------------------------
 # Subprocesses
 def run_worker(module: str, spec: dict, *, timeout_s: float, env_extra: Optional[dict] = None,
-               log=None) -> dict:
-  """Run ``python -m module --worker '<spec json>'`` and return its ``RESULT`` dict.
+               log=None, python: Optional[str] = None) -> dict:
+  """Run ``python -m module --worker '<spec json>'`` and return its ``RESULT`` dict (``python``:
+  another interpreter, e.g. the official code's environment; default this one).
 
   A worker that runs past ``timeout_s`` is killed and recorded as ``status: "skipped: timeout"``;
   one that fails is recorded with the tail of its stderr.
@@ -335,7 +342,7 @@ def run_worker(module: str, spec: dict, *, timeout_s: float, env_extra: Optional
   env.setdefault("TRANSFORMERS_OFFLINE", "1")
   env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
   env.update(env_extra or {})
-  cmd = [sys.executable, "-m", module, "--worker", json.dumps(spec)]
+  cmd = [python or sys.executable, "-m", module, "--worker", json.dumps(spec)]
   t0 = time.perf_counter()
   try:
     p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)

@@ -68,6 +68,8 @@ class ModelSection:
 @dataclasses.dataclass(frozen=True)
 class DataSection:
   """``data``: the training sources and how documents become token rows (longjax.data)."""
+  # comma-separated specs (longjax.data.sources), each optionally SPEC@OBJECTIVE and/or
+  # SPEC@ratio=N (longjax.run_config.source_options)
   sources: str = ""
   # "": the model's own (the checkpoint's files; byte for the tiny model). Naming one overrides it
   # ("byte" with a checkpoint that has its own tokenizer is an error).
