@@ -62,7 +62,7 @@ def export_checkpoint(tmp: Path, max_len: int) -> Path:
   BB.write_checkpoint(plain, BB.MODEL, max_len)
   cfg, bcfg, params = load_beacon(plain, init="official", window=BB.WINDOW, stride=BB.WINDOW,
                                   ratios=(BB.RATIO,))
-  return save_beacon(tmp / "beacon", cfg, bcfg, params)
+  return save_beacon(tmp / "export", cfg, bcfg, params)
 
 
 def summarise(rows) -> list:
