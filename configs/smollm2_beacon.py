@@ -10,13 +10,14 @@ memory: on the twin overfit set (experiments/learn_diagnostics.py overfit; resul
 answer loss with q/k/v alone never made the memory matter (delta +0.002 after 150 steps), with
 q/k/v/o it did.
 
-This is the recipe of the next stage (docs/learning.md, round 6: campaigns 11 and 12 in one run),
+This is campaign13 (docs/learning.md, round 7: campaigns 11 and 12 in one run, passkeys at 8),
 from an asset with train.init_from: overlapping windows (stride 128 = W/2, a longjax extension of
 the official append layout), three compression ratios (8, 32 and 128, one per document:
 instance-random), prose of two lengths distilled from the full-attention base on every raw token
 after the first window (the teacher's top 32 plus one class for the rest of its mass:
 train.distill.rest="bucket", no far-context weight), and passkey documents of 2-6 and 6-17 windows
-(5-digit keys anywhere before the last window) on the answer loss (answer + EOS), all in the
+(5-digit keys anywhere before the last window) on the answer loss (answer + EOS) and always at
+ratio 8, the ratio they are evaluated at (SOURCE@answer@ratio=8), all in the
 inference layout (train.layout="inference"). Data (offline; README "Does it learn?"): long prose
 (King James Bible, Debian Administrator's Handbook), passkey documents. Held-out evaluation text:
 pydoc_data.topics, never trained on. data.curriculum can grow the windows per document by step
@@ -43,7 +44,7 @@ from configs import common
 def get_config():
   c = ml_collections.ConfigDict()
   c.method = "beacon"
-  c.workdir = "runs/campaign13/run"  # round 6's next stage (campaigns 8-12: docs/learning.md)
+  c.workdir = "runs/campaign13/run"  # round 7 (campaigns 8-15: docs/learning.md)
   c.seed = 0
   c.model = common.real_model("HuggingFaceTB/SmolLM2-135M-Instruct", checkpoint="smollm2",
                               dtype="float32", param_dtype="float32")
