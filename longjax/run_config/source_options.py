@@ -15,11 +15,13 @@ import dataclasses
 import re
 from typing import List, Optional, Sequence
 
+from longjax.errors import LongjaxError
+
 OBJECTIVES = ("lm", "answer", "distill")
 _RATIO = re.compile(r"ratio=(\d+)")
 
 
-class SourceSpecError(ValueError):
+class SourceSpecError(LongjaxError, ValueError):
   """A source suffix that names no objective or ratio (callers rewrap it as their error)."""
 
 
