@@ -141,8 +141,8 @@ class Schedule:
            ratio=None, reserve: int = 0) -> Call:
     """Plan one official call of the batch ``ids`` (with ``labels``, cut to ``lengths``) after
     the planner's ``rows``, leaving room for ``reserve`` more tokens per row. ``ratio``: one
-    compression ratio for every row, a sequence of one per row (None: drawn by ratio_mix), or
-    None (drawn)."""
+    compression ratio for every row, or a sequence of one per row (None, for a row or for all:
+    drawn by ratio_mix)."""
     rows_ids = rows_of(ids, lengths)
     rows_labels = None if labels is None else rows_of(labels, lengths)
     training = self.training if training is None else training
