@@ -206,6 +206,13 @@ def test_asset_of_a_tiny_base_run_embeds_its_base(micro_run, tmp_path, monkeypat
   capsys.readouterr()
   assert main(["--workdir", str(w), "--out", str(tmp_path / "r2"), "--ratios", "3"]) == 1
   assert "ratio" in capsys.readouterr().err and not (tmp_path / "r2").exists()
+  # --step: an older kept checkpoint; a step not kept is refused with the kept ones named
+  assert main(["--workdir", str(w), "--out", str(tmp_path / "s1"), "--step", "1"]) == 0
+  meta1 = json.loads((tmp_path / "s1" / "beacon.json").read_text())
+  assert meta1["train_step"] == 1 and meta1["campaign"]["runs"][-1]["steps"] == 1, meta1["campaign"]
+  capsys.readouterr()
+  assert main(["--workdir", str(w), "--out", str(tmp_path / "s7"), "--step", "7"]) == 1
+  assert "no step 7 (kept: [1, 2])" in capsys.readouterr().err and not (tmp_path / "s7").exists()
 
 
 # ------------------------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ plus the beacon settings in ``beacon.json``; the base model is loaded separately
   python -m longjax.beacon.asset --workdir runs/smollm2_beacon --out assets/smollm2_beacon
 
 ``--workdir`` reads the newest training checkpoint of a ``train.py`` beacon run (it need not have
-finished), so a long run can be shipped at any step.
+finished), or the one ``--step`` names, so a long run can be shipped at any kept step.
 """
 from __future__ import annotations
 
@@ -153,7 +153,7 @@ def main(argv=None):
         ratios = tuple(int(r) for r in args.ratios.split(","))
       except ValueError:
         raise AssetError(f"--ratios must be a comma list of integers, got {args.ratios!r}") from None
-    cfg, bcfg, params, step, base = params_from_workdir(args.workdir)
+    cfg, bcfg, params, step, base = params_from_workdir(args.workdir, args.step)
     if ratios is not None:
       bcfg = dataclasses.replace(bcfg, ratios=ratios)  # validated by BeaconConfig itself
     embed = None if str(base or "").strip() else Path(args.workdir) / "base"

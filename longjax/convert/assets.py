@@ -116,6 +116,8 @@ def export_parser(doc: str, run_kind: str):
   import argparse
   ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--workdir", required=True, help=f"a train.py {run_kind} run directory")
+  ap.add_argument("--step", type=int, default=None,
+                  help="that checkpoint (default: the newest readable one)")
   ap.add_argument("--out", required=True)
   ap.add_argument("--overwrite", action="store_true")
   ap.add_argument("--debug", action="store_true", help="show tracebacks")

@@ -104,7 +104,6 @@ def params_from_workdir(workdir, step: Optional[int] = None):
 
 def main(argv=None):
   ap = assets.export_parser(__doc__, FOCUS.title)
-  ap.add_argument("--step", type=int, default=None, help="that checkpoint (default: the newest)")
   args = ap.parse_args(argv)
 
   def export():
