@@ -240,7 +240,7 @@ def cmd_ppl(args, res):
       else:
         nll = methods.Focus().suffix_nll(model.lm, model.params, None, ids, n)[0] / n
       cell["doc_nll"].append(float(nll))
-      cell["ppl"] = float(np.exp(np.mean(cell["doc_nll"])))
+      lpr.set_ppl(cell, len(docs))
       lpr.save(args.out, res, ("perplexity", cond), ("perplexity_protocol",))
     print(f"{cond:10s} ppl {cell['ppl']:.2f} ({time.time() - t0:.0f} s)", flush=True)
 

@@ -220,6 +220,18 @@ def cmd_passkey(args, models: Models, res: dict, out: Path):
             f"{cell.get('n', 0)} ({time.time() - t0:.0f} s)", flush=True)
 
 
+def set_ppl(cell: dict, n_docs: int):
+  """A perplexity only over all ``n_docs`` documents: a run stopped part-way keeps its per-document
+  NLLs (the next run resumes from them) under ``partial`` instead of a ``ppl`` over fewer."""
+  done = len(cell["doc_nll"])
+  if done >= n_docs:
+    cell.pop("partial", None)
+    cell["ppl"] = math.exp(float(np.mean(cell["doc_nll"])))
+  else:
+    cell.pop("ppl", None)
+    cell["partial"] = f"{done} of {n_docs} documents scored; rerun the same command to finish"
+
+
 def cmd_ppl(args, models: Models, res: dict, out: Path):
   from longjax import methods
   from longjax.eval.models import Built
@@ -259,7 +271,7 @@ def cmd_ppl(args, models: Models, res: dict, out: Path):
       else:
         nll, cnt = built.suffix_nll(ids, args.scored)
       cell["doc_nll"].append(nll / cnt)
-      cell["ppl"] = math.exp(float(np.mean(cell["doc_nll"])))
+      set_ppl(cell, len(docs))
       save(out, res, ("perplexity", cond), ("perplexity_protocol",))
     print(f"{cond:10s} ppl {cell['ppl']:.3f} over {len(cell['doc_nll'])} documents "
           f"({time.time() - t0:.0f} s)", flush=True)
