@@ -243,7 +243,8 @@ def test_campaign_record_carries_the_started_from_asset(tmp_path):
   run = tmp_path / "run"
   run.mkdir()
   (run / "config.json").write_text(json.dumps(dict(
-      beacon=dict(window=256, ratios=[8]), data=dict(sources="jsonl:/x/prose.jsonl@distill"),
+      beacon=dict(window=256, stride=128, ratios=[8]),
+      data=dict(sources="jsonl:/x/prose.jsonl@distill"),
       train=dict(init_from=str(prev), layout="inference", lr=1e-4))))
   (run / "metrics.jsonl").write_text(
       "".join(json.dumps(dict(step=s, tokens=10 * s)) + "\n" for s in (1, 2, 3)) + '{"step": 4, "tok')
@@ -251,6 +252,7 @@ def test_campaign_record_carries_the_started_from_asset(tmp_path):
   assert rec["steps"] == 102 and rec["tokens"] == 5000 + 10 + 20
   assert len(rec["runs"]) == 2 and rec["runs"][-1]["recipe"]["data"] == ["prose.jsonl@distill"]
   assert rec["runs"][-1]["recipe"]["layout"] == "inference"
+  assert rec["runs"][-1]["recipe"]["beacon"]["stride"] == 128  # S < W is part of the recipe
 
 
 def test_bad_objective_settings_are_refused_before_anything_loads():
