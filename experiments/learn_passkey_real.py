@@ -52,27 +52,24 @@ def load(path: Path) -> dict:
   return json.loads(path.read_text()) if path.exists() else {}
 
 
-def _merge(into: dict, new: dict) -> dict:
-  for k, v in new.items():
-    into[k] = _merge(into[k], v) if isinstance(v, dict) and isinstance(into.get(k), dict) else v
-  return into
-
-
 def save(path: Path, res: dict, *owned: tuple):
   """Write the cells of ``res`` at the key paths ``owned`` into the file, under a lock.
   Evaluations of different conditions may run at once, each process owning its cells: the file
-  is re-read and only the owned cells are replaced (the rest of ``res`` may be stale)."""
+  is re-read and only the owned cells are replaced, whole (the rest of ``res`` may be stale; a
+  merge would keep keys the process has dropped since, e.g. a finished run's "partial" mark)."""
   import fcntl
-  updates: dict = {}
-  for keys in owned:
-    src, dst = res, updates
-    for k in keys[:-1]:
-      src, dst = src[k], dst.setdefault(k, {})
-    dst[keys[-1]] = src[keys[-1]]
   path.parent.mkdir(parents=True, exist_ok=True)
   with open(path.with_name(path.name + ".lock"), "w") as lock:
     fcntl.flock(lock, fcntl.LOCK_EX)
-    merged = _merge(load(path), updates)
+    merged = load(path)
+    for keys in owned:
+      src, dst = res, merged
+      for k in keys[:-1]:
+        src = src[k]
+        if not isinstance(dst.get(k), dict):
+          dst[k] = {}
+        dst = dst[k]
+      dst[keys[-1]] = src[keys[-1]]
     tmp = path.with_name(path.name + ".partial")
     tmp.write_text(json.dumps(merged, indent=1, sort_keys=True))
     os.replace(tmp, path)
