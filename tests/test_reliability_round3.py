@@ -206,6 +206,14 @@ def test_asset_of_a_tiny_base_run_embeds_its_base(micro_run, tmp_path, monkeypat
   capsys.readouterr()
   assert main(["--workdir", str(w), "--out", str(tmp_path / "r2"), "--ratios", "3"]) == 1
   assert "ratio" in capsys.readouterr().err and not (tmp_path / "r2").exists()
+  # --stride: the stride the asset reads at; one longer than the window is refused
+  assert main(["--workdir", str(w), "--out", str(tmp_path / "st"), "--stride",
+               str(bcfg.window)]) == 0, capsys.readouterr()
+  assert json.loads((tmp_path / "st" / "beacon.json").read_text())["beacon_stride"] == bcfg.window
+  capsys.readouterr()
+  assert main(["--workdir", str(w), "--out", str(tmp_path / "st2"), "--stride",
+               str(2 * bcfg.window)]) == 1
+  assert "stride" in capsys.readouterr().err and not (tmp_path / "st2").exists()
   # --step: an older kept checkpoint; a step not kept is refused with the kept ones named
   assert main(["--workdir", str(w), "--out", str(tmp_path / "s1"), "--step", "1"]) == 0
   meta1 = json.loads((tmp_path / "s1" / "beacon.json").read_text())

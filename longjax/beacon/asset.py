@@ -139,6 +139,10 @@ def main(argv=None):
                        "e.g. 8 for a run trained on 8,32,128 one per document, which would "
                        "otherwise draw one at random per document at inference too (the "
                        "campaign record keeps the training recipe)")
+  ap.add_argument("--stride", type=int, default=0,
+                  help="the window stride the asset runs at (default: the run's); e.g. the window "
+                       "itself for beacons trained at a shorter stride, to read as the official "
+                       "code does (the campaign record keeps the training recipe)")
   args = ap.parse_args(argv)
 
   def export():
@@ -153,9 +157,13 @@ def main(argv=None):
         ratios = tuple(int(r) for r in args.ratios.split(","))
       except ValueError:
         raise AssetError(f"--ratios must be a comma list of integers, got {args.ratios!r}") from None
+    if args.stride < 0:
+      raise AssetError(f"--stride must be positive (0: the run's), got {args.stride}")
     cfg, bcfg, params, step, base = params_from_workdir(args.workdir, args.step)
     if ratios is not None:
       bcfg = dataclasses.replace(bcfg, ratios=ratios)  # validated by BeaconConfig itself
+    if args.stride:
+      bcfg = dataclasses.replace(bcfg, stride=args.stride)  # validated by BeaconConfig itself
     embed = None if str(base or "").strip() else Path(args.workdir) / "base"
     save_beacon_asset(args.out, cfg, bcfg, params, base=base, info=dict(train_step=step,
                                 campaign=campaign.record(args.workdir, step)),
