@@ -165,7 +165,11 @@ class Models:
       if getattr(a, "stride", 0):  # stride < W (append): the last W - S raw tokens stay raw
         import dataclasses
         bcfg = dataclasses.replace(bcfg, stride=a.stride)
-      desc = (f"beacon W={bcfg.window}{f' S={bcfg.stride}' if bcfg.stride != bcfg.window else ''} ratio {'/'.join(map(str, bcfg.ratios))} "
+      if getattr(a, "attn", ""):  # another beacon attention pattern than trained (a diagnostic)
+        import dataclasses
+        bcfg = dataclasses.replace(bcfg, attn=a.attn)
+      attn = f" {bcfg.attn}" if getattr(a, "attn", "") else ""
+      desc = (f"beacon W={bcfg.window}{f' S={bcfg.stride}' if bcfg.stride != bcfg.window else ''} ratio {'/'.join(map(str, bcfg.ratios))}{attn} "
               f"({'+'.join(bcfg.param)}), {which} ({src})")
       lm = BeaconLM(cfg, bcfg, max_length=16 * bcfg.window + 512, progress=False)
       self._beacon = {key: (lm, jax.tree.map(jnp.asarray, params), desc, bcfg)}  # one at a time
@@ -438,6 +442,8 @@ def main(argv=None):
   ap.add_argument("--ratios", default="", help="beacon ratios to evaluate at (default: as trained)")
   ap.add_argument("--stride", type=int, default=0,
                   help="beacon stride S to evaluate at (default: as trained; S < W keeps W - S raw)")
+  ap.add_argument("--attn", default="", choices=("", "step-expansion", "full-coverage"),
+                  help="beacon attention pattern to evaluate at (default: as trained)")
   ap.add_argument("--text", default="pydoc", choices=("pydoc", "handbook", "kjv"),
                   help="ppl: the held-out text (default) or a training text, in-domain check only")
   ap.add_argument("--docs", type=int, default=4, help="ppl: documents")
