@@ -1,4 +1,4 @@
-"""Activation Beacon on frozen SmolLM2-135M-Instruct: the real-model learning campaign (round 5).
+"""Activation Beacon on frozen SmolLM2-135M-Instruct: the real-model learning campaign (round 9).
 
 W = 256 (1/32 of SmolLM2's 8K context), stride S = 128 since round 5 (256 before). The start point
 was chosen by measurement (experiments/learn_diagnostics.py start: untrained perplexity on held-out
@@ -10,19 +10,19 @@ memory: on the twin overfit set (experiments/learn_diagnostics.py overfit; resul
 answer loss with q/k/v alone never made the memory matter (delta +0.002 after 150 steps), with
 q/k/v/o it did.
 
-This is campaign13 (docs/learning.md, round 7: campaigns 11 and 12 in one run, passkeys at 8),
-from an asset with train.init_from: overlapping windows (stride 128 = W/2, a longjax extension of
-the official append layout), three compression ratios (8, 32 and 128, one per document:
-instance-random), prose of two lengths distilled from the full-attention base on every raw token
-after the first window (the teacher's top 32 plus one class for the rest of its mass:
-train.distill.rest="bucket", no far-context weight), and passkey documents of 2-6 and 6-17 windows
-(5-digit keys anywhere before the last window) on the answer loss (answer + EOS) and always at
-ratio 8, the ratio they are evaluated at (SOURCE@answer@ratio=8), all in the
-inference layout (train.layout="inference"). Data (offline; README "Does it learn?"): long prose
-(King James Bible, Debian Administrator's Handbook), passkey documents. Held-out evaluation text:
-pydoc_data.topics, never trained on. data.curriculum can grow the windows per document by step
-within one run (e.g. "0:2,300:4,600:8"); the committed asset's stages were separate runs chained
-by init_from (docs/learning.md).
+This is the stage that made the committed asset (docs/learning.md, round 9: round 6's campaign11,
+25 steps from the round-4 asset): prose of two lengths distilled from the full-attention base on
+every raw token after the first window (the teacher's top 32 plus one class for the rest of its
+mass: train.distill.rest="bucket", no far-context weight), overlapping windows (stride 128 = W/2,
+a longjax extension of the official append layout), three compression ratios (8, 32 and 128, one
+per document: instance-random), in the inference layout (train.layout="inference"). Its export
+reads keys at stride 256, ratio 8 (`python -m longjax.beacon.asset ... --stride 256 --ratios 8`)
+and prose at stride 128, ratio 128. Passkey documents can join the mix on the answer loss at a
+fixed ratio (SOURCE@answer@ratio=8; round 7, which did not lift the keys at stride 128). Data
+(offline; README "Does it learn?"): long prose (King James Bible, Debian Administrator's
+Handbook), passkey documents. Held-out evaluation text: pydoc_data.topics, never trained on.
+data.curriculum can grow the windows per document by step within one run (e.g. "0:2,300:4,600:8");
+the committed asset's stages were separate runs chained by init_from (docs/learning.md).
 
   python experiments/long_text_data.py --kind prose --out runs/campaign/prose.jsonl --count 3000 --min 500 --max 1100
   python experiments/long_text_data.py --kind copy --out runs/campaign/copy.jsonl --count 1500 --min 500 --max 1100 --seed 4
@@ -33,8 +33,10 @@ by init_from (docs/learning.md).
       --digits 5 --before_last 1.0 --seed 71
   python experiments/passkey_data.py --out runs/campaign/pk5_long.jsonl --count 1500 --min 1400 --max 4100 \
       --digits 5 --before_last 1.0 --seed 81
-  # continue from the committed asset on a fresh machine (fresh optimizer; rerun to resume):
+  # continue from the committed asset on a fresh machine (fresh optimizer; rerun to resume), then
+  # export a checkpoint to read keys as the asset does:
   python train.py --config=configs/smollm2_beacon.py --config.train.init_from=assets/smollm2_beacon
+  python -m longjax.beacon.asset --workdir runs/campaign19/run --out runs/candidate19 --stride 256 --ratios 8
 """
 import ml_collections
 
@@ -44,7 +46,7 @@ from configs import common
 def get_config():
   c = ml_collections.ConfigDict()
   c.method = "beacon"
-  c.workdir = "runs/campaign13/run"  # round 7 (campaigns 8-15: docs/learning.md)
+  c.workdir = "runs/campaign19/run"  # round 9 (campaigns 8-18: docs/learning.md)
   c.seed = 0
   c.model = common.real_model("HuggingFaceTB/SmolLM2-135M-Instruct", checkpoint="smollm2",
                               dtype="float32", param_dtype="float32")
@@ -56,12 +58,9 @@ def get_config():
                                             attn="step-expansion", param=("q", "k", "v", "o"),
                                             sink_size=1, embed_init="eos", attend_prev=True))
   c.data = common.data_defaults(sources="jsonl:runs/campaign/prose_2k.jsonl@distill,"
-                                        "jsonl:runs/campaign/prose_long.jsonl@distill,"
-                                        "jsonl:runs/campaign/pk5_short.jsonl@answer@ratio=8,"
-                                        "jsonl:runs/campaign/pk5_long.jsonl@answer@ratio=8",
+                                        "jsonl:runs/campaign/prose_long.jsonl@distill",
                                 min_length=0, max_length=4200, loss_on="distill")
-  # round 6 (docs/learning.md): prose distilled with the teacher's tail as one class, passkeys
-  # on the answer loss, lr 1e-4
+  # round 6 (docs/learning.md): prose distilled with the teacher's tail as one class, lr 1e-4
   c.train = common.train_defaults(num_steps=1000, global_batch=1, lr=1e-4, warmup_steps=20,
                                   save_every=25, keep=40, log_every=1, progress=False,
                                   remat="dots",  # 2.8 GB and 12 % faster than True (bench)
