@@ -65,8 +65,9 @@ class Beacon:
   assets = True  # its trained tensors travel as a small asset (train.init_from starts from one)
   # settings that change where the trained tensors are used, not what they are: a run may start
   # from an asset trained with another value (e.g. stride 256 -> 128: overlapping windows; the
-  # ratios drawn: one beacon embedding and one set of projections serve every ratio)
-  layout_only_fields = ("stride", "ratios", "ratio_mix")
+  # ratios drawn: one beacon embedding and one set of projections serve every ratio; the beacons'
+  # attention pattern, step-expansion vs full-coverage: which raw tokens each beacon reads)
+  layout_only_fields = ("stride", "ratios", "ratio_mix", "attn")
   reads_bos = False  # settings do not depend on the model's BOS
   plan_batch_axis = 1  # WindowPlan leaves are [windows, batch, ...]
   groups_by_windows = True  # batches of equal window counts: one compile per count

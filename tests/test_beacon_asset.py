@@ -114,6 +114,12 @@ def test_init_from_may_add_projections_but_nothing_else(tmp_path):
   got = params_from_asset(run, mixed, load_beacon(base, init="official", beacon=mixed,
                                                   param_dtype="float32")[2], None)
   np.testing.assert_array_equal(got["alt_embedding"], bf16(params["alt_embedding"]))
+  # and the beacons' attention pattern (which raw tokens each beacon reads; same tensors)
+  other_attn = "full-coverage" if app.attn == "step-expansion" else "step-expansion"
+  coverage = dataclasses.replace(app, attn=other_attn)
+  got = params_from_asset(app_run, coverage, load_beacon(base, init="official", beacon=coverage,
+                                                     param_dtype="float32")[2], None)
+  np.testing.assert_array_equal(got["alt_embedding"], bf16(params["alt_embedding"]))
   for change, msg in ((dict(param=("q", "k")), "only the projections may grow"),
                       (dict(param=("q", "k", "v", "o"), window=16, stride=16), "settings differ")):
     other = dataclasses.replace(bcfg, **change)
