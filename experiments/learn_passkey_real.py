@@ -28,6 +28,7 @@ atomically after every sample, so an interrupted run resumes where it stopped):
   python experiments/learn_passkey_real.py ppl --asset assets/smollm2_beacon
 """
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -159,16 +160,17 @@ class Models:
         cfg, bcfg, params = load_beacon(self.hf_dir, init="official", beacon=bcfg,
                                         param_dtype="float32")
         src = "official init"
-      if getattr(a, "ratios", ""):  # evaluate at other ratios than trained (beacons are shared across ratios)
-        import dataclasses
-        bcfg = dataclasses.replace(bcfg, ratios=tuple(int(r) for r in a.ratios.split(",")))
-      if getattr(a, "stride", 0):  # stride < W (append): the last W - S raw tokens stay raw
-        import dataclasses
-        bcfg = dataclasses.replace(bcfg, stride=a.stride)
-      if getattr(a, "attn", ""):  # another beacon attention pattern than trained (a diagnostic)
-        import dataclasses
-        bcfg = dataclasses.replace(bcfg, attn=a.attn)
-      attn = f" {bcfg.attn}" if getattr(a, "attn", "") else ""
+      # another reading of the same tensors than trained: ratios (beacons are shared across
+      # ratios), stride (S < W, append: the last W - S raw tokens stay raw), attention pattern
+      reading = {}
+      if getattr(a, "ratios", ""):
+        reading["ratios"] = tuple(int(r) for r in a.ratios.split(","))
+      if getattr(a, "stride", 0):
+        reading["stride"] = a.stride
+      if getattr(a, "attn", ""):
+        reading["attn"] = a.attn
+      bcfg = dataclasses.replace(bcfg, **reading)
+      attn = f" {bcfg.attn}" if "attn" in reading else ""
       desc = (f"beacon W={bcfg.window}{f' S={bcfg.stride}' if bcfg.stride != bcfg.window else ''} ratio {'/'.join(map(str, bcfg.ratios))}{attn} "
               f"({'+'.join(bcfg.param)}), {which} ({src})")
       lm = BeaconLM(cfg, bcfg, max_length=16 * bcfg.window + 512, progress=False)
