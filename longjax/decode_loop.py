@@ -43,7 +43,9 @@ BUFFER_MULTIPLE = 32
 class Segment:
   """Feeds ``[previous segment's end, end)`` run ``step(params, carry, x, tokens [B]) ->
   (logits [B, V], carry)``: a pure jittable function, hashable by value (a static argument: equal
-  steps share one compiled loop). Feed ``f`` reads ``x = xs[f - first]`` (``None`` without xs)."""
+  steps share one compiled loop). Feed ``f`` reads ``x = xs[f - first]`` (``None`` without xs).
+  A step with a ``prepare_params(params)`` method gets the parameters through it (on the host,
+  before its loop)."""
   end: int
   step: Callable
   xs: Any = None  # leaves [n, ...]: per-feed inputs planned on the host
@@ -71,6 +73,14 @@ class LoopState:
   logits: Optional[jax.Array]  # [B, N, V]: the logits each token was sampled from (or None)
   done: jax.Array  # [B] bool: the row has emitted a stop id
   carry: Any  # the method's device state after n - 1 fed tokens
+
+
+def step_params(step, params):
+  """``params`` in the layout ``step`` runs with: through its ``prepare_params`` when it has one
+  (``Decoder.prepare_params``: per-layer weights for an unrolled layer loop). Called on the host,
+  before a loop over the step, so that no step inside it converts anything."""
+  prepare = getattr(step, "prepare_params", None)
+  return params if prepare is None else prepare(params)
 
 
 def check_segment(g: Segment, end: int, n_feeds: int):
@@ -166,9 +176,10 @@ def run(plan: DevicePlan, params, logits, max_new_tokens: int, sampling: Samplin
     end = g.end
     if g.xs is not xs_host:
       xs_host, xs = g.xs, (None if g.xs is None else jax.device_put(g.xs))
+    g_params = step_params(g.step, params)
     while not all_done and n - 1 < g.end:  # feeds n - 1 .. end - 1 run with this step
       n_end = g.end + 1 if chunk is None else min(g.end + 1, n + chunk)
-      s = _advance_jit(params, s, xs, np.int32(g.first), key, stops, np.int32(n_end), step=g.step,
+      s = _advance_jit(g_params, s, xs, np.int32(g.first), key, stops, np.int32(n_end), step=g.step,
                   sampling=sampling)
       n, all_done = int(s.n), bool(np.all(np.asarray(s.done)))
       report(n)

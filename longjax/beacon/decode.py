@@ -29,7 +29,7 @@ from longjax.beacon.planner import stack
 from longjax.beacon.schedule import segments
 from longjax.beacon.step import Carry, window_step
 from longjax.decode_loop import DevicePlan, Segment
-from longjax.models.decoder import Decoder
+from longjax.models.decoder import Decoder, decode_decoder
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +48,9 @@ class BeaconDecodeStep:
     carry, _ = window_step(self.model, self.sink_cap, params, carry, plan, mem_size=self.mem_size,
                            want_loss=False, want_hidden=False)
     return carry.last, carry
+
+  def prepare_params(self, params):
+    return self.model.prepare_params(params)
 
 
 # Decode steps planned (and stacked) at a time: the stacked plan's shape, hence the compiled loop,
@@ -101,7 +104,7 @@ def _block_segments(lm, capacity: int, f0: int, step_descs, needs):
     plans = [sch.assemble(sd, q_small) if ok else noop for sd, ok in zip(step_descs, small)]
     shared = _stacked(plans + [noop] * (PLAN_BLOCK - n), capacity)  # one shape for every block
   buckets = [sch.memory_bucket(x, capacity) for x in needs]
-  step = functools.partial(BeaconDecodeStep, lm.model, lm.sink_cap)
+  step = functools.partial(BeaconDecodeStep, decode_decoder(lm.model), lm.sink_cap)
   i = 0
   while i < n:
     if not small[i]:

@@ -18,12 +18,16 @@ per layer, so that callers decide what to keep. Keys are rotated at use, with th
 caller gives: that is what lets Beacon re-position its memory on every call.
 
 Layers are stacked with ``nn.scan`` (one compiled layer body; parameters carry a leading layer
-axis) and optionally rematerialised with ``nn.remat``.
+axis) and optionally rematerialised with ``nn.remat``. ``layer_loop="unrolled"`` runs the same
+layers as a Python loop over per-layer parameters (``unstack_layers``): for decode steps on CPU,
+where the scan's per-layer ``dynamic_slice`` of every weight is a copy that costs as much memory
+traffic as the step's matmuls themselves (profile in docs/performance.md).
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
+import weakref
 from typing import Optional
 
 import flax.linen as nn
@@ -33,7 +37,7 @@ import numpy as np
 
 # CAUSAL_PREFILL: the rule of a plain causal decoder's calls, for the methods that build one
 from longjax.kernels import CAUSAL_PREFILL, NO_WINDOW, MaskRule, TokenMeta, attention  # noqa
-from longjax.models.config import ModelConfig
+from longjax.models.config import ModelConfig, ModelConfigError
 from longjax.models.head import lm_head
 from longjax.models.rope import apply_rope, rope_tables
 
@@ -144,11 +148,50 @@ class Block(nn.Module):
     return x, new_kv
 
 
+LAYER_LOOPS = ("scan", "unrolled")
+
+
+def unstack_layers(params):
+  """The stacked ``params["layers"]`` (leading layer axis) as ``layers_0 .. layers_{L-1}``: the
+  parameter layout of ``Decoder(layer_loop="unrolled")``. It is a copy of the layer weights, made
+  once per parameter tree: kept (``_UNSTACKED``) while every leaf of ``params`` lives, so repeated
+  generations do not copy (and page in) the weights again."""
+  if "layers" not in params:
+    return params  # already unstacked
+  leaves = jax.tree.leaves(params)
+  if any(isinstance(x, jax.core.Tracer) for x in leaves):
+    return _unstack(params)  # under a transformation: nothing to keep
+  key = tuple(id(x) for x in leaves)
+  hit = _UNSTACKED.get(key)
+  if hit is None:
+    hit = _UNSTACKED[key] = _unstack_jit(params)
+    for x in leaves:  # an id is only unique while its object lives
+      weakref.finalize(x, _UNSTACKED.pop, key, None)
+  return hit
+
+
+def _unstack(params):
+  out = {k: v for k, v in params.items() if k != "layers"}
+  n = jax.tree.leaves(params["layers"])[0].shape[0]
+  for i in range(n):
+    out[f"layers_{i}"] = jax.tree.map(lambda a, i=i: a[i], params["layers"])
+  return out
+
+
+_unstack_jit = jax.jit(_unstack)
+_UNSTACKED: dict = {}
+
+
 class Decoder(nn.Module):
   """Decoder-only LM. See the module docstring for the call contract."""
   cfg: ModelConfig
   rule: MaskRule = MaskRule(causal=True)
   impl: str = "auto"
+  layer_loop: str = "scan"  # or "unrolled": parameters from ``unstack_layers``
+
+  def prepare_params(self, params):
+    """``params`` in this decoder's layout (stacked checkpoints in, unstacked for ``unrolled``)."""
+    return unstack_layers(params) if self.layer_loop == "unrolled" else params
 
   def layer_windows(self) -> jax.Array:
     ws = self.cfg.sliding_windows or (None,) * self.cfg.num_layers
@@ -188,10 +231,23 @@ class Decoder(nn.Module):
       policy = (jax.checkpoint_policies.dots_with_no_batch_dims_saveable if cfg.remat == "dots"
                 else jax.checkpoint_policies.nothing_saveable)
       block = nn.remat(block, prevent_cse=False, policy=policy)
-    stack = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True},
-                    in_axes=(0, nn.broadcast), length=cfg.num_layers)
-    x, new_kv = stack(cfg, self.rule, self.impl, name="layers")(
-        x, (mem_k, mem_v, self.layer_windows()), (alt, rope_q, rope_mem, q_meta, k_meta))
+    shared = (alt, rope_q, rope_mem, q_meta, k_meta)
+    if self.layer_loop == "unrolled":
+      windows, kvs = self.layer_windows(), []
+      for i in range(cfg.num_layers):
+        layer_in = (None if mem_k is None else mem_k[i], None if mem_v is None else mem_v[i],
+                    windows[i])
+        x, kv = block(cfg, self.rule, self.impl, name=f"layers_{i}")(x, layer_in, shared)
+        kvs.append(kv)
+      new_kv = jax.tree.map(lambda *a: jnp.stack(a), *kvs)
+    elif self.layer_loop == "scan":
+      stack = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True},
+                      in_axes=(0, nn.broadcast), length=cfg.num_layers)
+      x, new_kv = stack(cfg, self.rule, self.impl, name="layers")(
+          x, (mem_k, mem_v, self.layer_windows()), shared)
+    else:
+      raise ModelConfigError(f"Decoder.layer_loop must be one of {LAYER_LOOPS}, "
+                             f"got {self.layer_loop!r}")
     x = RMSNorm(cfg.rms_norm_eps, cfg.params_dtype, name="final_norm")(x)
     if not head:
       return x, new_kv
@@ -230,6 +286,23 @@ def init_params(cfg: ModelConfig, seed: int = 0):
 def param_shapes(cfg: ModelConfig):
   """Abstract parameter tree (``ShapeDtypeStruct`` leaves) without allocating anything."""
   return jax.eval_shape(lambda: init_params(cfg))
+
+
+# Decode loops on CPU step with per-layer weight copies while the layers' weights stay under this
+# size (the copies live for the loop: at most this much extra host memory).
+UNROLL_MAX_LAYER_BYTES = 2 * 2**30
+
+
+def decode_decoder(model: Decoder) -> Decoder:
+  """The decoder a decode loop steps with: ``layer_loop="unrolled"`` on CPU for layer weights up
+  to ``UNROLL_MAX_LAYER_BYTES`` (a step of a few tokens reads every weight once, and the scan's
+  per-layer slices would copy each of them first), the scan elsewhere (accelerators fuse the
+  slice into the matmul, and a copy of a large model's weights would not fit beside them)."""
+  if model.layer_loop != "scan" or jax.default_backend() != "cpu":
+    return model
+  layer_bytes = sum(int(np.prod(x.shape)) * jnp.dtype(x.dtype).itemsize
+                    for x in jax.tree.leaves(param_shapes(model.cfg)["layers"]))
+  return model.clone(layer_loop="unrolled") if layer_bytes <= UNROLL_MAX_LAYER_BYTES else model
 
 
 def count_params(params) -> int:

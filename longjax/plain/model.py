@@ -12,7 +12,7 @@ import numpy as np
 from longjax import decode_loop
 from longjax.generate import check_kv_fits, check_max_new_tokens, check_token_ids
 from longjax.models.config import ModelConfig
-from longjax.models.decoder import CAUSAL_PREFILL, Decoder
+from longjax.models.decoder import CAUSAL_PREFILL, Decoder, decode_decoder
 from longjax.models.kv_cache import KVCache, cache_forward, check_room
 from longjax.sizes import round_up
 
@@ -47,7 +47,8 @@ class PlainLM:
   def device_plan(self, state: KVCache, n_feeds: int) -> decode_loop.DevicePlan:
     # prefill sized the cache for max_new_tokens: the n_feeds tokens fit.
     check_room(state, n_feeds)
-    return decode_loop.DevicePlan(state, [decode_loop.Segment(n_feeds, PlainStep(self.model))])
+    return decode_loop.DevicePlan(state, [decode_loop.Segment(n_feeds,
+                                                              PlainStep(decode_decoder(self.model)))])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +59,9 @@ class PlainStep:
 
   def __call__(self, params, cache, x, tokens):
     return cache_forward(self.model, params, cache, tokens[:, None], last_only=True)
+
+  def prepare_params(self, params):
+    return self.model.prepare_params(params)
 
 
 class BucketedPlainLM(PlainLM):

@@ -1,0 +1,101 @@
+"""``Decoder(layer_loop="unrolled")`` (the CPU decode loops' layout, per-layer weights) against the
+stacked ``nn.scan`` decoder: same logits and KV, with a memory prefix, per-layer sliding windows
+and alternative projections; the per-layer copy is made once per parameter tree; decode loops
+through either layout give the same tokens."""
+from __future__ import annotations
+
+import gc
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import longjax
+from longjax.kernels import TokenMeta
+from longjax.models import decoder as D
+from longjax.models.config import ModelConfig, ModelConfigError
+from longjax.plain import PlainLM
+
+CFG = ModelConfig(vocab_size=96, hidden_size=32, intermediate_size=48, num_layers=3, num_heads=4,
+                  num_kv_heads=2, head_dim=8, attention_bias=True, sliding_windows=(None, 6, None),
+                  alt_projections=("q", "k", "v", "o"), num_alt_embeddings=1)
+
+
+def _call(layer_loop, params, with_memory):
+  rng = np.random.default_rng(0)
+  b, t, m = 2, 5, 9
+  tokens = jnp.asarray(rng.integers(3, CFG.vocab_size, (b, t)), jnp.int32)
+  positions = m + jnp.arange(t)[None].repeat(b, 0)
+  alt = jnp.asarray([[1, 7], [0, 3]], jnp.int32)  # slot indices; 7 >= T is padding
+  memory = None
+  if with_memory:
+    shape = (CFG.num_layers, b, m, CFG.num_kv_heads, CFG.head_dim)
+    k = jnp.asarray(rng.standard_normal(shape), jnp.float32)
+    v = jnp.asarray(rng.standard_normal(shape), jnp.float32)
+    pos = jnp.arange(m)[None].repeat(b, 0)
+    valid = jnp.asarray(np.arange(m)[None] < np.array([[m], [m - 3]]))
+    memory = D.KVPrefix(k, v, pos, TokenMeta.causal(pos, valid=valid))
+  model = D.Decoder(CFG, layer_loop=layer_loop)
+  return model.apply({"params": model.prepare_params(params)}, tokens, positions, alt=alt,
+                     memory=memory)
+
+
+@pytest.mark.parametrize("with_memory", [False, True])
+def test_unrolled_layers_equal_the_scan(with_memory):
+  params = D.init_params(CFG, 3)
+  logits_s, (k_s, v_s) = _call("scan", params, with_memory)
+  logits_u, (k_u, v_u) = _call("unrolled", params, with_memory)
+  assert k_u.shape == k_s.shape == (CFG.num_layers, 2, 5, CFG.num_kv_heads, CFG.head_dim)
+  np.testing.assert_allclose(logits_u, logits_s, atol=1e-5, rtol=0)
+  np.testing.assert_allclose(k_u, k_s, atol=1e-6, rtol=0)
+  np.testing.assert_allclose(v_u, v_s, atol=1e-6, rtol=0)
+  # the per-layer windows and weights are really per layer: running every layer with layer 0's
+  # parameters must change the result (otherwise this test could not fail on a wrong index)
+  p0 = dict(D.unstack_layers(params))
+  for i in range(1, CFG.num_layers):
+    p0[f"layers_{i}"] = p0["layers_0"]
+  model = D.Decoder(CFG, layer_loop="unrolled")
+  tokens = jnp.ones((1, 4), jnp.int32) * 5
+  wrong = model.apply({"params": p0}, tokens, jnp.arange(4)[None])[0]
+  right = model.apply({"params": model.prepare_params(params)}, tokens, jnp.arange(4)[None])[0]
+  assert np.abs(np.asarray(wrong) - np.asarray(right)).max() > 1e-3
+
+
+def test_unstacked_copy_is_made_once_per_parameter_tree():
+  params = jax.tree.map(jnp.array, D.init_params(CFG, 1))
+  a = D.unstack_layers(params)
+  assert D.unstack_layers(params) is a  # a second generation does not copy the weights again
+  assert D.unstack_layers(a) is a  # already unstacked
+  assert sorted(k for k in a if k.startswith("layers")) == ["layers_0", "layers_1", "layers_2"]
+  np.testing.assert_array_equal(a["layers_2"]["mlp"]["up_proj"]["kernel"],
+                                params["layers"]["mlp"]["up_proj"]["kernel"][2])
+  n = len(D._UNSTACKED)
+  del params, a
+  gc.collect()
+  assert len(D._UNSTACKED) == n - 1  # dropped with the parameters it was made from
+
+
+def test_decode_decoder_choice_and_bad_layer_loop(monkeypatch):
+  model = D.Decoder(CFG)
+  assert D.decode_decoder(model).layer_loop == ("unrolled" if jax.default_backend() == "cpu"
+                                                else "scan")
+  monkeypatch.setattr(D, "UNROLL_MAX_LAYER_BYTES", 0)  # a model too large to copy: the scan
+  assert D.decode_decoder(model).layer_loop == "scan"
+  with pytest.raises(ModelConfigError, match="layer_loop must be one of"):
+    D.Decoder(CFG, layer_loop="python").apply({"params": D.init_params(CFG)},
+                                               jnp.ones((1, 2), jnp.int32), jnp.arange(2)[None])
+
+
+def test_device_loop_tokens_equal_in_both_layouts(monkeypatch):
+  cfg = ModelConfig(vocab_size=96, hidden_size=32, intermediate_size=48, num_layers=2,
+                    num_heads=4, num_kv_heads=2, head_dim=8)
+  params = D.init_params(cfg, 5)
+  prompts = [np.random.default_rng(1).integers(3, 96, 11).tolist()]
+  unrolled = longjax.generate(PlainLM(cfg), params, prompts, max_new_tokens=9, loop="device",
+                              return_logits=True)
+  monkeypatch.setattr(D, "UNROLL_MAX_LAYER_BYTES", 0)
+  scan = longjax.generate(PlainLM(cfg), params, prompts, max_new_tokens=9, loop="device",
+                          return_logits=True)
+  assert unrolled.tokens == scan.tokens
+  np.testing.assert_allclose(unrolled.logits[0], scan.logits[0], atol=1e-5, rtol=0)
