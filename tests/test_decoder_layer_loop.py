@@ -1,7 +1,9 @@
-"""``Decoder(layer_loop="unrolled")`` (the CPU decode loops' layout, per-layer weights) against the
-stacked ``nn.scan`` decoder: same logits and KV, with a memory prefix, per-layer sliding windows
-and alternative projections; the per-layer copy is made once per parameter tree; decode loops
-through either layout give the same tokens."""
+"""The decode paths of the decoder against its general form: ``Decoder(layer_loop="unrolled")``
+(the CPU decode loops' layout, per-layer weights) against the stacked ``nn.scan`` decoder (same
+logits and KV, with a memory prefix, per-layer sliding windows and alternative projections; the
+per-layer copy made once per parameter tree; decode loops through either layout give the same
+tokens), and a memory prefix's RoPE tables gathered from one table (``KVPrefix.position_bound``)
+against the tables of its positions."""
 from __future__ import annotations
 
 import gc
@@ -99,3 +101,31 @@ def test_device_loop_tokens_equal_in_both_layouts(monkeypatch):
                           return_logits=True)
   assert unrolled.tokens == scan.tokens
   np.testing.assert_allclose(unrolled.logits[0], scan.logits[0], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("rope_scaling", [None, (("factor", 2.0), ("rope_type", "dynamic"))])
+def test_memory_rope_from_one_table_equals_per_position_tables(rope_scaling):
+  import dataclasses
+  cfg = dataclasses.replace(CFG, rope_scaling=rope_scaling, max_position_embeddings=8)
+  params = D.init_params(cfg, 2)
+  rng = np.random.default_rng(4)
+  b, m, t = 2, 11, 3
+  shape = (cfg.num_layers, b, m, cfg.num_kv_heads, cfg.head_dim)
+  k = jnp.asarray(rng.standard_normal(shape), jnp.float32)
+  v = jnp.asarray(rng.standard_normal(shape), jnp.float32)
+  j = np.arange(m)[None].repeat(b, 0)
+  # a beacon-like layout: a sink of 2 slots, row 1 with one sink entry (later positions shift)
+  pos = jnp.asarray(np.where(j < 2, j, np.array([[2], [1]]) + j - 2), jnp.int32)
+  valid = jnp.asarray(~((j == 1) & (np.arange(b)[:, None] == 1)))
+  meta = TokenMeta.causal(pos, valid=valid)
+  tokens = jnp.asarray(rng.integers(3, cfg.vocab_size, (b, t)), jnp.int32)
+  positions = jnp.asarray([[m, m + 1, m + 2], [m - 1, m, m + 1]], jnp.int32)
+  model = D.Decoder(cfg)
+  run = lambda mem: np.asarray(jax.jit(lambda p: model.apply(  # noqa: E731
+      {"params": p}, tokens, positions, memory=mem)[0])(params))
+  per_position = run(D.KVPrefix(k, v, pos, meta))
+  one_table = run(D.KVPrefix(k, v, pos, meta, position_bound=m))
+  np.testing.assert_allclose(one_table, per_position, atol=1e-5, rtol=0)
+  # the positions matter (a table indexed wrongly would show): all-zero positions move the logits
+  zero = run(D.KVPrefix(k, v, jnp.zeros_like(pos), meta, position_bound=m))
+  assert np.abs(zero - per_position).max() > 1e-3

@@ -191,7 +191,9 @@ def _memory_prefix(k, v, plan: WindowPlan, m: int, sink_cap: int, kinds: bool) -
   mem_meta = TokenMeta.causal(mem_order, valid=mem_valid,
                               kind=jnp.zeros((b, m), jnp.int32) if kinds else None)
   mk, mv = (k, v) if m == k.shape[2] else (k[:, :, :m], v[:, :, :m])
-  return KVPrefix(mk, mv, mem_pos, mem_meta)
+  # mem_pos <= j < m for every entry (sink_len <= sink_cap): the RoPE tables come from one table
+  # of m positions (computed once per decode loop, not per step)
+  return KVPrefix(mk, mv, mem_pos, mem_meta, position_bound=m)
 
 
 def _write_back(buf, new, plan: WindowPlan, sink_cap: int):

@@ -49,12 +49,16 @@ class KVPrefix:
 
   ``k``/``v``: ``[L, B, M, Hkv, D]`` pre-RoPE; ``positions``: ``[B, M]`` RoPE positions to rotate
   the keys with in this call; ``meta``: mask metadata of these keys (``valid`` marks the filled
-  part of a fixed-capacity buffer).
+  part of a fixed-capacity buffer). ``position_bound`` (static, optional): every position is
+  known to lie in ``[0, position_bound)``; the rotation tables are then gathered from one table of
+  ``arange(position_bound)``, which depends on no step input: a decode loop computes it once
+  instead of the sin/cos of all ``M`` positions at every step.
   """
   k: jax.Array
   v: jax.Array
   positions: jax.Array
   meta: TokenMeta
+  position_bound: Optional[int] = dataclasses.field(default=None, metadata=dict(static=True))
 
 
 class RMSNorm(nn.Module):
@@ -224,7 +228,11 @@ class Decoder(nn.Module):
       k_meta = q_meta
     else:
       mem_k, mem_v = memory.k, memory.v
-      rope_mem = rope_tables(cfg, memory.positions, seq_len)
+      if memory.position_bound is None:
+        rope_mem = rope_tables(cfg, memory.positions, seq_len)
+      else:
+        table = rope_tables(cfg, jnp.arange(memory.position_bound, dtype=jnp.int32), seq_len)
+        rope_mem = tuple(t[memory.positions] for t in table)
       k_meta = memory.meta.concat(q_meta)
     block = Block
     if cfg.remat:
