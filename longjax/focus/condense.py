@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import PartitionSpec as P
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 from longjax.focus.config import FocusError
 from longjax.kernels import TokenMeta
@@ -178,10 +178,17 @@ def gather_candidates(cand, gather):
 
 
 def local_hidden(model: Decoder, params, cand_k, cand_v, gather, cand_valid, tokens, lengths,
-                 n_chunks):
+                 n_chunks, mesh=None, axis: str = "chunks"):
   """Local forward: final hidden states ``[B, U, H]`` of ``tokens [B, U]`` (right-padded to
-  ``lengths``), with each prompt's candidates as a prefix at positions ``0..n_chunks-1``."""
+  ``lengths``), with each prompt's candidates as a prefix at positions ``0..n_chunks-1``.
+
+  With a chunk ``mesh``, the local tokens are split over ``mesh[axis]`` by position (the
+  attention gathers the keys): the local context is one sequence per prompt, and left unsharded
+  every device would run all of it, once per device (FocusLLM recomputes it at every decode
+  step)."""
   b, u = tokens.shape
+  if mesh is not None:
+    tokens = jax.lax.with_sharding_constraint(tokens, NamedSharding(mesh, P(None, axis)))
   cmax = gather.shape[1]
   slots = jnp.broadcast_to(jnp.arange(cmax, dtype=jnp.int32), (b, cmax))
   memory = KVPrefix(gather_candidates(cand_k, gather), gather_candidates(cand_v, gather), slots,
@@ -191,6 +198,8 @@ def local_hidden(model: Decoder, params, cand_k, cand_v, gather, cand_valid, tok
   q_meta = TokenMeta.causal(positions, valid=j < lengths[:, None])
   hidden, _ = model.apply({"params": params}, tokens, positions, q_meta=q_meta, memory=memory,
                           head=False)
+  if mesh is not None:
+    hidden = jax.lax.with_sharding_constraint(hidden, NamedSharding(mesh, P(None, axis, None)))
   return hidden
 
 

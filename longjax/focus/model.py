@@ -112,6 +112,11 @@ class FocusLLM:
     check_model(cfg, fcfg)
     self.cfg, self.fcfg, self.mesh, self.axis = cfg, fcfg, mesh, axis
     self.model = Decoder(cfg, impl=impl)
+    # The local forward: sequence-split over a CPU mesh's devices (``C.local_hidden``), where the
+    # chunked CPU attention (a loop over query blocks) would cut across the split and reduce over
+    # the devices at every block; the dense form splits by query rows.
+    cpu_mesh = mesh is not None and mesh.devices.flat[0].platform == "cpu"
+    self.local_model = Decoder(cfg, impl="xla") if cpu_mesh and impl == "auto" else self.model
     if chunk_bucket != "pow2" and not (isinstance(chunk_bucket, (int, np.integer))
                                        and int(chunk_bucket) >= 1):
       raise FocusError(f"chunk_bucket must be 'pow2' or an int >= 1, got {chunk_bucket!r}")
@@ -174,8 +179,9 @@ class FocusLLM:
     return self._local_logits(params, state, all_logits), state
 
   def _local_logits(self, params, s: FocusState, all_logits: bool):
-    hidden = C.local_hidden(self.model, params, s.cand_k, s.cand_v, s.gather, s.cand_valid,
-                            s.local_tokens, s.local_len, s.n_chunks)
+    hidden = C.local_hidden(self.local_model, params, s.cand_k, s.cand_v, s.gather, s.cand_valid,
+                            s.local_tokens, s.local_len, s.n_chunks, mesh=self.mesh,
+                            axis=self.axis)
     if all_logits:
       return lm_head(self.cfg, params, hidden)
     return lm_head(self.cfg, params, C.last_hidden(hidden, s.local_len))
