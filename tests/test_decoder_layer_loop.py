@@ -76,6 +76,14 @@ def test_unstacked_copy_is_made_once_per_parameter_tree():
   del params, a
   gc.collect()
   assert len(D._UNSTACKED) == n - 1  # dropped with the parameters it was made from
+  # numpy leaves may change in place: never kept, so a changed weight is always seen
+  host = jax.tree.map(np.array, D.init_params(CFG, 1))
+  first = np.array(D.unstack_layers(host)["layers_2"]["mlp"]["up_proj"]["kernel"])
+  host["layers"]["mlp"]["up_proj"]["kernel"][2] += 1.0
+  second = D.unstack_layers(host)
+  assert len(D._UNSTACKED) == n - 1
+  np.testing.assert_array_equal(np.asarray(second["layers_2"]["mlp"]["up_proj"]["kernel"]),
+                                first + 1.0)
 
 
 def test_decode_decoder_choice_and_bad_layer_loop(monkeypatch):

@@ -158,13 +158,14 @@ LAYER_LOOPS = ("scan", "unrolled")
 def unstack_layers(params):
   """The stacked ``params["layers"]`` (leading layer axis) as ``layers_0 .. layers_{L-1}``: the
   parameter layout of ``Decoder(layer_loop="unrolled")``. It is a copy of the layer weights, made
-  once per parameter tree: kept (``_UNSTACKED``) while every leaf of ``params`` lives, so repeated
-  generations do not copy (and page in) the weights again."""
+  once per parameter tree of jax arrays: kept (``_UNSTACKED``) while every leaf of ``params``
+  lives, so repeated generations do not copy (and page in) the weights again. Other leaves
+  (numpy arrays, which may change in place; tracers) are copied at every call."""
   if "layers" not in params:
     return params  # already unstacked
   leaves = jax.tree.leaves(params)
-  if any(isinstance(x, jax.core.Tracer) for x in leaves):
-    return _unstack(params)  # under a transformation: nothing to keep
+  if not all(isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer) for x in leaves):
+    return _unstack(params)  # nothing that can safely be kept
   key = tuple(id(x) for x in leaves)
   hit = _UNSTACKED.get(key)
   if hit is None:
@@ -297,7 +298,8 @@ def param_shapes(cfg: ModelConfig):
 
 
 # Decode loops on CPU step with per-layer weight copies while the layers' weights stay under this
-# size (the copies live for the loop: at most this much extra host memory).
+# size (a copy lives as long as the parameters it was made from: at most this much extra memory
+# per parameter tree).
 UNROLL_MAX_LAYER_BYTES = 2 * 2**30
 
 

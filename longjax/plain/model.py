@@ -47,8 +47,8 @@ class PlainLM:
   def device_plan(self, state: KVCache, n_feeds: int) -> decode_loop.DevicePlan:
     # prefill sized the cache for max_new_tokens: the n_feeds tokens fit.
     check_room(state, n_feeds)
-    return decode_loop.DevicePlan(state, [decode_loop.Segment(n_feeds,
-                                                              PlainStep(decode_decoder(self.model)))])
+    step = PlainStep(decode_decoder(self.model))
+    return decode_loop.DevicePlan(state, [decode_loop.Segment(n_feeds, step)])
 
 
 @dataclasses.dataclass(frozen=True)
