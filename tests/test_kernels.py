@@ -132,19 +132,45 @@ def test_blockwise_grads():
 # ------------------------------------------------------------------------------------------------
 # Query-chunked dense path (CPU).
 # ------------------------------------------------------------------------------------------------
+# One key tile, and several (16 x 16 tiles: a partial last one, an odd number of query blocks, two
+# blocks per loop step); one block per step: test_chunked_causal_trimming_matches_dense.
+CHUNK_TILINGS = {"one_tile": dict(block_q=16, block_k=4096),
+                 "tiles": dict(block_q=16, block_k=16, parallel_blocks=2)}
+
+
+@pytest.mark.parametrize("tiling", list(CHUNK_TILINGS))
 @pytest.mark.parametrize("name,dtype,hq,hkv", XLA_CASES)
-def test_chunked_forward(name, dtype, hq, hkv):
+def test_chunked_forward(name, dtype, hq, hkv, tiling):
   q, k, v, qm, km, rule, window = make_case(name, dtype, hq, hkv)
   assert q.shape[1] % 16, "the query length must leave a partial block"
-  out, lse = chunked_attention(q, k, v, qm, km, rule, window=window, block_q=16)
+  out, lse = chunked_attention(q, k, v, qm, km, rule, window=window, **CHUNK_TILINGS[tiling])
   check_forward(out, lse, q, k, v, qm, km, rule, window)
 
 
-@pytest.mark.parametrize("remat_scores", [2048 * 2048, 0])  # plain autodiff; per-block remat
-def test_chunked_grads(remat_scores):
+def test_chunked_default_blocks():
+  """The default choices: key tiles with ``TILE_Q`` (or half) queries per block past
+  ``WHOLE_TILE_BYTES`` (lowered here so that a small case crosses it), one tile below it."""
+  from longjax.kernels import chunked
   q, k, v, qm, km, rule, window = make_case("beacon_memory")
-  fn = lambda q, k, v: chunked_attention(q, k, v, qm, km, rule, window=window, block_q=16,
-                                         remat_scores=remat_scores)
+  saved = chunked.TILE_Q, chunked.TILE_K, chunked.WHOLE_TILE_BYTES
+  try:
+    chunked.TILE_Q, chunked.TILE_K = 32, 24
+    whole = chunked_attention(q, k, v, qm, km, rule, window=window)
+    chunked.WHOLE_TILE_BYTES = 1024
+    tiled = chunked_attention(q, k, v, qm, km, rule, window=window)
+  finally:
+    chunked.TILE_Q, chunked.TILE_K, chunked.WHOLE_TILE_BYTES = saved
+  assert k.shape[1] > 2 * 24
+  for out, lse in (whole, tiled):
+    check_forward(out, lse, q, k, v, qm, km, rule, window)
+
+
+@pytest.mark.parametrize("tiling", list(CHUNK_TILINGS))
+@pytest.mark.parametrize("remat_scores", [2048 * 2048, 0])  # plain autodiff; per-block remat
+def test_chunked_grads(remat_scores, tiling):
+  q, k, v, qm, km, rule, window = make_case("beacon_memory")
+  fn = lambda q, k, v: chunked_attention(q, k, v, qm, km, rule, window=window,
+                                         remat_scores=remat_scores, **CHUNK_TILINGS[tiling])
   check_grads(fn, q, k, v, qm, km, rule, window)
 
 
@@ -166,21 +192,22 @@ def _cached_prefill_case(seed=0, b=2, mem=37, t=203, hq=4, hkv=2, d=16):
   return q, k, v, qm, km, mem
 
 
-@pytest.mark.parametrize("block_q", [16, 64])
-def test_chunked_causal_trimming_matches_dense(block_q):
-  """``causal_offset``: query groups against only the keys they can see give the dense
+@pytest.mark.parametrize("tiling", [dict(block_q=64, block_k=64),
+                                    dict(block_q=16, block_k=32, parallel_blocks=2),
+                                    dict(block_q=16, block_k=24, parallel_blocks=1)])
+def test_chunked_causal_trimming_matches_dense(tiling):
+  """``causal_offset``: loop steps that skip the key tiles after their last query give the dense
   reference's output, lse and gradients (a fresh prefill and one after cached entries)."""
   q, k, v, qm, km, mem = _cached_prefill_case()
   rule = MaskRule(causal=True)
   for offset, args in ((mem, (q, k, v, qm, km)),
                        (0, (q, k[:, mem:], v[:, mem:], qm, qm))):
-    from longjax.kernels.chunked import _groups
-    groups = _groups(-(-q.shape[1] // block_q), block_q, args[1].shape[1], offset)
-    assert len(groups) > 1 and groups[0][2] < args[1].shape[1], groups  # it does trim
-    out, lse = chunked_attention(*args, rule, block_q=block_q, causal_offset=offset)
+    # Several tiles and steps: the first steps skip some.
+    assert args[1].shape[1] > 2 * tiling["block_k"] and q.shape[1] > 2 * tiling["block_q"]
+    out, lse = chunked_attention(*args, rule, causal_offset=offset, **tiling)
     check_forward(out, lse, *args, rule, NO_WINDOW)
-    fn = lambda q, k, v, a=args: chunked_attention(q, k, v, a[3], a[4], rule, block_q=block_q,
-                                                   causal_offset=offset)[0]
+    fn = lambda q, k, v, a=args: chunked_attention(q, k, v, a[3], a[4], rule,
+                                                   causal_offset=offset, **tiling)[0]
     ref = lambda q, k, v, a=args: dense_attention(q, k, v, a[3], a[4], rule)[0]
     g = jax.grad(lambda *x: jnp.sum(fn(*x) ** 2), argnums=(0, 1, 2))(*args[:3])
     g_ref = jax.grad(lambda *x: jnp.sum(ref(*x) ** 2), argnums=(0, 1, 2))(*args[:3])

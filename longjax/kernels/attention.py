@@ -5,8 +5,9 @@ Implementations, selected by ``impl``:
 * ``"xla"``        the dense jnp reference (``reference.dense_attention``): materialises
   ``[B, H, Tq, Tk]`` scores; XLA fuses it well for short sequences.
 * ``"chunked"``    query-chunked dense jnp (``chunked.py``): one ``lax.map`` step per block of
-  ``CHUNK_Q`` queries against every key, softmax in two passes over the scores; about twice the
-  dense path's speed on CPU once the scores outgrow the cache, bounded memory in the forward.
+  queries against every key (key tiles merged by an online softmax once a block's scores outgrow
+  the cache), softmax in two passes over the scores; about twice the dense path's speed on CPU
+  once the scores outgrow the cache, bounded memory in the forward.
 * ``"blockwise"``  online-softmax jnp (``blockwise.py``): never materialises ``Tq x Tk``, skips
   fully masked KV blocks with ``lax.cond``; blockwise backward (custom VJP).
 * ``"pallas"``     Pallas flash kernels (``pallas_tpu.py`` on TPU, ``pallas_gpu.py`` on GPU), or the
@@ -47,8 +48,9 @@ from longjax.sizes import round_up
 IMPLS = ("auto", "xla", "chunked", "blockwise", "pallas")
 # Above this many scores per (batch, head) the XLA paths use the blockwise implementation.
 DENSE_MAX_SCORES = 2048 * 2048
-# CPU: queries per block of the chunked path (64: measured fastest of 32..256 on a Beacon window
-# over 2K-4K memory entries), and the largest score tile (fp32, all heads) of one block: 256 MiB.
+# CPU: at most this many queries run dense (one chunked block: 64, measured fastest of 32..256 on
+# a Beacon window over 2K-4K memory entries), and the largest score tile (fp32, all heads) of one
+# such block before the blockwise path takes over: 256 MiB.
 CHUNK_Q = 64
 CHUNK_MAX_SCORES = 64 * 2**20
 _SUPPORTED_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
@@ -172,7 +174,7 @@ def attention(q, k, v, q_meta: TokenMeta, k_meta: TokenMeta, rule: MaskRule = Ma
   elif choice == "chunked":
     offset = k.shape[1] - q.shape[1] if rule.suffix_queries else None
     out, lse = chunked_attention(q, k, v, q_meta, k_meta, rule, window=window, scale=scale,
-                                 block_q=CHUNK_Q, causal_offset=offset)
+                                 causal_offset=offset)
   else:
     km = kernel_meta(q_meta, k_meta, rule, window)
     if choice == "blockwise":

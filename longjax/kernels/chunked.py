@@ -1,23 +1,33 @@
-"""Query-chunked dense attention: the fast XLA path on CPU.
+"""Query-chunked, key-tiled attention in plain jnp: the fast XLA path on CPU.
 
 The dense reference materialises ``[B, Hq, Tq, Tk]`` fp32 scores and walks them five times (scale,
 mask, max, exp, normalise): past a few MB that is memory traffic, not arithmetic, and a Beacon
-window over a 4K-entry memory ran at ~20 % of the matmul peak. The blockwise path keeps the tiles
-small but pays a ``lax.scan`` + ``lax.cond`` per KV block. This path sits between them:
+window over a 4K-entry memory ran at ~20 % of the matmul peak. The blockwise path (the kernels'
+backward and XLA fallback) pays per KV block for a layout made for the kernels. This path:
 
-* queries are cut into blocks of ``block_q`` (``lax.map``, sequential); each block sees every key
-  at once, so there is no online-softmax rescaling and one score tile ``[B, Hkv, G * block_q, Tk]``
-  stays near the cache;
-* each KV head's query group is one ``[G * block_q, D] x [D, Tk]`` matmul (keys transposed once,
-  outside the loop), then ``[G * block_q, Tk] x [Tk, D]``;
-* the scale is folded into the queries, the mask is an additive bias computed once per block and
-  shared by the group, and the softmax denominator divides the ``[.., D]`` output instead of the
-  ``[.., Tk]`` probabilities: two passes over the scores (max, exp-and-sum) instead of five.
+* cuts queries into blocks (``lax.map``, sequential) and keys into tiles of ``TILE_K``, merged by
+  an online softmax (``lax.scan``); one block's score tile stays in the core's cache (a block's
+  scores over all 16K keys were a 32 MiB tile, and cost ~40 % more per score than at 8K). Calls
+  with nothing to skip and a small enough key range run each block as one tile
+  (``WHOLE_TILE_BYTES``);
+* runs ``PARALLEL_BLOCKS`` query blocks side by side in each loop step, as independent chains: a
+  tile's matmuls are too small for XLA's CPU runtime to split over threads, so a single chain
+  leaves the other core idle;
+* makes each KV head's query group one ``[G * block_q, D] x [D, TILE_K]`` matmul (keys
+  transposed once, outside the loop), then ``[G * block_q, TILE_K] x [TILE_K, D]``;
+* folds the scale into the queries, adds the mask as a bias computed once per tile and shared by
+  the group, and divides the ``[.., D]`` output by the softmax denominator instead of the
+  probabilities: two passes over each tile's scores (max, exp-and-sum);
+* with ``causal_offset`` (a causal prefill), skips the tiles after a step's last query
+  (``lax.cond``): about half the work of a fresh prefill, from one compiled loop body.
 
 Same contract as :func:`longjax.kernels.reference.dense_attention` (``(out, lse)``; a query that
 sees no key gives zeros and ``lse = -inf``). Differentiable by plain autodiff; above
 ``remat_scores`` scores per head each block is rematerialised, so a backward pass keeps one
 block's scores at a time instead of all of them.
+
+Measured (``python -m bench.bench_chunked``, one layer's attention, 8/2 heads x 64, 2 cores,
+against the earlier untiled blocks with 8 causal trim groups): see ``docs/performance.md``.
 """
 from __future__ import annotations
 
@@ -32,97 +42,171 @@ from longjax.sizes import round_up
 _MASKED = -1e30
 
 
-def _block(qb, kt, v, ok):
-  """One query block. ``qb [B, bq, Hq, D]`` (pre-scaled), ``kt [B, Hkv, D, Tk]``,
-  ``v [B, Hkv, Tk, D]``, ``ok [B, bq, Tk]`` -> ``(out [B, bq, Hq, D], lse [B, Hq, bq])``."""
+def _group_queries(qb, hkv):
+  """``[B, bq, Hq, D]`` -> ``[B, Hkv, G * bq, D]``: each KV head's query group as one matrix."""
   b, bq, hq, d = qb.shape
-  hkv = kt.shape[1]
   g = hq // hkv
-  qg = qb.reshape(b, bq, hkv, g, d).transpose(0, 2, 3, 1, 4).reshape(b, hkv, g * bq, d)
+  return qb.reshape(b, bq, hkv, g, d).transpose(0, 2, 3, 1, 4).reshape(b, hkv, g * bq, d)
+
+
+def _tile(qg, kt, v, ok, g):
+  """Scores of one key tile: ``qg [B, Hkv, G*bq, D]``, ``kt [B, Hkv, D, bk]``, ``v [B, Hkv, bk,
+  D]``, ``ok [B, bq, bk]`` -> ``(m [B, Hkv, G, bq], l [same], o [B, Hkv, G, bq, D])``: the tile's
+  row max, its sum of ``exp(s - m)`` and the unnormalised output."""
+  b, hkv, gbq, d = qg.shape
+  bq = gbq // g
   s = jnp.einsum("bhqd,bhdk->bhqk", qg, kt, preferred_element_type=jnp.float32)
   s = s.reshape(b, hkv, g, bq, -1) + jnp.where(ok, 0.0, _MASKED)[:, None, None]
-  m = jnp.max(s, axis=-1, keepdims=True)
-  p = jnp.exp(s - m)
-  l = jnp.sum(p, axis=-1)  # [B, Hkv, G, bq]
-  o = jnp.einsum("bhqk,bhkd->bhqd", p.reshape(b, hkv, g * bq, -1).astype(v.dtype), v,
+  m = jnp.max(s, axis=-1)
+  p = jnp.exp(s - m[..., None])
+  o = jnp.einsum("bhqk,bhkd->bhqd", p.reshape(b, hkv, gbq, -1).astype(v.dtype), v,
                  preferred_element_type=jnp.float32)
-  seen = jnp.any(ok, axis=-1)[:, None, None]  # [B, 1, 1, bq]
-  o = o.reshape(b, hkv, g, bq, d) / jnp.where(seen, l, 1.0)[..., None]
-  o = jnp.where(seen[..., None], o, 0.0)
-  lse = jnp.where(seen, m[..., 0] + jnp.log(jnp.where(seen, l, 1.0)), -jnp.inf)
-  return o.transpose(0, 3, 1, 2, 4).reshape(b, bq, hq, d), lse.reshape(b, hq, bq)
+  return m, jnp.sum(p, axis=-1), o.reshape(b, hkv, g, bq, d)
 
 
-# Causal trimming (``causal_offset``): query blocks run in this many groups, each against the keys
-# its last query can see. 8 groups do 9/16 of the untrimmed score work; more groups mean more
-# compiled bodies for ever smaller savings.
-TRIM_GROUPS = 8
+def _blocks(qbs, kt_tiles, v_tiles, km_tiles, mbs, rule, window, limit=None):
+  """Query blocks against ``n`` key tiles (online softmax across tiles).
+
+  ``qbs``: a list of ``[B, bq, Hq, D]`` blocks (pre-scaled), ``mbs`` their query metadata
+  (``[B, bq]``); ``kt_tiles [n, B, Hkv, D, bk]``, ``v_tiles [n, B, Hkv, bk, D]``, ``km_tiles`` key
+  metadata ``[n, B, bk]``. Returns a list of ``(out [B, bq, Hq, D], lse [B, Hq, bq])``.
+
+  The blocks are independent chains of small matmuls inside one loop step: XLA's CPU runtime
+  runs one tile's matmul on one thread, so a single chain leaves the other cores idle."""
+  hkv = kt_tiles.shape[2]
+  g = qbs[0].shape[2] // hkv
+  qgs = [_group_queries(qb, hkv) for qb in qbs]
+
+  def tiles(j_tiles):
+    kt, v, km = j_tiles
+    return [_tile(qg, kt, v, allowed(mb, km, rule, window), g) for qg, mb in zip(qgs, mbs)]
+
+  state = tiles(jax.tree.map(lambda x: x[0], (kt_tiles, v_tiles, km_tiles)))
+  if kt_tiles.shape[0] > 1:
+    def update(carry, j_tiles):
+      out = []
+      for (m0, l0, o0), (mj, lj, oj) in zip(carry, tiles(j_tiles)):
+        m1 = jnp.maximum(m0, mj)
+        a0, aj = jnp.exp(m0 - m1), jnp.exp(mj - m1)
+        out.append((m1, l0 * a0 + lj * aj, o0 * a0[..., None] + oj * aj[..., None]))
+      return out
+
+    def step(carry, xs):
+      j, j_tiles = xs
+      if limit is None:
+        return update(carry, j_tiles), None
+      # Tiles from ``limit`` on hold only keys after every query of the step: skipped.
+      return jax.lax.cond(j < limit, lambda c: update(c, j_tiles), lambda c: c, carry), None
+
+    rest = jax.tree.map(lambda x: x[1:], (kt_tiles, v_tiles, km_tiles))
+    state, _ = jax.lax.scan(step, state, (jnp.arange(1, kt_tiles.shape[0]), rest))
+  return [_finish(*st) for st in state]
+
+
+def _finish(m, l, o):
+  """Normalise one block: ``m, l [B, Hkv, G, bq]``, ``o [B, Hkv, G, bq, D]`` -> ``(out [B, bq,
+  Hq, D], lse [B, Hq, bq])``. A row that saw no key kept the masked value as its max (every p
+  was exp(0) of masked scores): it gets zeros and lse = -inf."""
+  b, hkv, g, bq, d = o.shape
+  seen = jax.lax.stop_gradient(m) > _MASKED / 2
+  l_safe = jnp.where(seen, l, 1.0)
+  o = jnp.where(seen[..., None], o / l_safe[..., None], 0.0)
+  lse = jnp.where(seen, m + jnp.log(l_safe), -jnp.inf)
+  return o.transpose(0, 3, 1, 2, 4).reshape(b, bq, hkv * g, d), lse.reshape(b, hkv * g, bq)
+
+
+# Keys per tile (a ``[G * block_q, TILE_K]`` fp32 score tile per KV head: 256 KiB at G = 4),
+# queries per block (``TILE_Q``, or half of it when that pads less), blocks per loop step.
+# Measured best of 256-2048 x 32-128 x 1-4 at 16K keys; at 2K-8K the same as any other choice.
+TILE_K = 512
+TILE_Q = 128
+PARALLEL_BLOCKS = 2
+# Without ``causal_offset`` (nothing to skip: Beacon windows over their memory, FocusLLM) a
+# block of ``WHOLE_Q`` queries whose scores over all keys take at most ``WHOLE_TILE_BYTES`` runs
+# as one tile: as fast there (1152 queries x 3.7K keys), and no tile loop to compile for each of
+# the many memory sizes a Beacon prefill goes through.
+WHOLE_Q = 64
+WHOLE_TILE_BYTES = 16 * 2**20
 
 
 def chunked_attention(q, k, v, q_meta: TokenMeta, k_meta: TokenMeta, rule: MaskRule = MaskRule(),
-                      window=NO_WINDOW, scale=None, block_q: int = 64,
-                      remat_scores: int = 2048 * 2048, causal_offset=None):
-  """Grouped-query attention, query-chunked (see the module docstring).
+                      window=NO_WINDOW, scale=None, block_q=None, block_k=None,
+                      parallel_blocks=None, remat_scores: int = 2048 * 2048, causal_offset=None):
+  """Grouped-query attention, query-chunked and key-tiled (see the module docstring).
 
   Args:
     q: ``[B, Tq, Hq, D]``; k, v: ``[B, Tk, Hkv, D]`` with ``Hq % Hkv == 0``.
+    block_q, block_k, parallel_blocks: queries per block, keys per tile, query blocks per loop
+      step; ``None`` chooses (see ``TILE_K`` and ``WHOLE_TILE_BYTES``).
     causal_offset: ``None``, or a static promise from the caller that query ``i`` sees no key
       after index ``causal_offset + i`` (a causal prefill after ``causal_offset`` cached
-      entries): the query blocks then run in up to ``TRIM_GROUPS`` groups, each against only
-      the keys its queries may see, which nearly halves the work of a fresh prefill. The mask is
-      still applied in full, so a wrong promise drops keys but never adds any.
+      entries): each loop step then skips the key tiles after its last query, which nearly
+      halves the work of a fresh prefill. The mask is still applied in full, so a wrong promise
+      drops keys but never adds any.
   Returns ``(out [B, Tq, Hq, D] in q.dtype, lse [B, Hq, Tq] fp32)``.
   """
   b, tq, hq, d = q.shape
-  tk = k.shape[1]
+  tk, hkv = k.shape[1], k.shape[2]
   scale = d ** -0.5 if scale is None else scale
+  whole = (causal_offset is None
+           and b * hq * min(WHOLE_Q, round_up(tq, 8)) * round_up(tk, 8) * 4 <= WHOLE_TILE_BYTES)
+  if whole:
+    block_q, block_k, parallel_blocks = block_q or WHOLE_Q, block_k or tk, parallel_blocks or 1
+  parallel_blocks = parallel_blocks or PARALLEL_BLOCKS
+  block_k = block_k or TILE_K
+  if block_q is None:
+    block_q = min((TILE_Q, TILE_Q // 2),
+                  key=lambda n: (round_up(tq, n * min(parallel_blocks, -(-tq // n))), -n))
   bq = min(block_q, round_up(tq, 8))
   nq = -(-tq // bq)
-  pad = nq * bq - tq
+  par = max(1, min(parallel_blocks, nq))
+  steps = -(-nq // par)
+  pad = steps * par * bq - tq  # padded queries are invalid: they see nothing
+  bk = min(block_k, round_up(tk, 8))
+  nk = -(-tk // bk)
 
-  def blocks(x):  # [B, Tq, ...] -> [nQ, B, bq, ...]; padded queries are invalid (see nothing)
+  def blocks(x):  # [B, Tq, ...] -> [steps, P, B, bq, ...]
     x = jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2))
-    return jnp.moveaxis(x.reshape((b, nq, bq) + x.shape[2:]), 1, 0)
+    x = jnp.moveaxis(x.reshape((b, steps * par, bq) + x.shape[2:]), 1, 0)
+    return x.reshape((steps, par) + x.shape[1:])
+
+  def key_tiles(x, axis):  # key axis ``axis`` of a [B, ...] array -> [nK, B, ..., bk, ...]
+    x = jnp.pad(x, [(0, nk * bk - x.shape[axis]) if a == axis else (0, 0) for a in range(x.ndim)])
+    x = x.reshape(x.shape[:axis] + (nk, bk) + x.shape[axis + 1:])
+    return jnp.moveaxis(x, axis, 0)
 
   qs = blocks((q.astype(jnp.float32) * scale).astype(q.dtype))
-  kt = k.transpose(0, 2, 3, 1)  # [B, Hkv, D, Tk]: the score matmul's natural layout
-  vt = v.transpose(0, 2, 1, 3)  # [B, Hkv, Tk, D]
+  kt = key_tiles(k.transpose(0, 2, 3, 1), 3)  # [nK, B, Hkv, D, bk]: the score matmul's layout
+  vt = key_tiles(v.transpose(0, 2, 1, 3), 2)  # [nK, B, Hkv, bk, D]
+  km = jax.tree.map(lambda x: key_tiles(x, 1), _pad_keys(k_meta, nk * bk - tk))
   meta_b = jax.tree.map(blocks, q_meta)
+  if causal_offset is None:
+    limits = jnp.full((steps,), nk, jnp.int32)
+  else:  # key tiles a step needs: its last query sees keys up to causal_offset + its index
+    ends = int(causal_offset) + (jnp.arange(steps, dtype=jnp.int32) + 1) * (par * bq)
+    limits = jnp.minimum(-(-ends // bk), nk)
 
-  remat = tq * tk > remat_scores  # decided by the whole call's scores, trimmed or not
-  outs, lses = [], []
-  for n0, n1, kend in _groups(nq, bq, tk, causal_offset):
-    km = jax.tree.map(lambda x, kend=kend: x[:, :kend], k_meta)
-    ktg, vtg = kt[..., :kend], vt[:, :, :kend]
+  def one(args):
+    qb, mb, lim = args
+    res = _blocks([qb[i] for i in range(par)], kt, vt, km,
+                  [jax.tree.map(lambda x, i=i: x[i], mb) for i in range(par)], rule, window,
+                  None if causal_offset is None else lim)
+    return tuple(jnp.stack(x) for x in zip(*res))
 
-    def one(args, ktg=ktg, vtg=vtg, km=km):
-      qb, mb = args
-      return _block(qb, ktg, vtg, allowed(mb, km, rule, window))
-
-    if remat:
-      one = jax.checkpoint(one)
-    out, lse = jax.lax.map(one, (qs[n0:n1], jax.tree.map(lambda x: x[n0:n1], meta_b)))
-    outs.append(out)
-    lses.append(lse)
-  out, lse = jnp.concatenate(outs, axis=0), jnp.concatenate(lses, axis=0)
-  out = jnp.moveaxis(out, 0, 1).reshape(b, nq * bq, hq, d)[:, :tq]
-  lse = jnp.moveaxis(lse, 0, 2).reshape(b, hq, nq * bq)[..., :tq]
+  if tq * tk > remat_scores:
+    one = jax.checkpoint(one)
+  out, lse = jax.lax.map(one, (qs, meta_b, limits))  # [steps, P, B, bq, Hq, D], [.., B, Hq, bq]
+  out = jnp.moveaxis(out.reshape((steps * par,) + out.shape[2:]), 0, 1)
+  lse = jnp.moveaxis(lse.reshape((steps * par,) + lse.shape[2:]), 0, 2)
+  out = out.reshape(b, steps * par * bq, hq, d)[:, :tq]
+  lse = lse.reshape(b, hq, steps * par * bq)[..., :tq]
   return out.astype(q.dtype), lse
 
 
-def _groups(nq: int, bq: int, tk: int, causal_offset):
-  """``(first block, end block, keys)`` of each group of query blocks: all blocks against all
-  ``tk`` keys, or (``causal_offset``) up to ``TRIM_GROUPS`` groups, each against the keys up to
-  its last query's ``causal_offset + i`` (a multiple of 8, at least 8, at most ``tk``)."""
-  if causal_offset is None or nq < 2:
-    return [(0, nq, tk)]
-  n = min(TRIM_GROUPS, nq)
-  cuts = [round(i * nq / n) for i in range(n + 1)]
-  out = []
-  for n0, n1 in zip(cuts[:-1], cuts[1:]):
-    kend = min(tk, max(8, round_up(int(causal_offset) + n1 * bq, 8)))
-    if out and out[-1][2] == kend:  # nothing to trim between them: one group
-      out[-1] = (out[-1][0], n1, kend)
-    else:
-      out.append((n0, n1, kend))
-  return out
+def _pad_keys(meta: TokenMeta, n: int) -> TokenMeta:
+  """Key metadata followed by ``n`` invalid keys (never seen)."""
+  if n == 0:
+    return meta
+  pad = lambda x, value=0: jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, n)], constant_values=value)
+  return TokenMeta(order=pad(meta.order), segment=pad(meta.segment), valid=pad(meta.valid, False),
+                   kind=None if meta.kind is None else pad(meta.kind))
