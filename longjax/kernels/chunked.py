@@ -26,8 +26,8 @@ sees no key gives zeros and ``lse = -inf``). Differentiable by plain autodiff; a
 ``remat_scores`` scores per head each block is rematerialised, so a backward pass keeps one
 block's scores at a time instead of all of them.
 
-Measured (``python -m bench.bench_chunked``, one layer's attention, 8/2 heads x 64, 2 cores,
-against the earlier untiled blocks with 8 causal trim groups): see ``docs/performance.md``.
+Measured against torch SDPA and the blockwise path with ``python -m bench.bench_chunked`` (one
+layer's causal attention); numbers and the whole-model effect in ``docs/performance.md``.
 """
 from __future__ import annotations
 
