@@ -117,7 +117,8 @@ def _finish(m, l, o):
 
 # Keys per tile (a ``[G * block_q, TILE_K]`` fp32 score tile per KV head: 256 KiB at G = 4),
 # queries per block (``TILE_Q``, or half of it when that pads less), blocks per loop step.
-# Measured best of 256-2048 x 32-128 x 1-4 at 16K keys; at 2K-8K the same as any other choice.
+# Measured best of 256-2048 keys x 32-256 queries x 1-4 blocks at 16K keys; at 2K-8K about the
+# same as the other choices.
 TILE_K = 512
 TILE_Q = 128
 PARALLEL_BLOCKS = 2
