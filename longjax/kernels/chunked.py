@@ -115,7 +115,8 @@ def _finish(m, l, o):
   return o.transpose(0, 3, 1, 2, 4).reshape(b, bq, hkv * g, d), lse.reshape(b, hkv * g, bq)
 
 
-# Keys per tile (a ``[G * block_q, TILE_K]`` fp32 score tile per KV head: 256 KiB at G = 4),
+# Keys per tile (a ``[G * block_q, TILE_K]`` fp32 score tile per KV head: 1 MiB at G = 4, 128
+# queries),
 # queries per block (``TILE_Q``, or half of it when that pads less), blocks per loop step.
 # Measured best of 256-2048 keys x 32-256 queries x 1-4 blocks at 16K keys; at 2K-8K about the
 # same as the other choices.
