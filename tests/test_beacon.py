@@ -204,6 +204,29 @@ def test_prefill_compiles_once_per_memory_bucket(model, scan_traces, steps, expe
   assert len(scan_traces) == before
 
 
+def test_one_step_calls_take_the_smallest_slot_bucket(model):
+  """A fed token runs in the one-token bucket (it and a beacon), a few tokens in the decode
+  bucket, more in all query slots; the buckets compute the same thing."""
+  cfg, params = model
+  lm = BeaconLM(cfg, BCFG, max_length=256)  # window 16, ratio 4 (interleave)
+  sch = lm.schedule
+  assert (sch.token_slots, sch.decode_slots, sch.q_slots) == (2, 8, 20)
+  assert [sch.step_slots(n) for n in (1, 2, 3, 8, 9)] == [2, 2, 8, 8, 20]
+  state = lm.forward(params, _ids(21, 3)).state  # 5 raw tokens into the second window
+  feed = _ids(5, 4)
+  rows = state.rows
+  assert sch.call([feed[:1]], None, None, rows, False, None, 0).q_slots == 2
+  assert sch.call([feed], None, None, rows, False, None, 0).q_slots == 8  # 5 raw + 1 beacon
+  assert sch.call([_ids(12, 5)], None, None, rows, False, None, 0).q_slots == 20
+  at_once = lm.forward(params, feed, state=state)
+  one_by_one = state
+  for t in feed:
+    out = lm.forward(params, [t], state=one_by_one)
+    one_by_one = out.state
+  np.testing.assert_allclose(out.next_logits, at_once.next_logits, atol=1e-5)
+  np.testing.assert_allclose(one_by_one.k, at_once.state.k, atol=1e-5)
+
+
 def test_memory_bucket_steps_below_one_is_refused(model):
   cfg, _ = model
   with pytest.raises(ValueError, match=r"memory_bucket_steps must be >= 1 .*got 0: pass 1"):

@@ -174,15 +174,26 @@ def test_beacon_sampled_and_runs_per_memory_bucket(beacon_params, monkeypatch):
 def test_beacon_append_layout_and_resume(beacon_params, monkeypatch):
   cfg, params = beacon_params
   # append (+ step-expansion, the campaign's layout): a completing window adds 1 raw token + 8
-  # beacons, more than the 8 decode slots.
+  # beacons, more than the 8 decode slots; every other step is one token (2 slots).
   lm = BeaconLM(cfg, BeaconConfig(window=16, stride=16, ratios=(2,), pos="append",
                                   attn="step-expansion", sink_size=1), max_length=256)
   slots = _count_calls(monkeypatch, lambda a, k: a[2].tokens.shape[-1])
   host, dev = _both(lm, params, [_ids(10, 11), _ids(21, 12)], max_new_tokens=20)
   assert dev.state.rows == host.state.rows
   # Only the window-completing steps (row 0 at 16, row 1 at 32) run with all query slots.
-  assert slots.count(lm.schedule.q_slots) == 2 and set(slots) == {lm.schedule.decode_slots,
+  assert slots.count(lm.schedule.q_slots) == 2 and set(slots) == {lm.schedule.token_slots,
                                                                  lm.schedule.q_slots}
+  monkeypatch.undo()
+  # Ratio 4: a completing window adds 1 + 4 slots, within the 8 decode slots: that step alone
+  # runs with them, every other one with the one-token bucket.
+  lm = BeaconLM(cfg, BeaconConfig(window=16, stride=16, ratios=(4,), pos="append", sink_size=1),
+                max_length=256)
+  slots = _count_calls(monkeypatch, lambda a, k: a[2].tokens.shape[-1])
+  host, dev = _both(lm, params, [_ids(10, 11), _ids(21, 12)], max_new_tokens=20)
+  assert dev.state.rows == host.state.rows
+  assert lm.schedule.token_slots < lm.schedule.decode_slots < lm.schedule.q_slots
+  assert slots.count(lm.schedule.decode_slots) == 2 and set(slots) == {
+      lm.schedule.token_slots, lm.schedule.decode_slots}
   monkeypatch.undo()
   # Multi-turn: a resumed state decodes on device too.
   lm = BeaconLM(cfg, BCFG, max_length=256)

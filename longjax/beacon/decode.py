@@ -13,8 +13,8 @@ steps like any other.
 The steps are grouped into runs of one memory-size bucket (as prefill's scan chunks are): each run
 is one device call of the loop compiled for that bucket; a bucket never shrinks inside a run
 (a completing window shrinks the memory need, and the run keeps its larger bucket). A step with
-more slots than the decode bucket (append layout: a completing window's beacons) runs alone with
-all query slots, as the host step runs it.
+more slots than the one-token bucket (append layout: a completing window's beacons) runs alone with
+the query slots the host step gives it.
 """
 from __future__ import annotations
 
@@ -92,11 +92,12 @@ def _segments(lm, capacity: int, rows_after: list, n_feeds: int):
 def _block_segments(lm, capacity: int, f0: int, step_descs, needs):
   """Segments of the feeds ``f0 + [0, len(step_descs))``: runs of one memory bucket.
 
-  Each step runs with the query slots the host step gives it: the decode bucket, or all slots for
-  a step that inserts many beacons (append layout: a completing window), alone in its segment."""
+  Each step runs with the query slots the host step gives it: the one-token bucket, or, alone in
+  its segment, a larger one for a step that inserts several beacons (append layout: a completing
+  window)."""
   sch = lm.schedule
   b, n = len(step_descs[0]), len(step_descs)
-  q_small, q_big = sch.decode_slots, sch.q_slots
+  q_small = sch.token_slots
   small = [all(d.n <= q_small for d in sd) for sd in step_descs]
   shared = None
   if any(small):
@@ -108,7 +109,8 @@ def _block_segments(lm, capacity: int, f0: int, step_descs, needs):
   i = 0
   while i < n:
     if not small[i]:
-      one = _stacked([sch.assemble(step_descs[i], q_big)], capacity)
+      q = sch.step_slots(max(d.n for d in step_descs[i]))
+      one = _stacked([sch.assemble(step_descs[i], q)], capacity)
       yield Segment(f0 + i + 1, step(buckets[i]), one, first=f0 + i)
       i += 1
       continue

@@ -75,7 +75,8 @@ class BeaconLM:
     max_length: most tokens (prompt + generated, over all turns) one state can hold. Sizes the
       memory: ``capacity = sink + (max_length // W) * W / r_min + Q`` entries per layer and row.
     scan_chunk: windows per compiled ``lax.scan`` chunk in prefill.
-    decode_slots: query slots of the decode bucket (steps with few slots, i.e. generation).
+    decode_slots: query slots of the small bucket for calls of a few tokens (one step); a
+      generated token runs in a smaller one still (``schedule.TOKEN_SLOTS``: it and a beacon).
     ratio: force this ratio (must be in ``bcfg.ratios``), like the official ``Memory.set``.
     training: official training mode (no beacons in the last window, first-window label rule).
     progress: show a progress bar over windows (``None``: only for >= 32 windows on a terminal).
@@ -159,7 +160,7 @@ class BeaconLM:
     carry = Carry(state.k, state.v, np.zeros((b, self.cfg.vocab_size), np.float32),
                   np.zeros((b,), np.float32), np.zeros((b,), np.int32))
     flags = dict(want_loss=labels is not None, want_hidden=collect_logits, **self._static)
-    if not use_scan or (len(call.steps) == 1 and call.q_slots == self.schedule.decode_slots):
+    if not use_scan or (len(call.steps) == 1 and call.q_slots < self.schedule.q_slots):
       carry, hidden, used = self._run_steps(params, carry, call, flags)
     else:
       carry, hidden, used = self._run_chunks(params, carry, call, flags, state.capacity)
