@@ -160,7 +160,7 @@ class BeaconLM:
     carry = Carry(state.k, state.v, np.zeros((b, self.cfg.vocab_size), np.float32),
                   np.zeros((b,), np.float32), np.zeros((b,), np.int32))
     flags = dict(want_loss=labels is not None, want_hidden=collect_logits, **self._static)
-    if not use_scan or (len(call.steps) == 1 and call.q_slots < self.schedule.q_slots):
+    if not use_scan or (len(call.steps) == 1 and call.q_slots <= self.schedule.decode_slots):
       carry, hidden, used = self._run_steps(params, carry, call, flags)
     else:
       carry, hidden, used = self._run_chunks(params, carry, call, flags, state.capacity)
