@@ -4,7 +4,9 @@ The pytest process already initialised JAX with one CPU device, so the 8-device 
 subprocess (XLA_FLAGS set before JAX is imported). Both sides run the same checkpoint (written here
 by save_focus) on a batch of prompts whose chunk counts (5 and 2, plus an unchunked one) do not
 divide the device count: prefill, 3 cached decode steps, the closed form, generation (host and
-device decode loops) and the training loss.
+device decode loops) and the training loss. A 3-device mesh runs the decode path too: there the
+local context's capacity (bucket 16) is padded to a multiple of the devices, which split it by
+position.
 """
 from __future__ import annotations
 
@@ -24,10 +26,13 @@ LOSS_IX = [dict(memory_len=76, local_start=76, local_size=20, stride=16),
            dict(memory_len=100, local_start=10, local_size=30, stride=8)]
 
 WORKER = EIGHT_DEVICE_PREAMBLE + textwrap.dedent("""
-    from test_focus_sharded import run
+    from test_focus_sharded import placement, run, run_decode
     from longjax.focus import chunk_mesh
     assert jax.device_count() == 8, jax.devices()
-    np.savez({out!r}, **run({ckpt!r}, chunk_mesh(8)))
+    res = run({ckpt!r}, chunk_mesh(8))
+    res.update({{"mesh3_" + k: v for k, v in run_decode({ckpt!r}, chunk_mesh(3)).items()}})
+    res.update(placement({ckpt!r}, chunk_mesh(8)))
+    np.savez({out!r}, **res)
 """)
 
 
@@ -53,11 +58,54 @@ def run(ckpt, mesh=None):
   return res
 
 
+def run_decode(ckpt, mesh=None):
+  """The decode path only: prefill, cached steps, generation through the device loop."""
+  cfg, fcfg, params = load_focus(ckpt, prompt_cap=8, min_len_threshold=0)
+  m = FocusLLM(cfg, fcfg, mesh=mesh, bucket=16, chunk_bucket=1)
+  prompts, tokens, lengths = prompt_batch()
+  res, state = decode_logits(m, params, tokens, lengths, 4, np.asarray(FEED).T)
+  res["local_capacity"] = np.asarray(state.local_tokens.shape[1])
+  out = generate(m, params, [p.tolist() for p in prompts], max_new_tokens=4, loop="device",
+                 return_logits=True)
+  res["generate_device"] = np.stack(out.logits)
+  res["generate_device_tokens"] = np.asarray(out.tokens)
+  return res
+
+
+def placement(ckpt, mesh):
+  """FocusLLM.place_params on a mesh: replicated on every device, one copy per parameter tree,
+  a replicated tree passed through."""
+  import jax
+  from jax.sharding import NamedSharding, PartitionSpec as P
+  cfg, fcfg, params = load_focus(ckpt, prompt_cap=8, min_len_threshold=0)
+  params = jax.device_put(params)
+  m = FocusLLM(cfg, fcfg, mesh=mesh, bucket=16)
+  placed = m.place_params(params)
+  leaves = jax.tree.leaves(placed)
+  return {"placed_replicated": np.asarray(all(
+              x.sharding.is_equivalent_to(NamedSharding(mesh, P()), x.ndim) for x in leaves)),
+          "placed_once": np.asarray(m.place_params(params) is placed),
+          "placed_kept": np.asarray(m.place_params(placed) is placed),
+          "placed_equal": np.asarray(all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in
+                                         zip(jax.tree.leaves(params), leaves)))}
+
+
 def test_eight_devices_equal_one(tmp_path):
   cfg, params = tiny_model(seed=1)
   save_focus(tmp_path / "ckpt", cfg, tiny_focus(), params)
   sharded = run_eight_devices(WORKER, tmp_path, ckpt=str(tmp_path / "ckpt"))
   single = run(tmp_path / "ckpt")
+  for key in ("placed_replicated", "placed_once", "placed_kept", "placed_equal"):
+    assert bool(sharded.pop(key)), key
+  mesh3 = {k[len("mesh3_"):]: sharded.pop(k) for k in list(sharded) if k.startswith("mesh3_")}
+  # 3 devices: the local context (bucket 16) padded to a multiple of 48, split 3 ways.
+  assert int(mesh3.pop("local_capacity")) % 48 == 0
+  for key, value in mesh3.items():
+    ref = single[key]
+    if key.endswith("_tokens"):
+      np.testing.assert_array_equal(value, ref, err_msg=f"3 devices: {key}")
+    else:
+      np.testing.assert_allclose(value, ref, atol=1e-5, rtol=0, err_msg=f"3 devices: {key}")
   for res in (sharded, single):
     np.testing.assert_array_equal(res["generate_device_tokens"], res["generate_host_tokens"])
     np.testing.assert_allclose(res["generate_device"], res["generate_host"], atol=1e-5, rtol=0)

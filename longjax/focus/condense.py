@@ -13,13 +13,17 @@ prompt, ``U`` local-context capacity.
 * :func:`chunk_step` is the cached decode step (spec §4.2): ``[y, g]`` over each row's cached KV,
   ``y`` with base weights (appended to the cache), ``g`` the new candidate.
 * :func:`local_hidden` is the local forward: the prompt's candidates (pre-RoPE) at positions
-  ``0..C-1`` as a KV prefix, the local tokens from position ``C`` on, all with base weights.
+  ``0..C-1`` as a KV prefix, the local tokens from position ``C`` on, all with base weights;
+  :func:`local_next_logits` adds the head on each prompt's last row.
 
-:func:`sharded` wraps a function whose inputs/outputs carry the chunk axis so that it runs under
-``jax.shard_map`` over a named mesh axis; chunk rows are independent, so the result is the
-single-device one.
+On a chunk mesh the ``*_sharded`` wrappers run the chunk functions under ``jax.shard_map`` over the
+named axis (chunk rows are independent, so the result is the single-device one); the local forward
+splits the local context by position over the same devices; :func:`replicate` places the
+parameters on every device once, instead of at every call.
 """
 from __future__ import annotations
+
+import weakref
 
 import jax
 import jax.numpy as jnp
@@ -28,6 +32,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from longjax.focus.config import FocusError
 from longjax.kernels import TokenMeta
 from longjax.models.decoder import Decoder, KVPrefix
+from longjax.models.head import lm_head
 
 
 # Chunk rows per condensing forward when the user does not choose (FocusLLM(chunk_batch_size=...)).
@@ -182,24 +187,92 @@ def local_hidden(model: Decoder, params, cand_k, cand_v, gather, cand_valid, tok
   """Local forward: final hidden states ``[B, U, H]`` of ``tokens [B, U]`` (right-padded to
   ``lengths``), with each prompt's candidates as a prefix at positions ``0..n_chunks-1``.
 
-  With a chunk ``mesh``, the local tokens are split over ``mesh[axis]`` by position (the
-  attention gathers the keys): the local context is one sequence per prompt, and left unsharded
-  every device would run all of it, once per device (FocusLLM recomputes it at every decode
-  step)."""
+  With a chunk ``mesh``, the local tokens are split over ``mesh[axis]`` by position (``U`` a
+  multiple of its size) under ``jax.shard_map``: each device runs its slice through every layer
+  and the layers all-gather the slices' keys and values (``Decoder(seq_axis=...)``). The local
+  context is one sequence per prompt: left whole, every device would run all of it, once per
+  device (FocusLLM recomputes it at every decode step), and left to XLA's partitioner the split
+  took a dozen small collectives per layer instead of one."""
+  mem_k, mem_v = gather_candidates(cand_k, gather), gather_candidates(cand_v, gather)
+  if mesh is None:
+    return _local_slice(model, params, mem_k, mem_v, cand_valid, tokens, lengths, n_chunks, 0)
+  seq = _sequence_split(model, mesh, axis, tokens)
+
+  def fn(params, mem_k, mem_v, cand_valid, tokens, lengths, n_chunks):
+    start = jax.lax.axis_index(axis) * tokens.shape[1]
+    return _local_slice(seq, params, mem_k, mem_v, cand_valid, tokens, lengths, n_chunks, start)
+
+  return jax.shard_map(fn, mesh=mesh, in_specs=(P(), P(), P(), P(), P(None, axis), P(), P()),
+                       out_specs=P(None, axis, None), check_vma=False)(
+                           params, mem_k, mem_v, cand_valid, tokens, lengths, n_chunks)
+
+
+def local_next_logits(model: Decoder, params, cand_k, cand_v, gather, cand_valid, tokens,
+                      lengths, n_chunks, mesh=None, axis: str = "chunks"):
+  """Next-token logits ``[B, V]`` (fp32) after each prompt's local context: the head on
+  :func:`local_hidden`'s last real row.
+
+  On a chunk mesh it stays in the sequence-split ``shard_map``: the device holding a prompt's last
+  row contributes it (one ``psum`` of ``[B, H]``) and each device computes the logits of its slice
+  of the vocabulary (the whole head when the vocabulary does not split evenly), instead of every
+  device reading the whole output projection for the same row."""
+  cfg = model.cfg
+  if mesh is None:
+    hidden = local_hidden(model, params, cand_k, cand_v, gather, cand_valid, tokens, lengths,
+                          n_chunks)
+    return lm_head(cfg, params, last_hidden(hidden, lengths))
+  mem_k, mem_v = gather_candidates(cand_k, gather), gather_candidates(cand_v, gather)
+  seq = _sequence_split(model, mesh, axis, tokens)
+  n = int(mesh.shape[axis])
+  split_vocab = cfg.vocab_size % n == 0
+
+  def fn(params, mem_k, mem_v, cand_valid, tokens, lengths, n_chunks):
+    u = tokens.shape[1]
+    i = jax.lax.axis_index(axis)
+    hidden = _local_slice(seq, params, mem_k, mem_v, cand_valid, tokens, lengths, n_chunks, i * u)
+    row = jnp.maximum(lengths - 1, 0) - i * u  # the last real row, in this device's slice
+    mine = (row >= 0) & (row < u)
+    h = jnp.take_along_axis(hidden, jnp.clip(row, 0, u - 1)[:, None, None], axis=1)[:, 0]
+    h = jax.lax.psum(jnp.where(mine[:, None], h, jnp.zeros_like(h)), axis)
+    if not split_vocab:
+      return lm_head(cfg, params, h)
+    return lm_head(cfg, _vocab_slice(cfg, params, i, cfg.vocab_size // n), h)
+
+  return jax.shard_map(fn, mesh=mesh, in_specs=(P(), P(), P(), P(), P(None, axis), P(), P()),
+                       out_specs=P(None, axis) if split_vocab else P(), check_vma=False)(
+                           params, mem_k, mem_v, cand_valid, tokens, lengths, n_chunks)
+
+
+def _vocab_slice(cfg, params, i, size):
+  """The parameters :func:`lm_head` reads, cut to vocabulary rows ``i*size .. (i+1)*size-1``."""
+  if cfg.tie_word_embeddings:
+    return {"embedding": jax.lax.dynamic_slice_in_dim(params["embedding"], i * size, size, 0)}
+  kernel = jax.lax.dynamic_slice_in_dim(params["lm_head"]["kernel"], i * size, size, 1)
+  return {"lm_head": {"kernel": kernel}}
+
+
+def _sequence_split(model: Decoder, mesh, axis: str, tokens) -> Decoder:
+  """``model`` gathering keys over ``mesh[axis]``, after checking that the tokens split evenly."""
+  n = int(mesh.shape[axis])
+  if tokens.shape[1] % n:
+    raise FocusError(f"the local context's capacity {tokens.shape[1]} must be a multiple of the "
+                     f"{n} devices on mesh axis {axis!r} (pack it with that length multiple)")
+  return model.clone(seq_axis=axis)
+
+
+def _local_slice(model: Decoder, params, mem_k, mem_v, cand_valid, tokens, lengths, n_chunks,
+                 start):
+  """The local forward of the tokens at local indices ``start .. start+U'-1`` (all of them on one
+  device; one device's slice under a sequence-split mesh)."""
   b, u = tokens.shape
-  if mesh is not None:
-    tokens = jax.lax.with_sharding_constraint(tokens, NamedSharding(mesh, P(None, axis)))
-  cmax = gather.shape[1]
+  cmax = mem_k.shape[2]
   slots = jnp.broadcast_to(jnp.arange(cmax, dtype=jnp.int32), (b, cmax))
-  memory = KVPrefix(gather_candidates(cand_k, gather), gather_candidates(cand_v, gather), slots,
-                    TokenMeta.causal(slots, valid=cand_valid))
-  j = jnp.arange(u, dtype=jnp.int32)[None]
+  memory = KVPrefix(mem_k, mem_v, slots, TokenMeta.causal(slots, valid=cand_valid))
+  j = start + jnp.arange(u, dtype=jnp.int32)[None]
   positions = n_chunks[:, None] + j
   q_meta = TokenMeta.causal(positions, valid=j < lengths[:, None])
   hidden, _ = model.apply({"params": params}, tokens, positions, q_meta=q_meta, memory=memory,
                           head=False)
-  if mesh is not None:
-    hidden = jax.lax.with_sharding_constraint(hidden, NamedSharding(mesh, P(None, axis, None)))
   return hidden
 
 
@@ -217,6 +290,34 @@ def chunk_mesh(n_devices=None, axis: str = "chunks", devices=None):
   devices = list(devices if devices is not None else jax.devices())
   n = len(devices) if n_devices is None else int(n_devices)
   return jax.make_mesh((n,), (axis,), axis_types=(AxisType.Auto,), devices=devices[:n])
+
+
+def replicate(params, mesh):
+  """``params`` replicated over every device of ``mesh`` (what the sharded programs read).
+
+  A jitted call on a mesh copies every parameter that is not already replicated onto every
+  device, at every call: for a decode loop stepping from the host, the whole model per token. The
+  copy is made once per parameter tree of jax arrays and kept while every leaf of ``params``
+  lives (a tree already replicated comes back as is, so callers may keep only the copy and drop
+  the original, which would otherwise stay resident beside it); numpy leaves are copied each call.
+  """
+  sharding = NamedSharding(mesh, P())
+  leaves = jax.tree.leaves(params)
+  arrays = all(isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer) for x in leaves)
+  if arrays and all(x.sharding.is_equivalent_to(sharding, x.ndim) for x in leaves):
+    return params
+  if not arrays:
+    return jax.device_put(params, sharding)
+  key = (mesh,) + tuple(id(x) for x in leaves)
+  hit = _REPLICATED.get(key)
+  if hit is None:
+    hit = _REPLICATED[key] = jax.device_put(params, sharding)
+    for x in leaves:  # an id is only unique while its object lives
+      weakref.finalize(x, _REPLICATED.pop, key, None)
+  return hit
+
+
+_REPLICATED: dict = {}
 
 
 def condense_sharded(model: Decoder, mesh, axis: str, *, batch_size=None, capacity=None):

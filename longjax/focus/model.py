@@ -91,7 +91,9 @@ class FocusLLM:
 
   Args:
     mesh / axis: optional mesh whose ``axis`` splits the chunk rows (condensing and the chunk
-      caches); ``None`` runs on one device. See :func:`longjax.focus.chunk_mesh`.
+      caches) and, by position, the local context (padded to a multiple of its devices); the
+      parameters are replicated on its devices once per tree (:meth:`place_params`). ``None``
+      runs on one device. See :func:`longjax.focus.chunk_mesh`.
     bucket: chunk-row and local-context lengths are padded to multiples of this, so prompts of
       similar size share one compiled program.
     chunk_bucket: how the number of chunk rows (and each prompt's candidate slots) is padded.
@@ -112,11 +114,6 @@ class FocusLLM:
     check_model(cfg, fcfg)
     self.cfg, self.fcfg, self.mesh, self.axis = cfg, fcfg, mesh, axis
     self.model = Decoder(cfg, impl=impl)
-    # The local forward: sequence-split over a CPU mesh's devices (``C.local_hidden``), where the
-    # chunked CPU attention (a loop over query blocks) would cut across the split and reduce over
-    # the devices at every block; the dense form splits by query rows.
-    cpu_mesh = mesh is not None and mesh.devices.flat[0].platform == "cpu"
-    self.local_model = Decoder(cfg, impl="xla") if cpu_mesh and impl == "auto" else self.model
     if chunk_bucket != "pow2" and not (isinstance(chunk_bucket, (int, np.integer))
                                        and int(chunk_bucket) >= 1):
       raise FocusError(f"chunk_bucket must be 'pow2' or an int >= 1, got {chunk_bucket!r}")
@@ -137,6 +134,12 @@ class FocusLLM:
     self._prefill_jit = jax.jit(self._prefill_impl, static_argnames=("cache_cap", "all_logits"))
     self._step_jit = jax.jit(self._step_impl)
 
+  def place_params(self, params):
+    """``params`` where this model's programs read them: replicated over the mesh's devices (made
+    once per parameter tree, ``condense.replicate``), as is without a mesh. Every entry point
+    places them; keep the returned tree to hold a single copy."""
+    return params if self.mesh is None else C.replicate(params, self.mesh)
+
   # -------------------------------------------------------------------------------------------
   # Host-side planning.
   def plan(self, prompt, generated: Sequence[int] = ()) -> RowPlan:
@@ -152,8 +155,9 @@ class FocusLLM:
     else:
       cb = pack_chunks(rows, row_multiple=math.lcm(self.n_shards, self.chunk_bucket),
                        length_multiple=self.bucket, cmax_multiple=self.chunk_bucket)
+    # A mesh splits the local context by position over its devices: a multiple of their number.
     lb = pack_local(rows, capacity=max(len(r.local) for r in rows) + extra,
-                    length_multiple=self.bucket)
+                    length_multiple=math.lcm(self.bucket, self.n_shards))
     return cb, lb, cb.tokens.shape[1] + extra
 
   # -------------------------------------------------------------------------------------------
@@ -179,12 +183,11 @@ class FocusLLM:
     return self._local_logits(params, state, all_logits), state
 
   def _local_logits(self, params, s: FocusState, all_logits: bool):
-    hidden = C.local_hidden(self.local_model, params, s.cand_k, s.cand_v, s.gather, s.cand_valid,
-                            s.local_tokens, s.local_len, s.n_chunks, mesh=self.mesh,
-                            axis=self.axis)
+    args = (self.model, params, s.cand_k, s.cand_v, s.gather, s.cand_valid, s.local_tokens,
+            s.local_len, s.n_chunks)
     if all_logits:
-      return lm_head(self.cfg, params, hidden)
-    return lm_head(self.cfg, params, C.last_hidden(hidden, s.local_len))
+      return lm_head(self.cfg, params, C.local_hidden(*args, mesh=self.mesh, axis=self.axis))
+    return C.local_next_logits(*args, mesh=self.mesh, axis=self.axis)
 
   def _step_impl(self, params, s: FocusState, tokens):
     tokens = tokens.astype(jnp.int32)
@@ -211,7 +214,7 @@ class FocusLLM:
                   max_new_tokens)
     rows = [self.plan(tokens[b, :int(lengths[b])]) for b in range(tokens.shape[0])]
     cb, lb, cap = self._pack(rows, int(max_new_tokens))
-    return self._prefill_jit(params, cb, lb, cache_cap=cap, all_logits=False)
+    return self._prefill_jit(self.place_params(params), cb, lb, cache_cap=cap, all_logits=False)
 
   def step(self, params, state: FocusState, tokens):
     """Feed one token per prompt ``[B]`` -> ``(next_logits [B, V], state)`` (cached path)."""
@@ -220,7 +223,7 @@ class FocusLLM:
         state.cache_capacity):
       raise FocusError(f"FocusLLM decode buffers are full (local capacity "
                        f"{state.local_capacity}); prefill with a larger max_new_tokens")
-    return self._step_jit(params, state, jnp.asarray(tokens, jnp.int32))
+    return self._step_jit(self.place_params(params), state, jnp.asarray(tokens, jnp.int32))
 
   def device_plan(self, state: FocusState, n_feeds: int) -> DevicePlan:
     """The cached decode step for ``longjax.generate``'s device loop: the state already has fixed
@@ -239,7 +242,8 @@ class FocusLLM:
     ``u ⊕ generated`` computed from scratch; returns every local logit and the candidates."""
     row = self.plan(prompt, generated)
     cb, lb, cap = self._pack([row], 0)
-    logits, s = self._prefill_jit(params, cb, lb, cache_cap=cap, all_logits=True)
+    logits, s = self._prefill_jit(self.place_params(params), cb, lb, cache_cap=cap,
+                                  all_logits=True)
     rows = np.asarray(cb.gather[0][cb.cand_valid[0]])
     return FocusOutput(logits=np.asarray(logits[0, :len(row.local)]),
                        cand_k=np.asarray(s.cand_k)[:, rows], cand_v=np.asarray(s.cand_v)[:, rows],
@@ -250,7 +254,8 @@ class FocusLLM:
     caches): the reference the cached :meth:`step` is tested against."""
     rows = [self.plan(p, g) for p, g in zip(prompts, generated)]
     cb, lb, cap = self._pack(rows, 0)
-    logits, _ = self._prefill_jit(params, cb, lb, cache_cap=cap, all_logits=False)
+    logits, _ = self._prefill_jit(self.place_params(params), cb, lb, cache_cap=cap,
+                                  all_logits=False)
     return np.asarray(logits)
 
 
@@ -259,6 +264,9 @@ class FocusStep:
   """``FocusLLM``'s cached decode step as a static argument of the device loop (hashed by the
   model object: one compiled loop per FocusLLM, as its jitted step)."""
   focus: FocusLLM
+
+  def prepare_params(self, params):  # on the host, before the loop (decode_loop.step_params)
+    return self.focus.place_params(params)
 
   def __call__(self, params, state: FocusState, x, tokens):
     return self.focus._step_impl(params, state, tokens)

@@ -17,6 +17,11 @@ and returns the logits (or final hidden states) plus the new tokens' **pre-RoPE*
 per layer, so that callers decide what to keep. Keys are rotated at use, with the positions the
 caller gives: that is what lets Beacon re-position its memory on every call.
 
+``seq_axis`` names a mesh axis that splits the new tokens by position, for a call made inside
+``jax.shard_map`` (FocusLLM's local forward over a chunk mesh): each device runs its own slice of
+the sequence and every layer all-gathers the slices' keys and values (one collective per layer),
+so no device repeats another's work and the attention sees the whole sequence.
+
 Layers are stacked with ``nn.scan`` (one compiled layer body; parameters carry a leading layer
 axis) and optionally rematerialised with ``nn.remat``. ``layer_loop="unrolled"`` runs the same
 layers as a Python loop over per-layer parameters (``unstack_layers``): for decode steps on CPU,
@@ -84,6 +89,7 @@ class Attention(nn.Module):
   cfg: ModelConfig
   rule: MaskRule
   impl: str
+  seq_axis: Optional[str] = None
 
   def _project(self, which, x, alt, features, axis=-1, bias=False):
     base = _dense(self.cfg, features, f"{which}_proj", axis, bias)(x)
@@ -113,6 +119,10 @@ class Attention(nn.Module):
     new_kv = (k, v)
     q = apply_rope(q, *rope_q)
     k_rot = apply_rope(k, *rope_q)
+    if self.seq_axis is not None:  # every device's slice of the sequence, in one collective
+      kv = jax.lax.all_gather(jnp.stack([k_rot, v.astype(k_rot.dtype)]), self.seq_axis, axis=2,
+                              tiled=True)
+      k_rot, v = kv[0], kv[1].astype(v.dtype)
     if mem_k is not None:
       k_rot = jnp.concatenate([apply_rope(mem_k.astype(k.dtype), *rope_mem), k_rot], axis=1)
       v = jnp.concatenate([mem_v.astype(v.dtype), v], axis=1)
@@ -137,6 +147,7 @@ class Block(nn.Module):
   cfg: ModelConfig
   rule: MaskRule
   impl: str
+  seq_axis: Optional[str] = None
 
   @nn.compact
   def __call__(self, x, layer_in, shared):
@@ -144,7 +155,7 @@ class Block(nn.Module):
     mem_k, mem_v, window = layer_in
     alt, rope_q, rope_mem, q_meta, k_meta = shared
     h = RMSNorm(cfg.rms_norm_eps, cfg.params_dtype, name="input_norm")(x)
-    a, new_kv = Attention(cfg, self.rule, self.impl, name="attn")(
+    a, new_kv = Attention(cfg, self.rule, self.impl, self.seq_axis, name="attn")(
         h, alt, rope_q, rope_mem, mem_k, mem_v, q_meta, k_meta, window)
     x = x + a
     h = RMSNorm(cfg.rms_norm_eps, cfg.params_dtype, name="post_attention_norm")(x)
@@ -193,6 +204,7 @@ class Decoder(nn.Module):
   rule: MaskRule = MaskRule(causal=True)
   impl: str = "auto"
   layer_loop: str = "scan"  # or "unrolled": parameters from ``unstack_layers``
+  seq_axis: Optional[str] = None  # a shard_map axis splitting the tokens (module docstring)
 
   def prepare_params(self, params):
     """``params`` in this decoder's layout (stacked checkpoints in, unstacked for ``unrolled``)."""
@@ -221,12 +233,17 @@ class Decoder(nn.Module):
     x = self._embed(tokens)
     # Dynamic NTK needs the call's largest position; other rope types ignore it.
     seq_len = jnp.max(positions) + 1
+    if self.seq_axis is not None:
+      seq_len = jax.lax.pmax(seq_len, self.seq_axis)
     if memory is not None:
       seq_len = jnp.maximum(seq_len, jnp.max(jnp.where(memory.meta.valid, memory.positions, 0)) + 1)
+    # The keys' metadata: the whole sequence when each device holds a slice of it.
+    self_meta = q_meta if self.seq_axis is None else jax.tree.map(
+        lambda a: jax.lax.all_gather(a, self.seq_axis, axis=1, tiled=True), q_meta)
     rope_q = rope_tables(cfg, positions, seq_len)
     if memory is None:
       mem_k = mem_v = rope_mem = None
-      k_meta = q_meta
+      k_meta = self_meta
     else:
       mem_k, mem_v = memory.k, memory.v
       if memory.position_bound is None:
@@ -234,7 +251,7 @@ class Decoder(nn.Module):
       else:
         table = rope_tables(cfg, jnp.arange(memory.position_bound, dtype=jnp.int32), seq_len)
         rope_mem = tuple(t[memory.positions] for t in table)
-      k_meta = memory.meta.concat(q_meta)
+      k_meta = memory.meta.concat(self_meta)
     block = Block
     if cfg.remat:
       policy = (jax.checkpoint_policies.dots_with_no_batch_dims_saveable if cfg.remat == "dots"
@@ -246,13 +263,14 @@ class Decoder(nn.Module):
       for i in range(cfg.num_layers):
         layer_in = (None if mem_k is None else mem_k[i], None if mem_v is None else mem_v[i],
                     windows[i])
-        x, kv = block(cfg, self.rule, self.impl, name=f"layers_{i}")(x, layer_in, shared)
+        x, kv = block(cfg, self.rule, self.impl, self.seq_axis, name=f"layers_{i}")(
+            x, layer_in, shared)
         kvs.append(kv)
       new_kv = jax.tree.map(lambda *a: jnp.stack(a), *kvs)
     elif self.layer_loop == "scan":
       stack = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True},
                       in_axes=(0, nn.broadcast), length=cfg.num_layers)
-      x, new_kv = stack(cfg, self.rule, self.impl, name="layers")(
+      x, new_kv = stack(cfg, self.rule, self.impl, self.seq_axis, name="layers")(
           x, (mem_k, mem_v, self.layer_windows()), shared)
     else:
       raise ModelConfigError(f"Decoder.layer_loop must be one of {LAYER_LOOPS}, "
