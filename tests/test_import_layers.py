@@ -29,7 +29,8 @@ LAYERS = [
     ("kernels and the ground floor",
      ["longjax/kernels/", "longjax/method_names.py", "longjax/compile_cache.py",
       "longjax/atomic_dir.py", "longjax/sampling.py", "longjax/program_cache.py",
-      "longjax/sizes.py", "longjax/quiet_reads.py", "longjax/errors.py"]),
+      "longjax/sizes.py", "longjax/quiet_reads.py", "longjax/errors.py",
+      "longjax/tree_cache.py"]),
 ]
 
 

@@ -23,8 +23,6 @@ parameters on every device once, instead of at every call.
 """
 from __future__ import annotations
 
-import weakref
-
 import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
@@ -33,6 +31,7 @@ from longjax.focus.config import FocusError
 from longjax.kernels import TokenMeta
 from longjax.models.decoder import Decoder, KVPrefix
 from longjax.models.head import lm_head
+from longjax.tree_cache import TreeCache, live_arrays
 
 
 # Chunk rows per condensing forward when the user does not choose (FocusLLM(chunk_batch_size=...)).
@@ -303,21 +302,12 @@ def replicate(params, mesh):
   """
   sharding = NamedSharding(mesh, P())
   leaves = jax.tree.leaves(params)
-  arrays = all(isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer) for x in leaves)
-  if arrays and all(x.sharding.is_equivalent_to(sharding, x.ndim) for x in leaves):
+  if live_arrays(leaves) and all(x.sharding.is_equivalent_to(sharding, x.ndim) for x in leaves):
     return params
-  if not arrays:
-    return jax.device_put(params, sharding)
-  key = (mesh,) + tuple(id(x) for x in leaves)
-  hit = _REPLICATED.get(key)
-  if hit is None:
-    hit = _REPLICATED[key] = jax.device_put(params, sharding)
-    for x in leaves:  # an id is only unique while its object lives
-      weakref.finalize(x, _REPLICATED.pop, key, None)
-  return hit
+  return _REPLICATED.get(params, lambda tree: jax.device_put(tree, sharding), mesh)
 
 
-_REPLICATED: dict = {}
+_REPLICATED = TreeCache()
 
 
 def condense_sharded(model: Decoder, mesh, axis: str, *, batch_size=None, capacity=None):

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import weakref
 from typing import Optional
 
 import flax.linen as nn
@@ -45,6 +44,7 @@ from longjax.kernels import CAUSAL_PREFILL, NO_WINDOW, MaskRule, TokenMeta, atte
 from longjax.models.config import ModelConfig, ModelConfigError
 from longjax.models.head import lm_head
 from longjax.models.rope import apply_rope, rope_tables
+from longjax.tree_cache import TreeCache
 
 
 @jax.tree_util.register_dataclass
@@ -169,21 +169,12 @@ LAYER_LOOPS = ("scan", "unrolled")
 def unstack_layers(params):
   """The stacked ``params["layers"]`` (leading layer axis) as ``layers_0 .. layers_{L-1}``: the
   parameter layout of ``Decoder(layer_loop="unrolled")``. It is a copy of the layer weights, made
-  once per parameter tree of jax arrays: kept (``_UNSTACKED``) while every leaf of ``params``
-  lives, so repeated generations do not copy (and page in) the weights again. Other leaves
-  (numpy arrays, which may change in place; tracers) are copied at every call."""
+  once per parameter tree of jax arrays (``_UNSTACKED``, a :class:`~longjax.tree_cache.TreeCache`),
+  so repeated generations do not copy (and page in) the weights again. Other leaves (numpy
+  arrays, which may change in place; tracers) are copied at every call."""
   if "layers" not in params:
     return params  # already unstacked
-  leaves = jax.tree.leaves(params)
-  if not all(isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer) for x in leaves):
-    return _unstack(params)  # nothing that can safely be kept
-  key = tuple(id(x) for x in leaves)
-  hit = _UNSTACKED.get(key)
-  if hit is None:
-    hit = _UNSTACKED[key] = _unstack_jit(params)
-    for x in leaves:  # an id is only unique while its object lives
-      weakref.finalize(x, _UNSTACKED.pop, key, None)
-  return hit
+  return _UNSTACKED.get(params, _unstack_jit)
 
 
 def _unstack(params):
@@ -195,7 +186,7 @@ def _unstack(params):
 
 
 _unstack_jit = jax.jit(_unstack)
-_UNSTACKED: dict = {}
+_UNSTACKED = TreeCache()
 
 
 class Decoder(nn.Module):
