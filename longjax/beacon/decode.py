@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from longjax.beacon.memory import BeaconState
-from longjax.beacon.planner import stack
+from longjax.beacon.planner import append_only, stack
 from longjax.beacon.schedule import segments
 from longjax.beacon.step import Carry, window_step
 from longjax.decode_loop import DevicePlan, Segment
@@ -98,12 +98,14 @@ def _block_segments(lm, capacity: int, f0: int, step_descs, needs):
   sch = lm.schedule
   b, n = len(step_descs[0]), len(step_descs)
   q_small = sch.token_slots
-  small = [all(d.n <= q_small for d in sd) for sd in step_descs]
+  # Steps that fit the one-token bucket and only append share one stacked plan whose write-back
+  # scatters the new entries; a completing window rewrites the raw region and runs alone.
+  small = [all(d.n <= q_small and append_only(d) for d in sd) for sd in step_descs]
   shared = None
   if any(small):
     noop = sch.assemble([None] * b, q_small)
     plans = [sch.assemble(sd, q_small) if ok else noop for sd, ok in zip(step_descs, small)]
-    shared = _stacked(plans + [noop] * (PLAN_BLOCK - n), capacity)  # one shape for every block
+    shared = _stacked(plans + [noop] * (PLAN_BLOCK - n), capacity, append_only=True)
   buckets = [sch.memory_bucket(x, capacity) for x in needs]
   step = functools.partial(BeaconDecodeStep, decode_decoder(lm.model), lm.sink_cap)
   i = 0
@@ -122,7 +124,8 @@ def _block_segments(lm, capacity: int, f0: int, step_descs, needs):
     i = j
 
 
-def _stacked(plans, capacity: int):
+def _stacked(plans, capacity: int, append_only: bool = False):
   # segments=(): the loop indexes one step at a time, and the plan's static fields must not
   # depend on the number of steps (they key the compiled loop).
-  return dataclasses.replace(stack(plans, [(len(plans), 0)], capacity), segments=())
+  return dataclasses.replace(stack(plans, [(len(plans), 0)], capacity), segments=(),
+                             append_only=append_only)

@@ -297,6 +297,13 @@ class Planner:
                      need_ratio=True, used_zero=st.used_zero or ratio == 0)
 
 
+def append_only(d: StepDesc) -> bool:
+  """The step keeps the raw region as it is and appends all of its slots after it, in order (a
+  partial window without a sink capture): its write-back touches only ``d.n`` entries."""
+  appended = np.concatenate([np.arange(d.raw_len), -(np.arange(d.n) + 1)])
+  return not d.capture and np.array_equal(d.src, appended)
+
+
 def _fill(isb: np.ndarray, raw: np.ndarray, fill: int) -> np.ndarray:
   """One int64 entry per slot: ``raw`` in the raw-token slots, ``fill`` in the beacon slots."""
   out = np.full(isb.size, fill, np.int64)
@@ -339,6 +346,10 @@ class WindowPlan:
   # Static: skip inactive (padding) steps with a lax.cond (prefill chunks: saves their compute).
   # False: they run as no-ops (loss plans: under jax.grad a cond in the scan keeps ~10x more).
   guard: bool = dataclasses.field(default=True, metadata=dict(static=True))
+  # Static: every step only appends its valid slots to the raw region (``src`` is the identity
+  # followed by the new slots, no sink capture): the write-back then scatters those few entries
+  # instead of rewriting the whole slab (decode steps; see ``append_only``).
+  append_only: bool = dataclasses.field(default=False, metadata=dict(static=True))
   # Optional soft targets (distillation), aligned with ``labels``: ``[B, L, K]`` token ids and
   # their target mass (teacher probabilities times the token's weight; 0 where unlabelled). A hard
   # label is K = 1 mass on its id. None: the plain next-token loss on ``labels``.

@@ -158,8 +158,9 @@ def window_step(model: Decoder, sink_cap: int, params, carry: Carry, plan: Windo
   q_meta = TokenMeta.causal(plan.order, valid=plan.valid, kind=plan.kind if kinds else None)
   hidden, (nk, nv) = model.apply({"params": params}, plan.tokens, plan.pos, q_meta=q_meta,
                                  alt=plan.alt_slot, memory=memory, head=False)
-  k = _write_back(carry.k, nk, plan, sink_cap)
-  v = _write_back(carry.v, nv, plan, sink_cap)
+  write = _append if plan.append_only else _write_back
+  k = write(carry.k, nk, plan, sink_cap)
+  v = write(carry.v, nv, plan, sink_cap)
 
   last = jnp.maximum(plan.last_slot, 0)
   h_last = jnp.take_along_axis(hidden, last[:, None, None], axis=1)[:, 0]
@@ -215,6 +216,18 @@ def _write_back(buf, new, plan: WindowPlan, sink_cap: int):
 
   upd = jax.vmap(update, in_axes=(1, 1, 0, 0, 0), out_axes=1)
   return upd(buf, new, sink_cap + plan.beacon_len, plan.src, plan.capture)
+
+
+def _append(buf, new, plan: WindowPlan, sink_cap: int):
+  """``_write_back`` of a step that only appends (``plan.append_only``): each row's valid slots
+  of ``new [L, B, Q, H, D]`` scattered after its raw region; every other entry stays in place.
+  (The general write-back reads and rewrites the whole raw-region slab, 1,152 entries per layer
+  at the official sizes, for the one or two entries a decode step adds.)"""
+  b, c, q = buf.shape[1], buf.shape[2], new.shape[2]
+  end = sink_cap + plan.beacon_len + plan.raw_len  # [B]
+  dest = jnp.where(plan.valid, end[:, None] + jnp.arange(q, dtype=end.dtype)[None], c)
+  rows = jnp.broadcast_to(jnp.arange(b)[:, None], (b, q))
+  return buf.at[:, rows, dest].set(new.astype(buf.dtype), mode="drop")  # padding: dropped
 
 
 def scan_windows(model: Decoder, sink_cap: int, params, carry: Carry, plan: WindowPlan, *,
