@@ -40,7 +40,8 @@ class GenerateError(LongjaxError, ValueError):
 class GenerateOutput:
   tokens: list  # per prompt: generated ids (up to and including a stop id)
   logits: Optional[list] = None  # per prompt: [n_generated, V] float32 (return_logits=True)
-  text: Optional[list] = None  # per prompt: decoded text, when a tokenizer was given
+  # per prompt: the decoded tokens (a final stop id left out), when a tokenizer was given
+  text: Optional[list] = None
   # The method's state after the last fed token (the last generated token is not fed back):
   # lets a method continue from it (e.g. BeaconLM.resume for multi-turn).
   state: object = None
@@ -312,8 +313,8 @@ def _output(out, out_logits, state, tokenizer, stops, t0, t1, compile0) -> Gener
   if out_logits is not None:
     lg = np.stack(out_logits, axis=1)
     result.logits = [lg[i, :len(r)] for i, r in enumerate(rows)]
-  if tokenizer is not None:
-    result.text = [tokenizer.decode(r) for r in rows]
+  if tokenizer is not None:  # the stop id ends the answer; it is not part of its text
+    result.text = [tokenizer.decode(r[:-1] if r and r[-1] in stops else r) for r in rows]
   return result
 
 
