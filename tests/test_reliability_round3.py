@@ -673,11 +673,11 @@ def test_huge_max_new_tokens_is_refused_before_allocating(tiny_plain):
 
 
 def test_beacon_cli_max_new_tokens_0_before_the_model_loads(tmp_path):
-  import argparse
   from longjax import LongjaxError
-  from longjax.beacon.__main__ import _check_inputs
+  from longjax.beacon.__main__ import _check_inputs, build_parser
   (tmp_path / "t.txt").write_text("hello")
-  args = argparse.Namespace(text=str(tmp_path / "t.txt"), hf_dir="smollm2", max_new_tokens=0)
+  args = build_parser().parse_args(["--text", str(tmp_path / "t.txt"), "--hf_dir", "smollm2",
+                                    "--max_new_tokens", "0"])
   with pytest.raises(LongjaxError, match="--max_new_tokens must be >= 1, got 0"):
     _check_inputs(args)
 

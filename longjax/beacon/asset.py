@@ -89,7 +89,7 @@ def load_beacon_asset(asset_dir, base_dir: Optional[str] = None):
   beacon.json; ``smollm2`` is fetched) with the asset's beacon tensors, in fp32."""
   from longjax.beacon.config import BeaconConfig
   from longjax.beacon.convert import load_beacon
-  asset_dir = Path(asset_dir)
+  asset_dir = assets.find_asset(asset_dir, BEACON)  # a path, or a name in assets/
   if not (asset_dir / META).exists() or not assets.has_tensors(asset_dir, STEM):
     raise AssetError(f"{asset_dir} is not a beacon asset (needs {META} and {TENSORS})")
   meta = json.loads((asset_dir / META).read_text())
@@ -132,8 +132,11 @@ def params_from_workdir(workdir, step=None):
   return cfg, bcfg, params, int(step), c.model.checkpoint
 
 
-def main(argv=None):
-  ap = assets.export_parser(__doc__, BEACON.title)
+PROG = "python -m longjax.beacon.asset"
+
+
+def build_parser():
+  ap = assets.export_parser(PROG, __doc__, BEACON.title)
   ap.add_argument("--ratios", default="",
                   help="comma list: the compression ratios the asset runs at (default: the run's); "
                        "e.g. 8 for a run trained on 8,32,128 one per document, which would "
@@ -143,6 +146,11 @@ def main(argv=None):
                   help="the window stride the asset runs at (default: the run's); e.g. the window "
                        "itself for beacons trained at a shorter stride, to read as the official "
                        "code does (the campaign record keeps the training recipe)")
+  return ap
+
+
+def main(argv=None):
+  ap = build_parser()
   args = ap.parse_args(argv)
 
   def export():
@@ -170,7 +178,7 @@ def main(argv=None):
                       overwrite=args.overwrite, embed_base=embed)
     print(f"wrote {args.out} (step {step})")
   from longjax import cli
-  return cli.run("python -m longjax.beacon.asset", export, debug=args.debug)
+  return cli.run(PROG, export, debug=args.debug)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 from typing import Optional
 
@@ -27,6 +28,57 @@ BASE_DIR = "base"  # an embedded base (the tiny one of a run with no model.check
 
 class AssetError(LongjaxError, ValueError):
   """An asset that does not fit (missing files, another base model, no trained tensors)."""
+
+
+# ------------------------------------------------------------------------------------------------
+# Finding an asset: a directory, or a name in the repository's assets/.
+ASSETS_ENV = "LONGJAX_ASSETS"  # another directory of named assets
+
+
+def assets_root() -> Path:
+  """Where asset names are looked up: ``$LONGJAX_ASSETS``, else the ``assets/`` directory of the
+  repository this package is in (it is installed editable from a clone, ``pip install -e .``)."""
+  env = os.environ.get(ASSETS_ENV, "").strip()
+  return Path(env) if env else Path(__file__).resolve().parents[2] / "assets"
+
+
+def _kind(d: Path):
+  """The method whose asset ``d`` is (by its settings file ``<method>.json``), or None."""
+  from longjax.method_names import ALL
+  return next((m for m in ALL if m.section and (d / f"{m.name}.json").is_file()), None)
+
+
+def known_assets(root: Optional[Path] = None) -> list:
+  """``name (method)`` of every asset directory in ``root`` (default :func:`assets_root`)."""
+  root = assets_root() if root is None else Path(root)
+  if not root.is_dir():
+    return []
+  return [f"{d.name} ({_kind(d).title})" for d in sorted(root.iterdir())
+          if d.is_dir() and _kind(d) is not None]
+
+
+def find_asset(spec, method) -> Path:
+  """The asset directory ``spec`` names for ``method`` (a ``method_names.MethodName``): a path
+  to a directory, or the name of one in :func:`assets_root` (``"smollm2_beacon"``), so that the
+  committed assets load from any working directory. An asset of another method, or a name that is
+  neither, is an :class:`AssetError` of one line (listing the known assets)."""
+  p = Path(spec)
+  if not p.is_dir():
+    root = assets_root()
+    named = root / str(spec)
+    if len(p.parts) == 1 and str(spec) not in (".", "..") and named.is_dir():
+      p = named
+    else:
+      known = known_assets(root)
+      where = (f"known assets in {root}: {', '.join(known)}" if known else
+               f"{root} holds no assets")
+      raise AssetError(f"{method.title} asset {str(spec)!r}: no such directory, nor an asset of "
+                       f"that name ({where}; ${ASSETS_ENV} names another assets directory)")
+  other = _kind(p)
+  if other is not None and other != method and not (p / f"{method.name}.json").is_file():
+    raise AssetError(f"{spec} is an asset of {other.title}, not of {method.title}: load it with "
+                     f"load_{other.name}_asset (python -m longjax.{other.name} --asset {spec})")
+  return p
 
 
 # ------------------------------------------------------------------------------------------------
@@ -111,16 +163,18 @@ def set_tensors(cfg, params, tensors: dict, where: str, expected=None):
   return params
 
 
-def export_parser(doc: str, run_kind: str):
-  """The command line of an asset export (``python -m longjax.<method>.asset``)."""
-  import argparse
-  ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-  ap.add_argument("--workdir", required=True, help=f"a train.py {run_kind} run directory")
+def export_parser(prog: str, doc: str, run_kind: str):
+  """The command line of an asset export (``prog``: ``python -m longjax.<method>.asset``)."""
+  from longjax import cli
+  ap = cli.parser(prog, doc)
+  ap.add_argument("--workdir", required=True, metavar="DIR",
+                  help=f"a train.py {run_kind} run directory")
   ap.add_argument("--step", type=int, default=None,
                   help="that checkpoint (default: the newest readable one)")
-  ap.add_argument("--out", required=True)
-  ap.add_argument("--overwrite", action="store_true")
-  ap.add_argument("--debug", action="store_true", help="show tracebacks")
+  ap.add_argument("--out", required=True, metavar="DIR",
+                  help="the asset directory to write (all or nothing)")
+  ap.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+  ap.add_argument("--debug", action="store_true", help="show the traceback of an error")
   return ap
 
 

@@ -67,7 +67,7 @@ def load_focus_asset(asset_dir, base_dir: Optional[str] = None):
   """``(ModelConfig, FocusConfig, params)``: the base (``base_dir``, default the one named in
   focus.json; ``smollm2`` is fetched) with the asset's candidate projections, in fp32."""
   from longjax.focus.convert import focus_from_llama
-  asset_dir = Path(asset_dir)
+  asset_dir = assets.find_asset(asset_dir, FOCUS)  # a path, or a name in assets/
   if not (asset_dir / META).exists() or not assets.has_tensors(asset_dir, STEM):
     raise AssetError(f"{asset_dir} is not a FocusLLM asset (needs {META} and "
                      f"{STEM}.safetensors or its shards)")
@@ -102,8 +102,15 @@ def params_from_workdir(workdir, step: Optional[int] = None):
   return cfg, fcfg, params, int(step), c.model.checkpoint
 
 
+PROG = "python -m longjax.focus.asset"
+
+
+def build_parser():
+  return assets.export_parser(PROG, __doc__, FOCUS.title)
+
+
 def main(argv=None):
-  ap = assets.export_parser(__doc__, FOCUS.title)
+  ap = build_parser()
   args = ap.parse_args(argv)
 
   def export():
@@ -116,7 +123,7 @@ def main(argv=None):
                      overwrite=args.overwrite)
     print(f"wrote {args.out} (step {step})")
   from longjax import cli
-  return cli.run("python -m longjax.focus.asset", export, debug=args.debug)
+  return cli.run(PROG, export, debug=args.debug)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ transformers all read it). Config fields that name a checkpoint accept the name 
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import logging
 import os
@@ -133,14 +132,24 @@ def resolve(spec: str) -> str:
   return str(get()) if str(spec).lower() == NAME else spec
 
 
-def main(argv=None):
-  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  ap.add_argument("--out", help="also copy the converted HF directory here")
-  ap.add_argument("--cache", help="cache directory (default: %(default)s)", default=None)
-  ap.add_argument("--debug", action="store_true", help="show the traceback of an error")
-  args = ap.parse_args(argv)
+PROG = "python -m longjax.models.smollm2"
+
+
+def build_parser():
   from longjax import cli
-  return cli.run("python -m longjax.models.smollm2", lambda: _main(args), debug=args.debug)
+  ap = cli.parser(PROG, __doc__)
+  ap.add_argument("--out", metavar="DIR", help="also copy the converted HF directory here")
+  ap.add_argument("--cache", metavar="DIR",
+                  help="cache directory (default: $LONGJAX_CACHE, else $XDG_CACHE_HOME/longjax or "
+                       "~/.cache/longjax)")
+  ap.add_argument("--debug", action="store_true", help="show the traceback of an error")
+  return ap
+
+
+def main(argv=None):
+  args = build_parser().parse_args(argv)
+  from longjax import cli
+  return cli.run(PROG, lambda: _main(args), debug=args.debug)
 
 
 def _main(args):
