@@ -86,7 +86,9 @@ def base_of(asset_dir, meta: dict, base_dir: Optional[str] = None) -> str:
 
 def load_beacon_asset(asset_dir, base_dir: Optional[str] = None):
   """``(ModelConfig, BeaconConfig, params)``: the base (``base_dir``, default the one named in
-  beacon.json; ``smollm2`` is fetched) with the asset's beacon tensors, in fp32."""
+  beacon.json; ``smollm2`` is fetched) with the asset's beacon tensors, in fp32. ``asset_dir``: a
+  directory, or the name of one in the repository's assets/ (``"smollm2_beacon"``; see
+  ``longjax.convert.assets.find_asset``)."""
   from longjax.beacon.config import BeaconConfig
   from longjax.beacon.convert import load_beacon
   asset_dir = assets.find_asset(asset_dir, BEACON)  # a path, or a name in assets/

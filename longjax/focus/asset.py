@@ -65,7 +65,9 @@ def _settings(meta: dict, base: str):
 
 def load_focus_asset(asset_dir, base_dir: Optional[str] = None):
   """``(ModelConfig, FocusConfig, params)``: the base (``base_dir``, default the one named in
-  focus.json; ``smollm2`` is fetched) with the asset's candidate projections, in fp32."""
+  focus.json; ``smollm2`` is fetched) with the asset's candidate projections, in fp32.
+  ``asset_dir``: a directory, or the name of one in the repository's assets/
+  (``"smollm2_focus"``; see ``longjax.convert.assets.find_asset``)."""
   from longjax.focus.convert import focus_from_llama
   asset_dir = assets.find_asset(asset_dir, FOCUS)  # a path, or a name in assets/
   if not (asset_dir / META).exists() or not assets.has_tensors(asset_dir, STEM):
