@@ -385,8 +385,11 @@ def answer(method, params, ids: List[int], tok, cfg, max_new_tokens: int, descri
   print(f"{len(ids)} prompt tokens; {describe}", file=sys.stderr, flush=True)
   stops = stop_ids(cfg, tok)
   stream = Streamer(tok, stops)
+  # the device loop hands tokens back every 8 by default: 1 streams each as it comes (the token
+  # count is a traced argument, so this costs a host round trip per token, not a compile)
+  chunk = 1 if callable(getattr(method, "device_plan", None)) else None
   out = generate(method, params, [ids], max_new_tokens=max_new_tokens, stop_ids=stops,
-                 callback=stream)
+                 callback=stream, chunk=chunk)
   stream.finish()
   extra = after(out) if after is not None else ""
   if not stream.stopped:  # said, so that a cut answer is not taken for a whole one
