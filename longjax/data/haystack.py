@@ -71,7 +71,8 @@ HELDOUT_HAYSTACKS = (HELDOUT_PROSE, HELDOUT_FAMILY)
 HANDBOOK_DIR = Path("/usr/share/doc/debian-handbook/html/en-US")
 LICENSES_DIR = Path("/usr/share/common-licenses")
 BIBLE_EXE = "bible"
-APT = {"kjv": "bible-kjv bible-kjv-text", "handbook": "debian-handbook", "licenses": "base-files"}
+APT = {"kjv": "bible-kjv bible-kjv-text", "handbook": "debian-handbook", "licenses": "base-files",
+       "pydoc": "libpython3-stdlib"}  # pydoc_data: Debian's Python standard library package
 
 
 class _HtmlText(html.parser.HTMLParser):
@@ -132,7 +133,10 @@ def _licenses_text() -> str:
 
 
 def _pydoc_text() -> str:
-  from pydoc_data.topics import topics
+  try:
+    from pydoc_data.topics import topics
+  except ImportError:
+    raise _missing("pydoc", "this Python has no pydoc_data module") from None
   return "\n".join(topics[k] for k in sorted(topics))
 
 
@@ -540,8 +544,9 @@ def _content_doc(tok, rng, P, ii, units, n_tokens, chat, sep, rec, task):
     items.append(next(units))
     acc += _count(tok, sep + items[-1][0])
   texts_in = [t for t, _ in items]
-  cands = [j for j in range(len(items) - 2)
-           if task == "record" or (texts_in.count(texts_in[j]) == 1 and len(texts_in[j].split()) <= 40)]
+  # a quote must occur once and stay short; the unit after it must be in the head too
+  cands = [j for j in range(len(items) - 2) if task == "record"
+           or (texts_in.count(texts_in[j]) == 1 and len(texts_in[j].split()) <= 40)]
   if not cands:
     return None
   j = cands[int(rng.integers(len(cands)))]
@@ -585,7 +590,7 @@ def make_record(tok, split: str, index: int, seed: int, n_tokens: int, texts: di
     raise DataError("no haystack source is available (every prose source chosen is missing and "
                     "no procedural family is chosen)")
   hay = _pick(rng, names)
-  if split == "train" and hay in HELDOUT_HAYSTACKS:  # the train split's promise, whatever the caller
+  if split == "train" and hay in HELDOUT_HAYSTACKS:  # the train split's promise, whoever calls
     raise AssertionError(f"held-out haystack {hay} drawn for the train split")
   P = {k: v[split] for k, v in PHRASINGS.items()}
   sep = "\n" if hay in ("records", "logs") else " "
