@@ -180,6 +180,8 @@ def test_scorer_judges_the_needle_not_a_sentence(tmp_path):
   s = H.summarise(recs, [f"The pass key is {10000 + i}." for i in range(3)] + ["10003"])
   assert s["accuracy"] == 1.0 and s["top_prefix"] == "the pass key is"
   assert s["top_prefix_share"] == 0.75
+  bare = H.summarise(recs, [r["target"] for r in recs])
+  assert bare["top_prefix"] == "" and bare["top_prefix_share"] == 0
   lab = H.label(rec, "Its access code is 82678.")
   assert lab["output"] == lab["teacher_output"] == "Its access code is 82678."
   assert H.label(rec, "I do not know.")["output"] == "82678"

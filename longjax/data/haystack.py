@@ -651,8 +651,9 @@ def answer_prefix(record: dict, answer: str) -> str:
 
 def summarise(records, answers) -> dict:
   """Accuracy overall and per task / needle kind / haystack, and how often the answers open with
-  the same words: a model that answers every question with one fixed sentence (whatever it asks)
-  shows a ``top_prefix_share`` near 1 on this varied set."""
+  the same words before the target: a model that answers every question with one fixed sentence
+  (whatever it asks) shows a ``top_prefix_share`` near 1 on this varied set; bare answers and
+  answers in the question's own words keep it low."""
   by = collections.defaultdict(lambda: [0, 0])
   prefixes = collections.Counter()
   n_ok = n_dis = 0
@@ -664,7 +665,9 @@ def summarise(records, answers) -> dict:
               f"kind={rec.get('needle_kind', '-')}"):
       by[k][0] += s["correct"]
       by[k][1] += 1
-    prefixes[answer_prefix(rec, ans)] += 1
+    pre = answer_prefix(rec, ans)
+    if pre:  # a bare answer opens with no sentence
+      prefixes[pre] += 1
   n = len(records)
   top, top_n = prefixes.most_common(1)[0] if prefixes else ("", 0)
   return dict(n=n, correct=n_ok, accuracy=round(n_ok / max(n, 1), 4), with_distractor=n_dis,
@@ -756,7 +759,11 @@ def load_tokenizer(spec: str):
   if spec == "smollm2":
     from longjax.models import smollm2
     spec = str(smollm2.get())
-  return get_tokenizer(spec)
+  tok = get_tokenizer(spec)
+  if tok.hf is not None:
+    # documents past the model's context are wanted here (16K, 32K): no warning per count
+    tok.hf.model_max_length = 1 << 30
+  return tok
 
 
 def main(argv=None) -> int:
