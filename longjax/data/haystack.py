@@ -19,8 +19,8 @@ prompt (wrapped as one user turn by the tokenizer's chat template, up to the ass
 it has one; the reader adds the newline), ``output`` the answer span. ``output`` starts as the exact
 ``target`` string; a teacher-labelling step (the full-attention base's greedy answer while the
 whole document fits its context) stores its answer in ``teacher_output`` and, when that answer
-contains the target, in ``output`` too (:func:`label`), so training learns the base's own words and
-never one fixed answer sentence. ``n_tokens``: the tokens of ``input`` (train.py then adds the
+is correct (:func:`score`), in ``output`` too (:func:`label`), so training learns the base's own
+words and never one fixed answer sentence. ``n_tokens``: the tokens of ``input`` (train.py then adds the
 newline, the answer and EOS), at most the drawn budget and within a few tokens of it. ``--kind
 prose`` writes ``{"text": ...}`` windows of real prose for a dense LM / distillation signal.
 
