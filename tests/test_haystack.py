@@ -5,6 +5,7 @@ run on any machine and show where each sentence came from; one test reads the re
 they are installed."""
 import json
 import re
+import warnings
 
 import pytest
 
@@ -155,10 +156,10 @@ def test_missing_source_names_its_package(monkeypatch, tmp_path, capsys):
 
 
 def test_real_sources_when_installed():
-  try:
-    texts = H.load_texts(H.PROSE)
-  except DataError as e:
-    pytest.skip(str(e))
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore")  # a source this machine lacks is skipped (its own test above)
+    texts = H.load_texts(H.PROSE, allow_missing=True)
+  assert "pydoc" in texts and "licenses" in texts  # Python's own; Debian's base-files
   for name, sents in texts.items():
     assert len(sents) > 500, name
     assert not any(re.match(r"\d+ ", s) for s in sents[:200]), name  # no verse numbers

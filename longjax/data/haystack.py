@@ -25,8 +25,8 @@ newline, the answer and EOS), at most the drawn budget and within a few tokens o
 prose`` writes ``{"text": ...}`` windows of real prose for a dense LM / distillation signal.
 
 Same arguments, same file, byte for byte (every document draws from its own ``(seed, split,
-index)`` generator). Sources: ``apt-get install -y bible-kjv bible-kjv-text debian-handbook``;
-``licenses`` is Debian's ``base-files``; ``pydoc`` ships with Python.
+index)`` generator). Sources: ``apt-get install -y bible-kjv bible-kjv-text debian-handbook
+fortunes``; ``licenses`` is Debian's ``base-files``; ``pydoc`` ships with Python.
 
   # training mix (SmolLM2's tokenizer, chat-wrapped): 1K-8K needle/content documents, prose windows
   python -m longjax.data.haystack --split train --count 4000 --tokens 1024-8192 --seed 11 \\
@@ -60,7 +60,7 @@ import numpy as np
 from longjax.data.errors import DataError
 
 SPLITS = ("train", "heldout")
-PROSE = ("kjv", "handbook", "licenses", "pydoc")
+PROSE = ("kjv", "handbook", "licenses", "fortunes", "pydoc")
 FAMILIES = ("repeat", "shuffled", "records", "logs")
 HELDOUT_PROSE = "pydoc"
 HELDOUT_FAMILY = "logs"
@@ -70,9 +70,10 @@ HELDOUT_HAYSTACKS = (HELDOUT_PROSE, HELDOUT_FAMILY)
 # Real prose sources (read once per process).
 HANDBOOK_DIR = Path("/usr/share/doc/debian-handbook/html/en-US")
 LICENSES_DIR = Path("/usr/share/common-licenses")
+FORTUNES_DIR = Path("/usr/share/games/fortunes")
 BIBLE_EXE = "bible"
 APT = {"kjv": "bible-kjv bible-kjv-text", "handbook": "debian-handbook", "licenses": "base-files",
-       "pydoc": "libpython3-stdlib"}  # pydoc_data: Debian's Python standard library package
+       "fortunes": "fortunes", "pydoc": "libpython3-stdlib"}  # pydoc_data: Debian's Python standard library package
 
 
 class _HtmlText(html.parser.HTMLParser):
@@ -132,6 +133,18 @@ def _licenses_text() -> str:
   return "\n".join(f.read_text(encoding="utf-8", errors="replace") for f in files)
 
 
+def _fortunes_text() -> str:
+  # one cookie file per topic, cookies separated by "%" lines; the drawings are not prose
+  files = [f for f in sorted(FORTUNES_DIR.glob("*")) if f.is_file() and not f.suffix
+           and "art" not in f.name] if FORTUNES_DIR.is_dir() else []
+  if not files:
+    raise _missing("fortunes", f"no cookie files in {FORTUNES_DIR}")
+  cookies = [c for f in files
+             for c in re.split(r"^%$", f.read_text(encoding="utf-8", errors="replace"), flags=re.M)]
+  # attribution lines ("-- Mark Twain") would glue onto the next cookie's first sentence
+  return "\n".join(re.sub(r"^\s*--.*$", "", c, flags=re.M) for c in cookies)
+
+
 def _pydoc_text() -> str:
   try:
     from pydoc_data.topics import topics
@@ -148,7 +161,7 @@ def split_sentences(text: str) -> list:
 
 
 _LOADERS = {"kjv": _kjv_text, "handbook": _handbook_text, "licenses": _licenses_text,
-            "pydoc": _pydoc_text}
+            "fortunes": _fortunes_text, "pydoc": _pydoc_text}
 
 
 @functools.lru_cache(maxsize=None)
