@@ -7,6 +7,7 @@ import json
 import re
 import warnings
 
+import numpy as np
 import pytest
 
 from longjax.data import haystack as H
@@ -79,7 +80,7 @@ def test_train_split_never_holds_heldout_haystacks_or_phrasings(fake_sources):
 
 
 def test_lengths_within_the_budget(fake_sources):
-  for r in _records("train", 40, (300, 3000)) + _records("train", 10, (500, 900), kind="prose"):
+  for r in _records("train", 40, (700, 3000)) + _records("train", 10, (500, 900), kind="prose"):
     text = r["input"] if "input" in r else r["text"]
     assert r["n_tokens"] == len(BYTE.encode(text))
     assert r["budget"] - 2 <= r["n_tokens"] <= r["budget"], r["id"]
@@ -191,3 +192,13 @@ def test_scorer_judges_the_needle_not_a_sentence(tmp_path):
   H.write_jsonl(ans, [dict(id=r["id"], answer=r["target"]) for r in recs[:3]])
   with pytest.raises(DataError, match="no answer for 1 of 4"):
     H.score_files(ans, data)
+
+
+def test_haystack_draw_balances_prose_and_families():
+  rng = np.random.default_rng(0)
+  texts = {"kjv": ("s",) * 10000, "licenses": ("s",) * 100}
+  names = ["kjv", "licenses", "repeat", "records"]
+  got = [H._draw_haystack(rng, names, texts) for _ in range(4000)]
+  prose = sum(g in texts for g in got) / len(got)
+  assert 0.46 < prose < 0.54
+  assert 8 < got.count("kjv") / got.count("licenses") < 12  # sqrt(10000 / 100) = 10

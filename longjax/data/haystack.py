@@ -579,6 +579,18 @@ def _content_doc(tok, rng, P, ii, units, n_tokens, chat, sep, rec, task):
   return doc, question, target, [], []
 
 
+def _draw_haystack(rng, names, texts) -> str:
+  """Real prose and procedural families equally often (when both are among ``names``); a prose
+  source in proportion to the square root of its sentence count, so that a small one (the
+  licences: ~900 sentences) repeats less across a large file than a uniform draw would make it."""
+  prose = [h for h in names if h in texts]
+  fams = [h for h in names if h in FAMILIES]
+  half = 0.5 if prose and fams else 1.0
+  root = np.sqrt([len(texts[h]) for h in prose])
+  w = [half * r / root.sum() for r in root] + [half / max(len(fams), 1)] * len(fams)
+  return (prose + fams)[int(rng.choice(len(w), p=np.asarray(w) / sum(w)))]
+
+
 def make_record(tok, split: str, index: int, seed: int, n_tokens: int, texts: dict,
                 haystacks=None, chat: bool = True, kind: str = "qa") -> dict:
   """Document ``index`` of a split: a function of ``(seed, split, index)`` and the arguments
@@ -592,7 +604,7 @@ def make_record(tok, split: str, index: int, seed: int, n_tokens: int, texts: di
     if not names:
       raise DataError(f"--kind prose needs a real prose haystack of the {split} split "
                       f"({', '.join(h for h in PROSE if h in allowed_haystacks(split))})")
-    hay = _pick(rng, names)
+    hay = _draw_haystack(rng, names, texts)
     doc = _Doc(tok, chat, None, None, " ")
     _fit(doc, _units(hay, rng, texts), n_tokens)
     text = doc.text()
@@ -602,7 +614,7 @@ def make_record(tok, split: str, index: int, seed: int, n_tokens: int, texts: di
   if not names:
     raise DataError("no haystack source is available (every prose source chosen is missing and "
                     "no procedural family is chosen)")
-  hay = _pick(rng, names)
+  hay = _draw_haystack(rng, names, texts)
   if split == "train" and hay in HELDOUT_HAYSTACKS:  # the train split's promise, whoever calls
     raise AssertionError(f"held-out haystack {hay} drawn for the train split")
   P = {k: v[split] for k, v in PHRASINGS.items()}
