@@ -46,6 +46,7 @@ ARGPARSE_ENTRY_POINTS = {  # module or script -> the program name its help must 
     "longjax.beacon.asset": "python -m longjax.beacon.asset",
     "longjax.focus.asset": "python -m longjax.focus.asset",
     "longjax.models.smollm2": "python -m longjax.models.smollm2",
+    "longjax.data.haystack": "python -m longjax.data.haystack",
     "convert_weights.py": "convert_weights.py",
     "scripts/demo.py": "scripts/demo.py",
     "scripts/smollm2_passkey.py": "scripts/smollm2_passkey.py",

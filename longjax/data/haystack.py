@@ -41,7 +41,6 @@ fortunes``; ``licenses`` is Debian's ``base-files``; ``pydoc`` ships with Python
 """
 from __future__ import annotations
 
-import argparse
 import collections
 import functools
 import html.parser
@@ -791,51 +790,65 @@ def load_tokenizer(spec: str):
   return tok
 
 
-def main(argv=None) -> int:
-  ap = argparse.ArgumentParser(prog="python -m longjax.data.haystack", description=__doc__,
-                               formatter_class=argparse.RawDescriptionHelpFormatter)
-  ap.add_argument("--split", choices=SPLITS)
-  ap.add_argument("--out", help="jsonl file to write (refused if it exists, see --overwrite)")
-  ap.add_argument("--overwrite", action="store_true")
-  ap.add_argument("--count", type=int, default=1000)
-  ap.add_argument("--tokens", default="1024-8192", help="budget N or range LO-HI (tokens)")
-  ap.add_argument("--seed", type=int, default=0)
-  ap.add_argument("--kind", choices=("qa", "prose"), default="qa")
-  ap.add_argument("--haystacks", default="", help="comma-separated subset (default: all of the "
-                  f"split; train: {','.join(allowed_haystacks('train'))}; heldout: "
-                  f"{','.join(HELDOUT_HAYSTACKS)})")
-  ap.add_argument("--tokenizer", default="smollm2", help="'smollm2', 'byte' or a HF directory")
-  ap.add_argument("--no_chat", action="store_true", help="no chat template around the prompt")
+PROG = "python -m longjax.data.haystack"
+
+
+def build_parser():
+  from longjax import cli
+  ap = cli.parser(PROG, __doc__)
+  ap.add_argument("--split", choices=SPLITS, help="which documents to write (none: --score)")
+  ap.add_argument("--out", metavar="FILE", help="jsonl file to write (refused if it exists)")
+  ap.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+  ap.add_argument("--count", type=int, default=1000, help="documents to write")
+  ap.add_argument("--tokens", default="1024-8192",
+                  help="token budget of each document: N, or LO-HI drawn per document")
+  ap.add_argument("--seed", type=int, default=0, help="the file is a function of the seed")
+  ap.add_argument("--kind", choices=("qa", "prose"), default="qa",
+                  help="qa: instruction, haystack and question; prose: windows of real prose")
+  ap.add_argument("--haystacks", default="",
+                  help="comma-separated subset (default: all of the split's; train: "
+                       f"{','.join(allowed_haystacks('train'))}; heldout: "
+                       f"{','.join(HELDOUT_HAYSTACKS)})")
+  ap.add_argument("--tokenizer", default="smollm2",
+                  help="'smollm2' (fetched and cached once), 'byte' or a HF tokenizer directory")
+  ap.add_argument("--no_chat", action="store_true",
+                  help="leave the prompt unwrapped (else the tokenizer's chat template, if any)")
   ap.add_argument("--allow_missing", action="store_true",
                   help="skip a missing prose source with a warning instead of failing")
-  ap.add_argument("--score", metavar="ANSWERS", help="score a jsonl of {id, answer} against "
-                  "--data")
-  ap.add_argument("--data", help="the documents --score refers to")
-  args = ap.parse_args(argv)
-  from longjax.errors import LongjaxError, one_line
-  try:
-    if args.score:
-      if not args.data:
-        raise DataError("--score needs --data (the jsonl the answers are for)")
-      print(json.dumps(score_files(args.score, args.data), indent=1))
-      return 0
-    if not args.split or not args.out:
-      raise DataError("give --split train|heldout and --out FILE (or --score with --data)")
-    if args.count < 1:
-      raise DataError(f"--count {args.count}: give at least 1")
-    hs = [h.strip() for h in args.haystacks.split(",") if h.strip()] or None
-    if hs:
-      check_haystacks(args.split, hs)
-    tokens = parse_tokens(args.tokens)
-    tok = load_tokenizer(args.tokenizer)
-    n = write_jsonl(args.out, generate(tok, args.split, args.count, tokens, args.seed, hs,
-                                       not args.no_chat, args.kind, args.allow_missing),
-                    args.overwrite)
-    print(f"wrote {n} {args.split} {args.kind} records to {args.out}")
+  ap.add_argument("--score", metavar="ANSWERS",
+                  help="score a jsonl of {id, answer} against --data instead of writing")
+  ap.add_argument("--data", metavar="FILE", help="the documents --score refers to")
+  ap.add_argument("--debug", action="store_true", help="show the traceback of an error")
+  return ap
+
+
+def _main(args) -> int:
+  if args.score:
+    if not args.data:
+      raise DataError("--score needs --data (the jsonl the answers are for)")
+    print(json.dumps(score_files(args.score, args.data), indent=1))
     return 0
-  except LongjaxError as e:
-    print(f"error: {one_line(e)}", file=sys.stderr)
-    return 2
+  if not args.split or not args.out:
+    raise DataError("give --split train|heldout and --out FILE (or --score with --data)")
+  if args.count < 1:
+    raise DataError(f"--count {args.count}: give at least 1")
+  hs = [h.strip() for h in args.haystacks.split(",") if h.strip()] or None
+  if hs:
+    check_haystacks(args.split, hs)
+  tokens = parse_tokens(args.tokens)
+  tok = load_tokenizer(args.tokenizer)
+  n = write_jsonl(args.out, generate(tok, args.split, args.count, tokens, args.seed, hs,
+                                     not args.no_chat, args.kind, args.allow_missing),
+                  args.overwrite)
+  print(f"wrote {n} {args.split} {args.kind} records to {args.out}")
+  return 0
+
+
+def main(argv=None) -> int:
+  args = build_parser().parse_args(argv)
+  from longjax import cli
+  # host-side only: no JAX, so no compilation cache
+  return cli.run(PROG, lambda: _main(args), debug=args.debug, compile_cache="off")
 
 
 if __name__ == "__main__":
