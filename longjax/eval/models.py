@@ -76,6 +76,17 @@ class Built:
   user_cap: int = 0  # config.eval.model_max_length
   description: str = ""
   extra_eos: tuple = ()  # generation_config.json eos ids of the checkpoint
+  weights: str = ""  # the weights' fingerprint (computed on first use when not given)
+
+  @property
+  def fingerprint(self) -> str:
+    """A hash of every byte of the weights (names, shapes, dtypes, values), as train.py
+    fingerprints a run's base: eval's resume and results files match a model by it, never by
+    its path (a checkpoint retrained in place keeps its path)."""
+    if not self.weights:
+      from longjax.train.checkpointing import weights_hash_full
+      self.weights = weights_hash_full(self.params)
+    return self.weights
 
   @property
   def method(self) -> "methods.Method":
@@ -99,13 +110,17 @@ class Built:
   def check_fits(self, total: int, what: str):
     """``total`` = input + output tokens of the largest sample of a task: error when the method
     cannot hold it (the plain baseline truncates instead)."""
+    self.check_capacity(total, what)
+    self.reserve(total)
+
+  def check_capacity(self, total: int, what: str):
+    """:meth:`check_fits` without reserving: a task asks it before building its documents."""
     cap = self.token_limit
     if cap is not None and total > cap:
       raise EvalError(
           f"{what} needs {total} tokens (input + output), more than this {self.name} model can hold "
           f"({cap} tokens: {self._limit_reason()}); shorten the grid / max_length, or raise the "
           "limit in the model config")
-    self.reserve(total)
 
   def _limit_reason(self) -> str:
     if self.user_cap and self.token_limit == self.user_cap:
@@ -234,6 +249,8 @@ def build_method(config, name: Optional[str] = None) -> Built:
     raise EvalError(f"the tokenizer has {tok.vocab_size} ids but the model's vocabulary is "
                     f"{cfg.vocab_size}: set config.data.tokenizer to the model's own tokenizer "
                     "(or '' for the checkpoint's)")
+  from longjax.train.checkpointing import weights_hash_full
+  weights = weights_hash_full(params)  # on the host copy, before it moves to the device
   params = jax.tree.map(jnp.asarray, params)
   user_cap = int(config.eval.model_max_length or 0)
   limit = None
@@ -241,7 +258,7 @@ def build_method(config, name: Optional[str] = None) -> Built:
     limit = int(config.eval.truncate_to or 0) or cfg.max_positions
     desc = f"{desc} (middle truncation to {limit} tokens incl. output)"
   return Built(name, method.inference_model(cfg, settings), params, tok, limit, cfg, settings,
-               user_cap, f"{name} {desc}", _generation_eos(ckpt))
+               user_cap, f"{name} {desc}", _generation_eos(ckpt), weights)
 
 
 def _generation_eos(ckpt: str) -> tuple:

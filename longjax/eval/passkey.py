@@ -165,6 +165,9 @@ def prepare(ctx) -> list:
 
 def run(ctx) -> dict:
   p = ctx.tcfg
+  if p.protocol == BEACON.name:  # before building documents of that many tokens
+    ctx.built.check_capacity(max(int(n) for n in p.lengths) + int(p.max_new_tokens),
+                             f"passkey (protocol beacon, lengths up to {max(p.lengths)})")
   samples = prepare(ctx)
   longest = max(len(s["ids"]) + s["max_new_tokens"] for s in samples)
   ctx.built.check_fits(longest, f"passkey (protocol {p.protocol}, largest prompt "
