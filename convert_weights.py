@@ -87,6 +87,19 @@ def convert(args):
   return 0
 
 
+def _shard_gb(text: str) -> float:
+  """``--max_shard_gb``: a finite number > 0 (nan, inf, 0 or a negative size would fail deep in
+  the writer or write one tensor per shard)."""
+  import math
+  try:
+    v = float(text)
+  except ValueError:
+    v = math.nan
+  if not (math.isfinite(v) and v > 0):
+    raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of GiB (e.g. 5)")
+  return v
+
+
 PROG = "convert_weights.py"
 
 
@@ -108,8 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
   dst = parser.add_argument_group("longjax -> HF")
   dst.add_argument("--longjax_dir", metavar="DIR", help="longjax checkpoint directory")
   dst.add_argument("--hf_out", metavar="DIR", help="output HF directory")
-  dst.add_argument("--max_shard_gb", type=float, default=5.0,
-                   help="largest safetensors shard, in GiB")
+  dst.add_argument("--max_shard_gb", type=_shard_gb, default=5.0,
+                   help="largest safetensors shard, in GiB (a positive number)")
   parser.add_argument("--overwrite", action="store_true", help="replace an existing output directory")
   parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
   return parser

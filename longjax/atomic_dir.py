@@ -34,16 +34,26 @@ def check_output_apart(out, out_flag: str, inputs) -> None:
   """Refuse an output that is, lies inside or contains one of ``inputs`` (``{flag: path}``), before
   anything is written: replacing the output (``--overwrite``) would delete that input, and files
   written inside an input mix with it. Symlinks are resolved."""
-  o = Path(out).expanduser().resolve()
+  o = _resolved(out, out_flag)
   for flag, p in inputs.items():
     if not p:
       continue
-    i = Path(p).expanduser().resolve()
+    i = _resolved(p, flag)
     how = ("is" if o == i else "contains" if o in i.parents else
            "is inside" if i in o.parents else None)
     if how:
       raise OutputOverlapsInput(f"{out_flag} {out} {how} the input {flag} {p}: writing it would "
                                 f"replace or mix with that input; choose an {out_flag} outside it")
+
+
+def _resolved(path, flag: str) -> Path:
+  """``path`` with its symlinks resolved; a symlink loop is one line (Path.resolve raises a
+  RuntimeError for it on Python 3.11, an OSError on later ones)."""
+  try:
+    return Path(path).expanduser().resolve()
+  except (RuntimeError, OSError) as e:
+    raise NotADirectory(f"{flag} {path}: cannot resolve its symlinks ({e}); a symlink loop? point "
+                        "it at a real directory") from None
 
 
 def current_umask() -> int:

@@ -17,6 +17,18 @@ from longjax.errors import LongjaxError, PathNotFound
 from longjax.convert.hf import CheckpointError
 from longjax.models.config import ModelConfig, ModelConfigError, hf_json
 
+class CheckpointWriteError(LongjaxError, OSError):
+  """A checkpoint (or export) could not be written (disk full, I/O error); nothing of it is left."""
+
+
+def write_failed(path, e: BaseException) -> CheckpointWriteError:
+  """One line for a failed write of ``path``: orbax, tensorstore and safetensors report a full
+  disk each in their own words and types (not always an OSError)."""
+  msg = " ".join(str(e).split())[:300] or type(e).__name__
+  return CheckpointWriteError(f"cannot write {path} ({type(e).__name__}: {msg}); nothing was "
+                              "written: free some space (or choose another output) and run again")
+
+
 class CheckpointReadError(LongjaxError, ValueError):
   """A longjax checkpoint whose files cannot be read (truncated or damaged)."""
 
@@ -98,16 +110,21 @@ def save(path, cfg: ModelConfig, params, *, extra: dict | None = None, overwrite
   for name in files or {}:
     if name in (CONFIG_FILE, PARAMS_DIR) or Path(name).name != name:
       raise CheckpointError(f"cannot store an extra file named {name!r} in a longjax checkpoint")
-  with atomic_dir(path, overwrite) as tmp:
-    for name, src in (files or {}).items():
-      shutil.copyfile(src, tmp / name)
-    meta = config_to_json(cfg)
-    if extra:
-      meta["extra"] = extra
-    (tmp / CONFIG_FILE).write_text(json.dumps(meta, indent=2))
-    with ocp.StandardCheckpointer(multiprocessing_options=_this_process_only()) as ckptr:
-      ckptr.save(tmp / PARAMS_DIR, params)
-      ckptr.wait_until_finished()
+  try:
+    with atomic_dir(path, overwrite) as tmp:
+      for name, src in (files or {}).items():
+        shutil.copyfile(src, tmp / name)
+      meta = config_to_json(cfg)
+      if extra:
+        meta["extra"] = extra
+      (tmp / CONFIG_FILE).write_text(json.dumps(meta, indent=2))
+      with ocp.StandardCheckpointer(multiprocessing_options=_this_process_only()) as ckptr:
+        ckptr.save(tmp / PARAMS_DIR, params)
+        ckptr.wait_until_finished()
+  except LongjaxError:
+    raise
+  except Exception as e:  # noqa: BLE001 -- disk full and I/O errors, in whatever type they come
+    raise write_failed(path, e) from e
   return path
 
 
@@ -128,6 +145,9 @@ def load(path):
   if not is_longjax_checkpoint(path):
     raise PathNotFound(f"{path} is not a longjax checkpoint (expected {CONFIG_FILE} and "
                        f"{PARAMS_DIR}/); convert a HF directory with convert_weights.py first")
+  if not (path / CONFIG_FILE).is_file():  # a FIFO would block the read forever
+    raise ModelConfigError(f"{path / CONFIG_FILE} is not a regular file (a FIFO, device or "
+                           "directory); replace it with the checkpoint's config file")
   try:
     meta = json.loads((path / CONFIG_FILE).read_text(encoding="utf-8"))
   except (json.JSONDecodeError, UnicodeDecodeError) as e:

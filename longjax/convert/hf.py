@@ -36,10 +36,21 @@ class CheckpointError(LongjaxError, ValueError):
   """A checkpoint does not match what the model config says it should hold."""
 
 
+def regular_file(path, what: str = "checkpoint file") -> Path:
+  """``path``, refused unless it is a regular file (symlinks followed): reading a FIFO blocks
+  forever, a device or directory fails deep inside the reader (the GGUF path refuses them too)."""
+  path = Path(path)
+  if path.exists() and not path.is_file():
+    raise CheckpointError(f"{what} {path} is not a regular file (a FIFO, device or directory); "
+                          "replace it with the file itself")
+  return path
+
+
 def safe_open(path, framework="np"):
   """``safetensors.safe_open`` whose failures (truncated or corrupt file) name the file."""
   if not Path(path).exists():
     raise CheckpointError(f"checkpoint shard {path} is missing (listed in the index?)")
+  regular_file(path, "checkpoint shard")
   try:
     return _safe_open(path, framework=framework)
   except Exception as e:  # noqa: BLE001 -- SafetensorError is not importable by a stable name
@@ -48,6 +59,7 @@ def safe_open(path, framework="np"):
 
 
 def _read_json(path: Path) -> dict:
+  regular_file(path)
   try:
     return json.loads(path.read_text(encoding="utf-8"))
   except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -286,6 +298,20 @@ def save_hf(out_dir, cfg: ModelConfig, params, *, max_shard_bytes: int = 5 * 2**
 
   ``extra_config`` adds fields to config.json (e.g. the official beacon_* settings).
   """
+  from longjax.errors import LongjaxError
+  try:
+    _write_hf(out_dir, cfg, params, max_shard_bytes, extra_config, overwrite)
+  except LongjaxError:
+    raise
+  except Exception as e:  # noqa: BLE001 -- disk full and I/O errors, in whatever type they come
+    from longjax.checkpoint import write_failed
+    raise write_failed(out_dir, e) from e
+  return out_dir
+
+
+def _write_hf(out_dir, cfg, params, max_shard_bytes, extra_config, overwrite):
+  if not max_shard_bytes > 0:
+    raise CheckpointError(f"the largest shard must be > 0 bytes, got {max_shard_bytes}")
   with atomic_dir(out_dir, overwrite) as tmp:
     # Only the shard being filled is held in memory; finished shards are on disk.
     current, size, weight_map, total, total_bytes = {}, 0, {}, 0, 0
@@ -318,6 +344,5 @@ def save_hf(out_dir, cfg: ModelConfig, params, *, max_shard_bytes: int = 5 * 2**
     hf_config = cfg.to_hf()
     hf_config.update(extra_config or {})
     (tmp / "config.json").write_text(json.dumps(hf_config, indent=2))
-  return out_dir
 
 
