@@ -56,6 +56,7 @@ def save_beacon_asset(out_dir, cfg, bcfg, params, *, base: str, dtype: str = "bf
                      "current directory")
   meta = dict(base=BASE_DIR if embed_base is not None else str(base),
               base_embedded=embed_base is not None, dtype=dtype, **bcfg.to_hf(), **(info or {}))
+  meta[assets.BASE_WEIGHTS_KEY] = assets.base_fingerprint(params)  # checked by train.init_from
   with atomic_dir(out_dir, overwrite) as tmp:
     if embed_base is not None:
       _embed(Path(embed_base), tmp / BASE_DIR)

@@ -113,6 +113,29 @@ def write_tensors(out_dir: Path, stem: str, tensors: dict, max_bytes: int = MAX_
   (out_dir / f"{stem}.safetensors.index.json").write_text(json.dumps(index, indent=2))
 
 
+# The asset JSON field holding :func:`base_fingerprint` of the base it was trained on (assets
+# written before it was recorded lack it: train.init_from then says it cannot check).
+BASE_WEIGHTS_KEY = "base_weights"
+
+
+def base_fingerprint(params) -> str:
+  """A hash of every base tensor of a longjax param tree (the method's ``alt_*`` tensors left
+  out): names, shapes and values, each rounded to bfloat16 first, so that the base loaded in
+  float32 for an export and the same base loaded in its own dtype by a run hash the same."""
+  import hashlib
+  import ml_dtypes
+  from flax import traverse_util
+  h = hashlib.blake2b(digest_size=16)
+  flat = traverse_util.flatten_dict(params, sep="/")
+  for name in sorted(flat):
+    if any(part.startswith("alt_") for part in name.split("/")):
+      continue
+    x = np.ascontiguousarray(np.asarray(flat[name]).astype(ml_dtypes.bfloat16))
+    h.update(f"{name}:{x.shape};".encode())
+    h.update(memoryview(x.reshape(-1).view(np.uint8)))
+  return h.hexdigest()
+
+
 def has_tensors(asset_dir: Path, stem: str) -> bool:
   asset_dir = Path(asset_dir)
   return ((asset_dir / f"{stem}.safetensors").exists()

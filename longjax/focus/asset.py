@@ -49,6 +49,7 @@ def save_focus_asset(out_dir, cfg, fcfg, params, *, base: str, dtype: str = "bfl
                      "name would load whatever model sits in the current directory")
   meta = dict(base=str(base), dtype=dtype, **fcfg.to_hf(), prompt_cap=fcfg.prompt_cap,
               min_len_threshold=fcfg.min_len_threshold, **(info or {}))
+  meta[assets.BASE_WEIGHTS_KEY] = assets.base_fingerprint(params)  # checked by train.init_from
   with atomic_dir(out_dir, overwrite) as tmp:
     assets.write_tensors(tmp, STEM, tensors, max_file_bytes)
     (tmp / META).write_text(json.dumps(meta, indent=2))

@@ -190,7 +190,8 @@ def _pretrain_config(c: RunConfig, workdir: Path) -> RunConfig:
   train = dataclasses.replace(
       c.train, num_steps=int(pc.steps), global_batch=int(pc.batch), grad_accum=1,
       lr=float(pc.lr), warmup_steps=int(pc.warmup_steps), weight_decay=float(pc.weight_decay),
-      save_every=int(pc.save_every) or int(pc.steps), export=False)
+      save_every=int(pc.save_every) or int(pc.steps), export=False,
+      init_from="")  # the asset is for the method run on top of this base, not the base's
   debug = dataclasses.replace(c.debug, kill_after_step=-1, nan_at_step=-1)
   return c.replace(method=methods.PRETRAIN, workdir=str(workdir / "base_run"), data=data,
                    train=train, debug=debug)
@@ -203,13 +204,15 @@ def params_from_asset(c, settings, params, base_dir):
   projections than the asset holds (``param`` a superset, e.g. q/k/v -> q/k/v/o): those start
   from this run's initialisation (the official copies of the base's)."""
   method = methods.get(c.method)
-  if not method.assets:
-    raise TrainingError(f"train.init_from is for methods that ship trained-tensor assets; "
-                        f"this run is {c.method!r}")
   src = Path(c.train.init_from)
-  if not src.is_dir():
-    raise TrainingError(f"train.init_from={src}: no such asset directory")
-  _, loaded_settings, loaded = method.load_asset(src, base_dir or None)
+  meta = check_asset(c)
+  try:
+    _, loaded_settings, loaded = method.load_asset(src, base_dir or None)
+  except LongjaxError:
+    raise
+  except Exception as e:  # noqa: BLE001 -- a damaged asset fails in the reader's own words
+    raise _unreadable(src, e) from None
+  _check_asset_base(src, meta, params)
   diff = {k: (getattr(loaded_settings, k), getattr(settings, k))
           for k in settings.__dataclass_fields__
           if getattr(loaded_settings, k) != getattr(settings, k)}
@@ -236,6 +239,55 @@ def params_from_asset(c, settings, params, base_dir):
            if widened else "", f"; trained on another layout (asset vs run: {relaid})"
            if relaid else "")
   return traverse_util.unflatten_dict(flat, sep="/")
+
+
+def _unreadable(src, e) -> TrainingError:
+  return TrainingError(f"train.init_from={src}: the asset cannot be read ({type(e).__name__}: "
+                       f"{' '.join(str(e).split())[:200]}): truncated or damaged; export it again")
+
+
+def check_asset(c) -> dict:
+  """The cheap part of ``train.init_from``, before the base is loaded (or a tiny one
+  pretrained): the asset directory, its JSON and its tensors readable. Returns its JSON."""
+  import json
+  from longjax.convert import assets
+  method = methods.get(c.method)
+  if not method.assets:
+    raise TrainingError(f"train.init_from is for methods that ship trained-tensor assets; "
+                        f"this run is {c.method!r}")
+  src = Path(c.train.init_from)
+  if not src.is_dir():
+    raise TrainingError(f"train.init_from={src}: no such asset directory")
+  meta_path = src / f"{method.name}.json"
+  if not meta_path.is_file() or not assets.has_tensors(src, method.name):
+    raise TrainingError(f"train.init_from={src}: not a {method.name} asset (needs {meta_path.name} "
+                        f"and {method.name}.safetensors or its shards)")
+  try:
+    meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    if not isinstance(meta, dict):
+      raise ValueError(f"a JSON {type(meta).__name__}, not an object")
+    assets.read_tensors(src, method.name)
+  except LongjaxError:
+    raise
+  except Exception as e:  # noqa: BLE001 -- a cut JSON, a truncated shard, in their own words
+    raise _unreadable(src, e) from None
+  return meta
+
+
+def _check_asset_base(src, meta: dict, params):
+  """The asset's tensors were trained on this run's base (the fingerprint its export recorded);
+  an asset written before the fingerprint was recorded is taken with a note."""
+  from longjax.convert import assets
+  want = meta.get(assets.BASE_WEIGHTS_KEY)
+  if want is None:
+    log.warning("train.init_from=%s records no fingerprint of its base (exported by an older "
+                "version): not checked that it was trained on this run's base", src)
+    return
+  have = assets.base_fingerprint(params)
+  if have != want:
+    raise TrainingError(f"train.init_from={src} was trained on another base model (base weights "
+                        f"fingerprint {want}, this run's base {have}); start from an asset of "
+                        "this base, or set model.checkpoint to the asset's base")
 
 
 def _widened_projections(diff):
@@ -319,6 +371,8 @@ class Trainer:
     except TokenizerChoiceError as e:
       raise TrainingError(str(e)) from None
     self.tokenizer = get_tokenizer(tok_spec)
+    if tc.init_from:  # a damaged asset is refused before a tiny base is pretrained for it
+      check_asset(c)
     if self.base is not None:
       self.cfg, params = self.base
     else:
