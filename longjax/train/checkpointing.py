@@ -78,6 +78,22 @@ def fingerprint(method: str, cfg, trainable, *, method_config=None, frozen=None)
   return json.loads(json.dumps(meta, default=str))  # as it reads back (tuples -> lists)
 
 
+class _HoldOrbaxErrors(logging.Filter):
+  """Keeps orbax's own error records (each failed background write thread logs its exception
+  with a traceback: dozens for one full disk) off the console while a Checkpointer lives; the
+  failure itself reaches the trainer as one :class:`TrainingError` line (:meth:`Checkpointer._failed`)."""
+
+  def __init__(self):
+    super().__init__()
+    self.held = []
+
+  def filter(self, record):
+    if record.levelno >= logging.ERROR and "orbax" in (record.pathname or ""):
+      self.held.append(record.getMessage().split("\n", 1)[0][:200])
+      return False
+    return True
+
+
 class Checkpointer:
   def __init__(self, directory, *, keep: int = 3, async_save: bool = True):
     import orbax.checkpoint as ocp
@@ -87,14 +103,39 @@ class Checkpointer:
     opts = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
                                         enable_async_checkpointing=async_save)
     self.mgr = ocp.CheckpointManager(self.dir, options=opts)
+    self._orbax_errors = _HoldOrbaxErrors()
+    logging.getLogger("absl").addFilter(self._orbax_errors)
 
   def all_steps(self):
     return sorted(self.mgr.all_steps())
 
   def save(self, step: int, state, data_state: dict, meta: dict, force: bool = False):
     a = self.ocp.args
-    self.mgr.save(step, args=a.Composite(state=a.StandardSave(state), data=a.JsonSave(data_state),
-                                         meta=a.JsonSave(meta)), force=force)
+    try:
+      self.mgr.save(step, args=a.Composite(state=a.StandardSave(state),
+                                           data=a.JsonSave(data_state), meta=a.JsonSave(meta)),
+                    force=force)
+    except Exception as e:  # noqa: BLE001 -- this or the previous (async) save failed
+      raise self._failed(step, e) from e
+
+  def _failed(self, step, e) -> TrainingError:
+    """One line for a save that failed (a full disk, an I/O error), its partial step removed; the
+    newest complete step is what a rerun resumes from."""
+    import shutil
+    if jax.process_index() == 0:
+      for partial in self.dir.glob("*.orbax-checkpoint-tmp*"):
+        shutil.rmtree(partial, ignore_errors=True)
+    if self._orbax_errors.held:
+      log.debug("orbax reported %d errors while saving: %s", len(self._orbax_errors.held),
+                self._orbax_errors.held[:3])
+    text = " ".join(str(e).split())
+    why = "No space left on device" if "No space left on device" in text else _short(e, 200)
+    done = [s for s in self.all_steps() if step is None or s < step]
+    return TrainingError(f"cannot save a checkpoint in {self.dir}"
+                         + (f" (step {step})" if step is not None else "")
+                         + f": {type(e).__name__}: {why}; free space (or fix the disk), then rerun "
+                         "the same command: it resumes from "
+                         + (f"step {done[-1]}" if done else "the start (no step was saved)"))
 
   def set_aside(self, steps, why: str = "unreadable"):
     """Rename steps to ``<step>.<why>`` (kept for inspection, out of the way of resuming and of
@@ -113,11 +154,17 @@ class Checkpointer:
     self.mgr.reload()
 
   def wait(self):
-    self.mgr.wait_until_finished()
+    try:
+      self.mgr.wait_until_finished()
+    except Exception as e:  # noqa: BLE001 -- the async save in flight failed
+      raise self._failed(None, e) from e
 
   def close(self):
-    self.mgr.wait_until_finished()
-    self.mgr.close()
+    try:
+      self.wait()
+    finally:
+      self.mgr.close()
+      logging.getLogger("absl").removeFilter(self._orbax_errors)
 
   def restore(self, abstract_state, expected_meta: dict) -> Optional[tuple]:
     """``(step, state, data_state)`` from the newest readable checkpoint, or ``None``."""

@@ -87,3 +87,35 @@ def test_bad_init_from_on_a_fresh_tiny_workdir_leaves_nothing(tmp_path):
       Trainer(from_config(c)).setup()
     assert not (tmp_path / "wd" / "base_run").exists() and not (tmp_path / "wd" / "base").exists()
   assert _pretrain_config(from_config(c), tmp_path / "wd").train.init_from == ""
+
+
+def test_disk_full_during_a_checkpoint_save_is_one_line(tmp_path, caplog, monkeypatch):
+  """orbax logs each failed background write with its traceback (a full disk: 450 lines for one
+  save, by hand on a 2 MB tmpfs) and raises a ValueError: the trainer gets one TrainingError line
+  naming the step a rerun resumes from, and the partial step is removed."""
+  import sys
+  import jax.numpy as jnp
+  from longjax.train.checkpointing import Checkpointer
+  ck = Checkpointer(tmp_path / "ck", keep=2, async_save=False)
+  ck.save(1, {"a": jnp.zeros(4)}, {"x": 1}, {"m": 1})
+  ck.wait()
+  partial = tmp_path / "ck" / "2.orbax-checkpoint-tmp"
+
+  def full(*a, **k):
+    partial.mkdir()
+    err = "RESOURCE_EXHAUSTED: Failed writing ... No space left on device [os_error_code='28']"
+    try:
+      raise ValueError(err)
+    except ValueError:  # as orbax's background thread logs it
+      absl = logging.getLogger("absl")
+      absl.handle(absl.makeRecord("absl", logging.ERROR, "/site-packages/orbax/checkpoint/x.py", 1,
+                                  "_SignalingThread.run() raised an exception", None,
+                                  sys.exc_info()))
+    raise ValueError(err)
+  monkeypatch.setattr(ck.mgr, "save", full)
+  with pytest.raises(TrainingError, match=r"\(step 2\): ValueError: No space left on device; free "
+                                          r"space .* resumes from step 1"):
+    ck.save(2, {"a": jnp.ones(4)}, {"x": 1}, {"m": 1})
+  ck.close()
+  assert not [r for r in caplog.records if r.name == "absl"], "orbax's tracebacks got through"
+  assert not partial.exists() and ck.all_steps() == [1]
