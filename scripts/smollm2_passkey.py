@@ -19,7 +19,7 @@ tokens), in the official Activation Beacon prompt format (chat template, greedy)
 Prints a table of keys found / keys asked per document length and condition (exact match of the
 answer's first number), one miss per condition with what was answered instead, and writes
 OUT/results.json (every answer) and OUT/passkey.png (one depth x length panel per condition, side by
-side). About 4 minutes on 2 quiet CPU cores after the one-off fetch, 6 under load (FocusLLM, which
+side). About 4-6 minutes on 2 CPU cores after the one-off fetch, 5.5 CPU-minutes (FocusLLM, which
 re-reads every chunk at each decoded token, takes half of it).
 
   python scripts/smollm2_passkey.py [--out runs/smollm2_passkey] [--lengths 1024,2048]
@@ -161,14 +161,31 @@ def a_miss(recs) -> str:
 
 
 def cell_texts(recs, lengths, depths):
-  """Per (depth, length) cell of the figure: "found", or the number answered instead."""
+  """Per (depth, length) cell of the figure: "found", or what was answered instead (the number
+  said, or "no number") above the key asked."""
   from longjax.eval import scorers
   text = [["" for _ in lengths] for _ in depths]
   for r in recs:
     pred = scorers.first_int(r["output"])
     text[depths.index(r["depth"])][lengths.index(r["length"])] = (
-        "found" if r["acc"] else f"said {pred}" if pred else "no number")
+        "found" if r["acc"] else f"{'said ' + pred if pred else 'no number'}\n(key {r['passkey']})")
   return text
+
+
+def figure(results: dict, path) -> Path:
+  """The conditions of ``results`` side by side: one depth x length panel each, found or not."""
+  lengths, depths = results["lengths"], results["depths"]
+  panels = []
+  for r in results["methods"].values():
+    acc = np.full((len(depths), len(lengths)), np.nan)
+    for x in r["samples"]:
+      acc[depths.index(x["depth"]), lengths.index(x["length"])] = x["acc"]
+    panels.append(dict(title=r["label"], scores=acc, text=cell_texts(r["samples"], lengths, depths)))
+  return heatmaps(panels, lengths, depths, path,
+                  suptitle=f"SmolLM2-135M-Instruct passkeys, window W = {results['window']}: found "
+                           "or not (one key per cell)",
+                  xlabel="Document length (tokens)", ylabel="Key depth (%)",
+                  colorbar_ticks={0.0: "missed", 1.0: "found"})
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -281,17 +298,7 @@ def main(argv=None):
   print("\nmisses (what was answered instead of the key):")
   for r in results["methods"].values():
     print(f"  {r['label'] + ':':{LABEL_WIDTH - 2}s}{a_miss(r['samples'])}")
-  panels = []
-  for r in results["methods"].values():
-    acc = np.full((len(depths), len(lengths)), np.nan)
-    for x in r["samples"]:
-      acc[depths.index(x["depth"]), lengths.index(x["length"])] = x["acc"]
-    panels.append(dict(title=r["label"], scores=acc, text=cell_texts(r["samples"], lengths, depths)))
-  fig = heatmaps(panels, lengths, depths, out / "passkey.png",
-                 suptitle=f"SmolLM2-135M-Instruct passkeys, window W = {args.window}: found or "
-                          "not (one key per cell)",
-                 xlabel="Document length (tokens)", ylabel="Key depth (%)",
-                 colorbar_ticks={0.0: "missed", 1.0: "found"})
+  fig = figure(results, out / "passkey.png")
   results["figure"] = str(fig)
   _write_atomic(out / "results.json", json.dumps(results, indent=2))
   print(f"\nfigure: {fig} (the {len(panels)} conditions side by side); every answer: "

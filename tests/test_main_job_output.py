@@ -47,7 +47,8 @@ def test_misses_and_figure_cells_say_what_was_answered(job):
   assert "'The pass key is a secret.'" in line  # newlines folded: one line per condition
   assert job["a_miss"]([r for r in recs if r["acc"]]) == "no miss"
   assert job["cell_texts"](recs, [1024, 2048], [10.0, 50.0, 90.0]) == [
-      ["found", "said 12345"], ["no number", "no number"], ["found", "found"]]
+      ["found", "said 12345\n(key 00266)"], ["no number\n(key 00178)", "no number\n(key 00306)"],
+      ["found", "found"]]
 
 
 def test_asset_paths_are_shown_relative_to_the_repository(job, tmp_path, monkeypatch):
