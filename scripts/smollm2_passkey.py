@@ -125,8 +125,8 @@ LABEL_WIDTH, CELL_WIDTH = 30, 15
 
 
 def length_header(n: int, window: int) -> str:
-  from longjax.eval.plots import _length_label
-  return f"{_length_label(n)} ({n / window:g} x W)" if n % window == 0 else _length_label(n)
+  from longjax.eval.plots import length_label
+  return f"{length_label(n)} ({n / window:g} x W)" if n % window == 0 else length_label(n)
 
 
 def found_cell(recs, length: int) -> str:
@@ -148,7 +148,7 @@ def table_row(label: str, recs, lengths, seconds: float) -> str:
 
 def a_miss(recs) -> str:
   """The misses in a line: how many, and the first one with what was answered instead."""
-  from longjax.eval.plots import _length_label
+  from longjax.eval.plots import length_label
   misses = [r for r in recs if not r["acc"]]
   if not misses:
     return "no miss"
@@ -157,7 +157,7 @@ def a_miss(recs) -> str:
   if len(answer) > 60:
     answer = answer[:57] + "..."
   return (f"{len(misses)} missed; e.g. the key {r['passkey']} at depth {r['depth']:g} % of "
-          f"{_length_label(r['length'])}: {answer!r}")
+          f"{length_label(r['length'])}: {answer!r}")
 
 
 def cell_texts(recs, lengths, depths):
@@ -264,7 +264,7 @@ def main(argv=None):
         "Counted: keys found / keys asked (percent); found = the first number of the answer "
         "equals the key exactly.\n", flush=True)
   for name, (*_, label, desc) in methods.items():
-    print(f"  {label + ':':{LABEL_WIDTH - 2}s}{desc}")
+    print(f"  {(label + ':').ljust(LABEL_WIDTH - 3)} {desc}")
   print("\n" + table_header(lengths, args.window), flush=True)
 
   out = Path(args.out)
@@ -297,7 +297,7 @@ def main(argv=None):
 
   print("\nmisses (what was answered instead of the key):")
   for r in results["methods"].values():
-    print(f"  {r['label'] + ':':{LABEL_WIDTH - 2}s}{a_miss(r['samples'])}")
+    print(f"  {(r['label'] + ':').ljust(LABEL_WIDTH - 3)} {a_miss(r['samples'])}")
   fig = figure(results, out / "passkey.png")
   results["figure"] = str(fig)
   _write_atomic(out / "results.json", json.dumps(results, indent=2))

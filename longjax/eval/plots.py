@@ -8,7 +8,8 @@ from typing import Optional, Sequence
 import numpy as np
 
 
-def _length_label(n: int) -> str:
+def length_label(n: int) -> str:
+  """1024 -> "1K", 1500 -> "1.5K", 300 -> "300" (axis ticks, table headers)."""
   if n >= 1000 and n % 1024 == 0:
     return f"{n // 1024}K"
   if n >= 1000:
@@ -84,7 +85,7 @@ def heatmaps_figure(panels: Sequence[dict], lengths: Sequence[int], depths: Sequ
     im = ax.imshow(np.ma.masked_invalid(scores), cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto",
                    interpolation="nearest")
     ax.set_xticks(range(len(lengths)))
-    ax.set_xticklabels([_length_label(int(n)) for n in lengths], rotation=45 if len(lengths) > 8
+    ax.set_xticklabels([length_label(int(n)) for n in lengths], rotation=45 if len(lengths) > 8
                        else 0)
     ax.set_yticks(range(len(depths)))
     ax.set_yticklabels([f"{float(d):g}" for d in depths])
