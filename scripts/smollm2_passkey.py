@@ -258,8 +258,8 @@ def main(argv=None):
   print(f"SmolLM2-135M-Instruct from {hf_dir} (ready in {time.time() - t0:.0f} s); "
         f"window W = {args.window} tokens\n", flush=True)
   print(f"Passkey retrieval: one document per length and key depth "
-        f"({'/'.join(f'{d:g}' for d in depths)} %), each hiding a 5-digit key: {len(depths)} keys "
-        f"per length and condition (seed {args.seed});\nofficial Activation Beacon prompt, chat "
+        f"({'/'.join(f'{d:g}' for d in depths)} %), each hiding a 5-digit key: {len(depths)} "
+        f"key{'s' if len(depths) > 1 else ''} per length and condition (seed {args.seed});\nofficial Activation Beacon prompt, chat "
         f"template, greedy decoding of at most {args.max_new_tokens} tokens.\n"
         "Counted: keys found / keys asked (percent); found = the first number of the answer "
         "equals the key exactly.\n", flush=True)
@@ -301,7 +301,7 @@ def main(argv=None):
   fig = figure(results, out / "passkey.png")
   results["figure"] = str(fig)
   _write_atomic(out / "results.json", json.dumps(results, indent=2))
-  print(f"\nfigure: {fig} (the {len(panels)} conditions side by side); every answer: "
+  print(f"\nfigure: {fig} (the {len(results['methods'])} conditions side by side); every answer: "
         f"{out / 'results.json'} ({time.time() - t0:.0f} s in all)")
   if BEACON in methods and "UNTRAINED" in methods[BEACON][4]:
     print("note: the beacon row uses untrained beacons (official init). They are only a starting "
