@@ -97,3 +97,60 @@ def test_bad_methods_and_an_output_inside_an_asset_fail_before_the_model_loads(j
   with pytest.raises(OutputOverlapsInput, match="--out .* is inside the input --beacon_asset"):
     job["main"](["--out", str(asset / "out"), "--beacon_asset", str(asset)])
   assert sorted(asset.iterdir()) == [] and not (tmp_path / "o").exists()
+
+
+def test_main_prints_the_table_and_writes_the_figure(job, tmp_path, monkeypatch, capsys):
+  """main() end to end with the model stubbed: full attention finds every key, truncation none."""
+  import json
+  import types
+  import longjax.models.smollm2
+  import transformers
+  monkeypatch.setattr(longjax.models.smollm2, "get", lambda: str(tmp_path / "hf"))
+  monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained",
+                      classmethod(lambda cls, *a, **k: None))
+
+  class Tok:  # a prompt is its text; an answer's tokens are its characters
+    def __init__(self, _):
+      pass
+
+    def prompt_ids(self, text, chat):
+      return [text]
+
+    def decode(self, tokens):
+      return "".join(tokens)
+
+  def depth_sample(tok, length, depth, info, question):
+    return dict(text=info)
+
+  def generate(method, params, prompts, **kw):
+    key = prompts[0][0].split()[4].rstrip(".")  # INFO: "The pass key is KEY. ..."
+    return types.SimpleNamespace(tokens=[list(f"The pass key is {key}." if method == "full"
+                                              else "I do not know.")])
+
+  g = job["main"].__globals__
+  monkeypatch.setitem(g, "Tokenizer", Tok)
+  monkeypatch.setitem(g, "passkey", types.SimpleNamespace(
+      beacon_grid=job["passkey"].beacon_grid, depth_sample=depth_sample,
+      INFO=job["passkey"].INFO, QUESTION=""))
+  monkeypatch.setitem(g, "longjax", types.SimpleNamespace(generate=generate))
+  monkeypatch.setitem(g, "build_methods", lambda hf_dir, window, *a: (
+      types.SimpleNamespace(eos_token_id=0),
+      {"full": ("full", None, None, "full attention", "the whole document"),
+       "truncated": ("truncated", None, window, f"truncation to W = {window}", "the last W")}))
+  out = tmp_path / "out"
+  assert job["main"](["--out", str(out), "--methods", "full,truncated", "--compile_cache", "off",
+                      "--lengths", "1024,2048"]) == 0
+  printed = capsys.readouterr().out
+  assert "Counted: keys found / keys asked (percent)" in printed
+  rows = {line[:30].strip(): line[30:].split() for line in printed.splitlines()
+          if line.startswith(("full attention ", "truncation to W = 256 "))}
+  assert {k: v[:6] for k, v in rows.items()} == {
+      "full attention": ["3/3", "(100", "%)", "3/3", "(100", "%)"],
+      "truncation to W = 256": ["0/3", "(0", "%)", "0/3", "(0", "%)"]}
+  assert "truncation to W = 256:      6 missed; e.g. the key" in printed
+  assert f"figure: {out / 'passkey.png'} (the 2 conditions side by side)" in printed
+  results = json.loads((out / "results.json").read_text())
+  assert results["methods"]["full"]["per_length"] == {"1024": dict(found=3, asked=3),
+                                                      "2048": dict(found=3, asked=3)}
+  assert (out / "passkey.png").read_bytes()[:4] == b"\x89PNG"
+  assert sorted(p.name for p in out.iterdir()) == ["passkey.png", "results.json"]
