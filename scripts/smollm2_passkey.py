@@ -19,7 +19,7 @@ tokens), in the official Activation Beacon prompt format (chat template, greedy)
 Prints a table of keys found / keys asked per document length and condition (exact match of the
 answer's first number), one miss per condition with what was answered instead, and writes
 OUT/results.json (every answer) and OUT/passkey.png (one depth x length panel per condition, side by
-side). About 4-6 minutes on 2 CPU cores after the one-off fetch, 5.5 CPU-minutes (FocusLLM, which
+side). About 4-6 minutes on 2 CPU cores after the one-off fetch, 5 CPU-minutes (FocusLLM, which
 re-reads every chunk at each decoded token, takes half of it).
 
   python scripts/smollm2_passkey.py [--out runs/smollm2_passkey] [--lengths 1024,2048]
