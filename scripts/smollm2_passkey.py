@@ -23,7 +23,7 @@ side). About 4-6 minutes on 2 CPU cores after the one-off fetch, 5 CPU-minutes (
 re-reads every chunk at each decoded token, takes half of it).
 
   python scripts/smollm2_passkey.py [--out runs/smollm2_passkey] [--lengths 1024,2048]
-  python scripts/smollm2_passkey.py --lengths 1024 --depths 50 --methods full,beacon   # a quick look
+  python scripts/smollm2_passkey.py --lengths 1024 --depths 50 --methods full,beacon  # a quick look
 """
 import json
 import os
@@ -92,7 +92,8 @@ def build_methods(hf_dir, window, asset, which, workdir=None, focus_asset=None):
     elif asset is not None and Path(asset).exists():
       from longjax.beacon.asset import load_beacon_asset
       bcfg_cfg, bcfg, bparams = load_beacon_asset(asset, hf_dir)
-      desc = f"W = {bcfg.window}, ratio {'/'.join(map(str, bcfg.ratios))}, trained ({_shown(asset)})"
+      desc = (f"W = {bcfg.window}, ratio {'/'.join(map(str, bcfg.ratios))}, trained "
+              f"({_shown(asset)})")
     else:
       bcfg = BeaconConfig(window=window, stride=window, ratios=(4,), param=("q", "k", "v"))
       bcfg_cfg, _, bparams = load_beacon(hf_dir, init="official", beacon=bcfg)
@@ -180,7 +181,8 @@ def figure(results: dict, path) -> Path:
     acc = np.full((len(depths), len(lengths)), np.nan)
     for x in r["samples"]:
       acc[depths.index(x["depth"]), lengths.index(x["length"])] = x["acc"]
-    panels.append(dict(title=r["label"], scores=acc, text=cell_texts(r["samples"], lengths, depths)))
+    panels.append(dict(title=r["label"], scores=acc,
+                       text=cell_texts(r["samples"], lengths, depths)))
   return heatmaps(panels, lengths, depths, path,
                   suptitle=f"SmolLM2-135M-Instruct passkeys, window W = {results['window']}: found "
                            "or not (one key per cell)",
@@ -204,7 +206,7 @@ def build_parser():
   from longjax import cli
   ap = cli.parser(PROG, __doc__)
   ap.add_argument("--out", default="runs/smollm2_passkey",
-                  help="where results.json and the heatmaps are written")
+                  help="where results.json and passkey.png (the conditions side by side) go")
   ap.add_argument("--window", type=int, default=256,
                   help="W: the truncation window, and the beacon / FocusLLM window without assets")
   ap.add_argument("--lengths", default="1024,2048", help="document lengths in tokens")
@@ -232,8 +234,8 @@ def main(argv=None):
   which = [m.strip() for m in args.methods.split(",") if m.strip()]
   unknown = [m for m in which if m not in CONDITIONS]
   if unknown or not which:
-    ap.error(f"--methods {args.methods!r}: {'unknown ' + ', '.join(unknown) if unknown else 'empty'}"
-             f"; choose among {','.join(CONDITIONS)}")
+    what = "unknown " + ", ".join(unknown) if unknown else "empty"
+    ap.error(f"--methods {args.methods!r}: {what}; choose among {','.join(CONDITIONS)}")
   from longjax.atomic_dir import check_output_apart
   check_output_apart(args.out, "--out", {"--beacon_asset": args.beacon_asset if BEACON in which
                                          else None,
@@ -259,7 +261,8 @@ def main(argv=None):
         f"window W = {args.window} tokens\n", flush=True)
   print(f"Passkey retrieval: one document per length and key depth "
         f"({'/'.join(f'{d:g}' for d in depths)} %), each hiding a 5-digit key: {len(depths)} "
-        f"key{'s' if len(depths) > 1 else ''} per length and condition (seed {args.seed});\nofficial Activation Beacon prompt, chat "
+        f"key{'s' if len(depths) > 1 else ''} per length and condition (seed {args.seed});\n"
+        "official Activation Beacon prompt, chat "
         f"template, greedy decoding of at most {args.max_new_tokens} tokens.\n"
         "Counted: keys found / keys asked (percent); found = the first number of the answer "
         "equals the key exactly.\n", flush=True)
