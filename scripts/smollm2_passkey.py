@@ -304,8 +304,9 @@ def main(argv=None):
   fig = figure(results, out / "passkey.png")
   results["figure"] = str(fig)
   _write_atomic(out / "results.json", json.dumps(results, indent=2))
-  print(f"\nfigure: {fig} (the {len(results['methods'])} conditions side by side); every answer: "
-        f"{out / 'results.json'} ({time.time() - t0:.0f} s in all)")
+  n = len(results["methods"])
+  print(f"\nfigure: {fig} ({f'the {n} conditions side by side' if n > 1 else 'one condition'}); "
+        f"every answer: {out / 'results.json'} ({time.time() - t0:.0f} s in all)")
   if BEACON in methods and "UNTRAINED" in methods[BEACON][4]:
     print("note: the beacon row uses untrained beacons (official init). They are only a starting "
           "point for training: SmolLM2 with them emits <|im_end|> or noise. Train them with "
