@@ -35,3 +35,15 @@ class PathExists(LongjaxError, FileExistsError):
 
 class NotADirectory(LongjaxError, NotADirectoryError):
   """A path that must be a directory and is not."""
+
+
+class CheckpointWriteError(LongjaxError, OSError):
+  """A checkpoint (or export) could not be written (disk full, I/O error); nothing of it is left."""
+
+
+def write_failed(path, e: BaseException) -> CheckpointWriteError:
+  """One line for a failed write of ``path``: orbax, tensorstore and safetensors report a full
+  disk each in their own words and types (not always an OSError)."""
+  msg = " ".join(str(e).split())[:300] or type(e).__name__
+  return CheckpointWriteError(f"cannot write {path} ({type(e).__name__}: {msg}); nothing was "
+                              "written: free some space (or choose another output) and run again")

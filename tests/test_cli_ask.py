@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import longjax
-from longjax import cli
+from longjax.eval import ask
 from longjax.beacon import BeaconConfig, BeaconLM, load_beacon
 from longjax.beacon.asset import load_beacon_asset, save_beacon_asset
 from longjax.convert import assets
@@ -115,7 +115,7 @@ class _Pieces:
 def test_streamer_writes_whole_characters_and_stops_at_the_stop_id():
   import io
   buf = io.StringIO()
-  s = cli.Streamer(_Pieces(), stops=[0], out=buf)
+  s = ask.Streamer(_Pieces(), stops=[0], out=buf)
   seen = []
   for t, byte in enumerate("ok é€!".encode() + b"\x00" + b"after"):
     s(t, np.array([byte]))

@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # folder; the longest matching entry wins.
 LAYERS = [
     ("entry points", ["train.py", "eval.py", "convert_weights.py", "longjax/compile_only.py",
-                      "scripts/", "bench/", "experiments/", "configs/", "hardware/"]),
+                      "scripts/", "bench/", "experiments/", "configs/", "hardware/",
+                      "longjax/beacon/__main__.py", "longjax/focus/__main__.py"]),
     ("running", ["longjax/train/", "longjax/eval/"]),
     ("the registry", ["longjax/methods.py"]),
     ("training tasks, the plain decoder, the package's face",

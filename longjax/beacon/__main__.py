@@ -26,9 +26,9 @@ PROG = "python -m longjax.beacon"
 
 
 def build_parser():
-  from longjax import cli
+  from longjax.eval import ask
   from longjax.method_names import BEACON
-  ap = cli.ask_parser(PROG, __doc__, BEACON, asset_required=False)  # or --hf_dir
+  ap = ask.ask_parser(PROG, __doc__, BEACON, asset_required=False)  # or --hf_dir
   ap.add_argument("--hf_dir", metavar="DIR",
                   help="instead of --asset: a HF checkpoint with beacon tensors, or 'smollm2' / a "
                        "plain one with --init_official")
@@ -55,12 +55,12 @@ def main(argv=None):
 
 def _check_inputs(args):
   """The cheap checks, before the model loads: gives ``(text, asset dir or None)``."""
-  from longjax import cli
+  from longjax.eval import ask
   from longjax.convert.assets import find_asset
   from longjax.errors import LongjaxError, PathNotFound
   from longjax.method_names import BEACON
   from longjax.models.smollm2 import NAME
-  cli.check_ask_args(args)
+  ask.check_ask_args(args)
   if (args.asset is None) == (args.hf_dir is None):
     raise LongjaxError("give one of --asset (trained beacon tensors, e.g. smollm2_beacon) or "
                        "--hf_dir (a HF checkpoint)")
@@ -73,19 +73,19 @@ def _check_inputs(args):
       and not Path(args.hf_dir).is_dir():
     raise PathNotFound(f"--hf_dir {args.hf_dir}: no such directory")
   asset = find_asset(args.asset, BEACON) if args.asset is not None else None
-  return cli.read_text(args), asset
+  return ask.read_text(args), asset
 
 
 def _main(args):
   import dataclasses
-  from longjax import cli
+  from longjax.eval import ask
   from longjax.beacon import BeaconLM, load_beacon
   from longjax.beacon.asset import load_beacon_asset
   from longjax.method_names import BEACON
   from longjax.models.smollm2 import resolve
   text, asset = _check_inputs(args)
   if asset is not None:
-    model_dir = cli.asset_base(asset, BEACON, args.base)
+    model_dir = ask.asset_base(asset, BEACON, args.base)
     cfg, bcfg, params = load_beacon_asset(asset, args.base)
     if args.ratio_mix:
       bcfg = dataclasses.replace(bcfg, ratio_mix=args.ratio_mix)
@@ -98,13 +98,13 @@ def _main(args):
     cfg, bcfg, params = load_beacon(model_dir, init="official" if args.init_official else None,
                                     param_dtype=dtype, **over)
     source = f"{model_dir}" + (" (untrained beacons: official init)" if args.init_official else "")
-  cfg, params = cli.with_dtype(cfg, params, dtype)  # the asset's fp32 tensors; compute dtype
-  tok = cli.tokenizer_of(model_dir)
-  ids, how = cli.prompt_ids(tok, text, args)
+  cfg, params = ask.with_dtype(cfg, params, dtype)  # the asset's fp32 tensors; compute dtype
+  tok = ask.tokenizer_of(model_dir)
+  ids, how = ask.prompt_ids(tok, text, args)
   max_length = args.max_length or (len(ids) + args.max_new_tokens + bcfg.window)
   lm = BeaconLM(cfg, bcfg, max_length=max_length, ratio=args.ratio, progress=True)
   ratios = "/".join(map(str, (args.ratio,) if args.ratio else bcfg.ratios))
-  cli.answer(lm, params, ids, tok, cfg, args.max_new_tokens,
+  ask.answer(lm, params, ids, tok, cfg, args.max_new_tokens,
              f"Activation Beacon, {source}: window {bcfg.window}, stride {bcfg.stride}, ratio "
              f"{ratios} ({bcfg.ratio_mix}), {dtype}; prompt: {how}",
              after=lambda out: f"memory (sink, beacon, raw) = {out.state.sizes()[0].tolist()}")

@@ -304,7 +304,7 @@ def save_hf(out_dir, cfg: ModelConfig, params, *, max_shard_bytes: int = 5 * 2**
   except LongjaxError:
     raise
   except Exception as e:  # noqa: BLE001 -- disk full and I/O errors, in whatever type they come
-    from longjax.checkpoint import write_failed
+    from longjax.errors import write_failed
     raise write_failed(out_dir, e) from e
   return out_dir
 

@@ -21,9 +21,9 @@ PROG = "python -m longjax.focus"
 
 
 def build_parser():
-  from longjax import cli
+  from longjax.eval import ask
   from longjax.method_names import FOCUS
-  return cli.ask_parser(PROG, __doc__, FOCUS)
+  return ask.ask_parser(PROG, __doc__, FOCUS)
 
 
 def main(argv=None):
@@ -33,21 +33,21 @@ def main(argv=None):
 
 
 def _main(args):
-  from longjax import cli
+  from longjax.eval import ask
   from longjax.convert.assets import find_asset
   from longjax.focus import FocusLLM
   from longjax.focus.asset import load_focus_asset
   from longjax.method_names import FOCUS
-  cli.check_ask_args(args)  # the cheap checks before the model loads
+  ask.check_ask_args(args)  # the cheap checks before the model loads
   asset = find_asset(args.asset, FOCUS)
-  text = cli.read_text(args)
-  model_dir = cli.asset_base(asset, FOCUS, args.base)
+  text = ask.read_text(args)
+  model_dir = ask.asset_base(asset, FOCUS, args.base)
   cfg, fcfg, params = load_focus_asset(asset, args.base)
   dtype = "float32" if args.dtype == "auto" else args.dtype
-  cfg, params = cli.with_dtype(cfg, params, dtype)
-  tok = cli.tokenizer_of(model_dir)
-  ids, how = cli.prompt_ids(tok, text, args)
-  cli.answer(FocusLLM(cfg, fcfg), params, ids, tok, cfg, args.max_new_tokens,
+  cfg, params = ask.with_dtype(cfg, params, dtype)
+  tok = ask.tokenizer_of(model_dir)
+  ids, how = ask.prompt_ids(tok, text, args)
+  ask.answer(FocusLLM(cfg, fcfg), params, ids, tok, cfg, args.max_new_tokens,
              f"FocusLLM, asset {asset}: local window {fcfg.local_window}, chunks of "
              f"{fcfg.chunk_stride}, {dtype}; prompt: {how}")
 
