@@ -5,7 +5,9 @@ existing directory is replaced only after the new one is complete.
 
 The hidden sibling is ``.NAME.partial-PID@HOST.XXXXXXXX``: a run killed midway (kill -9, power
 loss) leaves it behind, and the next write of the same target on the same host removes the ones
-whose process is gone (never those of a live writer). The finished directory gets the mode a plain
+whose process is gone (never those of a live writer); a replacing write killed between its two
+renames (the target moved aside, the new copy not yet in place) has the old copy put back by the
+next write (or asset load) of the same target. The finished directory gets the mode a plain
 ``mkdir`` would give (0777 minus the umask), not mkdtemp's private 0700.
 """
 from __future__ import annotations
@@ -145,10 +147,31 @@ def check_parent(path) -> None:
                           "output whose parent is a directory")
 
 
+def restore_interrupted_swap(path):
+  """Put back the previous ``path`` when a replacing write was killed between its two renames
+  (``path`` -> ``.NAME.old-PID``, new copy -> ``path``): ``path`` is missing and the hidden old
+  copy of a dead writer is there. Without this, ``path`` would stay missing, and the next write's
+  cleanup would delete the only copy. Returns the restored copy's former name, or None."""
+  path = Path(path).absolute()
+  if path.exists() or path.is_symlink() or not path.parent.is_dir():
+    return None
+  old = re.compile(re.escape(f".{path.name}.old-") + r"(\d+)$")
+  found = [p for p in path.parent.iterdir()
+           if (m := old.match(p.name)) and not pid_alive(int(m.group(1)))]
+  if not found:
+    return None
+  newest = max(found, key=lambda p: p.stat().st_mtime)
+  os.rename(newest, path)
+  log.warning("restored %s from %s: a write that was replacing it was killed midway", path,
+              newest.name)
+  return newest
+
+
 @contextlib.contextmanager
 def atomic_dir(path, overwrite: bool = False):
   """Yield a temporary directory that becomes ``path`` when the block finishes without error."""
   path = Path(path).absolute()
+  restore_interrupted_swap(path)
   if path.exists() and not overwrite:
     raise PathExists(f"{path} exists; pass overwrite=True (--overwrite) to replace it")
   make_parent(path)

@@ -274,7 +274,10 @@ def test_atomic_dir_removes_stale_partials_of_dead_writers(tmp_path):
   for d in (stale, stale_old, live, elsewhere, other_target, legacy):
     d.mkdir()
     (d / "half.safetensors").write_bytes(b"\0" * 16)
-  with atomic_dir(tmp_path / "out") as tmp:
+  # out in place: the old copy is a leftover of a finished swap (with out missing, it would be
+  # put back instead: test_asset_validation.py::test_overwrite_killed_between_its_renames_...)
+  (tmp_path / "out").mkdir()
+  with atomic_dir(tmp_path / "out", overwrite=True) as tmp:
     assert tmp.name.startswith(f".out.partial-{os.getpid()}@{host}.")
     (tmp / "done").write_text("1")
   assert not stale.exists() and not stale_old.exists()

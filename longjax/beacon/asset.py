@@ -29,6 +29,12 @@ log = logging.getLogger("longjax")
 STEM = BEACON.name
 TENSORS = f"{STEM}.safetensors"  # one file; larger tensor sets are sharded (convert/assets.py)
 META = f"{STEM}.json"
+# beacon.json's own fields (the official beacon_* config fields; assets.COMMON_FIELDS besides) and
+# their JSON types (assets.FIELD_KINDS): anything else is refused, a misspelt name included.
+FIELDS = {"beacon_window": "int", "beacon_stride": "int", "beacon_ratio": "ints",
+          "beacon_ratio_mix": "str", "beacon_pos": "str", "beacon_attn": "str",
+          "beacon_param": "strs", "beacon_sink_size": "int", "beacon_embed_init": "str",
+          "beacon_attend_prev": "bool", "beacon_parallel_window": "int"}
 
 
 def _is_beacon(name: str) -> bool:
@@ -56,7 +62,9 @@ def save_beacon_asset(out_dir, cfg, bcfg, params, *, base: str, dtype: str = "bf
                      "current directory")
   meta = dict(base=BASE_DIR if embed_base is not None else str(base),
               base_embedded=embed_base is not None, dtype=dtype, **bcfg.to_hf(), **(info or {}))
+  assets.check_replaceable(out_dir, overwrite, META, STEM, "beacon")
   meta[assets.BASE_WEIGHTS_KEY] = assets.base_fingerprint(params)  # checked by train.init_from
+  assets.check_settings(meta, META, FIELDS)  # what the loader will accept, before any work
   with atomic_dir(out_dir, overwrite) as tmp:
     if embed_base is not None:
       _embed(Path(embed_base), tmp / BASE_DIR)
@@ -92,15 +100,18 @@ def load_beacon_asset(asset_dir, base_dir: Optional[str] = None):
   ``longjax.convert.assets.find_asset``)."""
   from longjax.beacon.config import BeaconConfig
   from longjax.beacon.convert import load_beacon
+  from longjax.atomic_dir import restore_interrupted_swap
+  restore_interrupted_swap(asset_dir)  # first: an overwrite killed midway leaves the path missing
   asset_dir = assets.find_asset(asset_dir, BEACON)  # a path, or a name in assets/
   if not (asset_dir / META).exists() or not assets.has_tensors(asset_dir, STEM):
     raise AssetError(f"{asset_dir} is not a beacon asset (needs {META} and {TENSORS})")
-  meta = json.loads((asset_dir / META).read_text())
+  meta = assets.read_json(asset_dir / META)
+  assets.check_settings(meta, asset_dir / META, FIELDS)
   bcfg = BeaconConfig.from_hf(meta)
+  tensors = assets.read_tensors(asset_dir, STEM, meta.get("dtype"))  # before the (slow) base
   cfg, bcfg, params = load_beacon(base_of(asset_dir, meta, base_dir), init="official", beacon=bcfg,
                                   param_dtype="float32")
-  assets.set_tensors(cfg, params, assets.read_tensors(asset_dir, STEM), str(asset_dir / TENSORS),
-                     expected=_is_beacon)
+  assets.set_tensors(cfg, params, tensors, str(asset_dir / TENSORS), expected=_is_beacon)
   return cfg, bcfg, params
 
 

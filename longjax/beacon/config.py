@@ -22,8 +22,11 @@ refused here with an explanation, instead of being approximated:
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import re
 from typing import Optional, Sequence, Tuple
+
+import numpy as np
 
 from longjax.errors import LongjaxError
 from longjax.run_config.sections import BeaconSection
@@ -54,6 +57,10 @@ class BeaconConfigError(LongjaxError, ValueError):
   pass
 
 
+def _is_int(v) -> bool:
+  return isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_))
+
+
 @dataclasses.dataclass(frozen=True)
 class BeaconConfig(BeaconSection):
   """Activation Beacon configuration (official defaults), validated.
@@ -75,10 +82,19 @@ class BeaconConfig(BeaconSection):
   seed: int = 42
 
   def __post_init__(self):
-    object.__setattr__(self, "ratios", tuple(int(r) for r in (
-        self.ratios if isinstance(self.ratios, (list, tuple)) else (self.ratios,))))
-    object.__setattr__(self, "param", tuple(self.param))
     err = lambda msg: BeaconConfigError(f"invalid BeaconConfig: {msg}")  # noqa: E731
+    ratios = self.ratios if isinstance(self.ratios, (list, tuple)) else (self.ratios,)
+    # int() would truncate a ratio of 2.5 to 2 and read True as 1: only integers are settings.
+    bad = [r for r in ratios if not _is_int(r)]
+    if bad:
+      raise err(f"ratios must be integers, got {list(ratios)}")
+    for name in ("window", "stride", "sink_size", "parallel_window", "seed"):
+      if not _is_int(getattr(self, name)):
+        raise err(f"{name} must be an integer, got {getattr(self, name)!r}")
+    if not isinstance(self.attend_prev, (bool, np.bool_)):
+      raise err(f"attend_prev must be true or false, got {self.attend_prev!r}")
+    object.__setattr__(self, "ratios", tuple(int(r) for r in ratios))
+    object.__setattr__(self, "param", tuple(self.param))
     if self.window < 1 or self.stride < 1:
       raise err(f"window ({self.window}) and stride ({self.stride}) must be >= 1")
     if self.stride > self.window:

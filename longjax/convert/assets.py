@@ -9,6 +9,7 @@ name -> file, ``metadata.total_size``); a JSON of settings next to it (the metho
 """
 from __future__ import annotations
 
+import difflib
 import json
 import logging
 import os
@@ -142,48 +143,201 @@ def has_tensors(asset_dir: Path, stem: str) -> bool:
           or (asset_dir / f"{stem}.safetensors.index.json").exists())
 
 
-def read_tensors(asset_dir: Path, stem: str) -> dict:
-  """Every tensor of ``stem`` (one file or the shards its index names) as float32 numpy."""
-  from safetensors import safe_open
+# ------------------------------------------------------------------------------------------------
+# Validation: an asset is untrusted input (downloaded, hand-edited, cut by a full disk). Every
+# file it names stays inside it, every tensor has the exact shape, the declared dtype and finite
+# values, and every setting is a known field of the JSON type it must have; anything else is one
+# AssetError line naming the file, the field or the tensor.
+DTYPES = ("bfloat16", "float32")  # what an asset's "dtype" may declare (save_*_asset writes them)
+
+
+def read_json(path: Path, what: str = "settings") -> dict:
+  """The JSON object in ``path``; a file that is not JSON, or holds no object, is one line."""
+  path = Path(path)
+  _check_file(path)
+  try:
+    value = json.loads(path.read_text(encoding="utf-8"))
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise AssetError(f"{path} is not valid JSON ({e}): the asset's {what} file is damaged; "
+                     "export the asset again") from None
+  if not isinstance(value, dict):
+    raise AssetError(f"{path} holds a JSON {type(value).__name__}, not an object: the asset's "
+                     f"{what} file is damaged; export the asset again")
+  return value
+
+
+def _check_file(path: Path, root: Optional[Path] = None):
+  """``path`` is a regular file (not a FIFO, which would block the read forever) and, resolved
+  (symlinks followed), lies inside ``root`` (default: its own directory)."""
+  root = Path(root if root is not None else path.parent).resolve()
+  real = path.resolve()
+  if root not in real.parents:
+    raise AssetError(f"{path} resolves to {real}, outside the asset {root}: an asset's files must "
+                     "lie inside it; copy the file in, or export the asset again")
+  if real.exists() and not real.is_file():
+    raise AssetError(f"{path} is not a regular file; export the asset again")
+
+
+# JSON types of the settings fields (see check_settings). A bool is not an integer, and an integer
+# is written without a decimal point: 64.0 is refused like 64.5 (never truncated), so that what a
+# file says is exactly the setting in use.
+def _int(v) -> bool:
+  return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _str(v) -> bool:
+  return isinstance(v, str)
+
+
+FIELD_KINDS = {
+    "int": (_int, "an integer (written without a decimal point)"),
+    "ints": (lambda v: _int(v) or (isinstance(v, list) and bool(v) and all(map(_int, v))),
+             "an integer or a non-empty list of integers"),
+    "int?": (lambda v: v is None or _int(v), "an integer or null"),
+    "str": (_str, "a string"),
+    "strs": (lambda v: isinstance(v, list) and all(map(_str, v)), "a list of strings"),
+    "bool": (lambda v: isinstance(v, bool), "true or false"),
+    "dtype": (lambda v: v in DTYPES, f"one of {list(DTYPES)}"),
+    "object": (lambda v: isinstance(v, dict), "a JSON object"),
+}
+
+# Fields every method's settings JSON may hold (the base, the tensors' dtype, the export's record);
+# a method's loader adds its own (``check_settings(fields=...)``).
+COMMON_FIELDS = {"base": "str", "base_embedded": "bool", "dtype": "dtype", "train_step": "int",
+                 "campaign": "object", BASE_WEIGHTS_KEY: "str"}
+
+
+def check_settings(meta: dict, path, fields: dict) -> None:
+  """Every field of ``meta`` (an asset's settings JSON, read from ``path``) is one of ``fields``
+  or :data:`COMMON_FIELDS` (field -> a :data:`FIELD_KINDS` key), with a value of that JSON type.
+  A misspelt field would otherwise be ignored and its default used; a fraction or a bool would be
+  truncated to an integer."""
+  known = {**COMMON_FIELDS, **fields}
+  for k, v in meta.items():
+    if k not in known:
+      near = difflib.get_close_matches(k, sorted(known), n=1)
+      raise AssetError(f"{path}: unknown field {k!r}"
+                       + (f", did you mean {near[0]!r}?" if near else "")
+                       + f" (known fields: {sorted(known)})")
+    ok, want = FIELD_KINDS[known[k]]
+    if not ok(v):
+      raise AssetError(f"{path}: field {k!r} must be {want}, got {json.dumps(v)}; fix the file "
+                       "or export the asset again")
+
+
+def shard_files(asset_dir: Path, stem: str):
+  """``(weight_map or None, file names)`` of the tensors of ``stem``: one file, or the shards its
+  index names (checked as HF checkpoint indexes are: an object with a ``weight_map`` of tensor
+  name -> file inside the asset; symlinks leaving the asset are refused too)."""
+  from longjax.convert.hf import CheckpointError, _index_shards
   asset_dir = Path(asset_dir)
   index = asset_dir / f"{stem}.safetensors.index.json"
   if index.exists():
-    weight_map = json.loads(index.read_text())["weight_map"]
+    try:
+      shards = _index_shards(asset_dir, read_json(index, "index"), index.name,
+                             fix="export the asset again")
+    except CheckpointError as e:
+      raise AssetError(str(e)) from None
+    weight_map = {n: str(p.relative_to(asset_dir)) for n, p in shards.items()}
     files = sorted(set(weight_map.values()))
   else:
     weight_map, files = None, [f"{stem}.safetensors"]
+  for f in files:
+    _check_file(asset_dir / f, asset_dir)
+  return weight_map, files
+
+
+def read_tensors(asset_dir: Path, stem: str, dtype: Optional[str] = None) -> dict:
+  """Every tensor of ``stem`` (one file or the shards its index names) as float32 numpy; each
+  must be of ``dtype`` (what the settings declare; None: any float type, for assets that declare
+  none) and finite."""
+  from longjax.convert.hf import safe_open
+  asset_dir = Path(asset_dir)
+  weight_map, files = shard_files(asset_dir, stem)
+  index_name = f"{stem}.safetensors.index.json"
   out = {}
   for fname in files:
     path = asset_dir / fname
     if not path.exists():
-      raise AssetError(f"{asset_dir} lacks {fname} (named by {index.name}): the asset is "
+      raise AssetError(f"{asset_dir} lacks {fname} (named by {index_name}): the asset is "
                        "incomplete; export it again")
     with safe_open(path, framework="np") as f:
       for name in f.keys():
         if weight_map is not None and weight_map.get(name) != fname:
-          raise AssetError(f"{path}: tensor {name} is not where {index.name} says it is")
-        out[name] = f.get_tensor(name).astype(np.float32)
+          raise AssetError(f"{path}: tensor {name} is not where {index_name} says it is")
+        try:
+          value = f.get_tensor(name)
+        except Exception as e:  # noqa: BLE001 -- a header that promises more bytes than there are
+          raise AssetError(f"cannot read tensor {name} from {path}: {e} (truncated file?); "
+                           "export the asset again") from None
+        out[name] = check_tensor_values(name, value, path, dtype)
   if weight_map is not None and set(weight_map) != set(out):
-    raise AssetError(f"{index} names tensors its shards do not hold: "
+    raise AssetError(f"{asset_dir / index_name} names tensors its shards do not hold: "
                      f"{sorted(set(weight_map) - set(out))[:3]}")
   return out
 
 
+def check_tensor_values(name: str, value: np.ndarray, where, dtype: Optional[str] = None):
+  """``value`` as float32, after checking its dtype (``dtype``, else any float type) and that
+  every entry is finite: an int or bool tensor would be cast silently, a NaN would make every
+  generated token 0."""
+  got = str(value.dtype)
+  if (got != dtype) if dtype is not None else got not in ("bfloat16", "float16", "float32"):
+    raise AssetError(f"{where}: tensor {name} is {got}, but the asset declares "
+                     f"{dtype or 'a float type'}; export the asset again")
+  value = value.astype(np.float32)
+  if not np.isfinite(value).all():
+    bad = int(value.size - np.isfinite(value).sum())
+    raise AssetError(f"{where}: tensor {name} holds {bad} NaN/inf values (of {value.size}): "
+                     "the trained tensors are broken; export a checkpoint from before the "
+                     "divergence")
+  return value
+
+
 def set_tensors(cfg, params, tensors: dict, where: str, expected=None):
   """Write HF-named ``tensors`` into ``params`` (in place) through the conversion table; every
-  name must belong to ``cfg`` and every name ``expected(name)`` accepts must be present."""
-  from longjax.convert.table import expected_names, put_tensor
+  name must belong to ``cfg``, have exactly the shape ``cfg`` gives it (numpy would broadcast a
+  ``(64, 1)`` into a ``(64, 64)`` slot), and every name ``expected(name)`` accepts must be
+  present."""
+  from longjax.convert.table import expected_names, get_path, hf_shape, put_tensor
   names = expected_names(cfg)
   if expected is not None:
     missing = sorted(n for n in names if expected(n) and n not in tensors)
     if missing:
       raise AssetError(f"{where} lacks {missing[:3]} ... ({len(missing)} tensors)")
+  bad = []
   for name, value in tensors.items():
     if name not in names:
       raise AssetError(f"{where}: tensor {name} does not fit this base model")
     row, layer = names[name]
+    shape = np.shape(get_path(params, row.path))
+    want = tuple(hf_shape(row, cfg, shape[1:] if row.per_layer else shape))
+    if tuple(np.shape(value)) != want:
+      bad.append(f"{name} is {tuple(np.shape(value))}, this base model needs {want}")
+  if bad:
+    raise AssetError(f"{where}: {len(bad)} tensors of the wrong shape ({'; '.join(bad[:3])}): "
+                     "the asset was trained on another base model, or is damaged")
+  for name, value in tensors.items():
+    row, layer = names[name]
     put_tensor(params, row, layer, row.transform.to_jax(value, cfg))
   return params
+
+
+def check_replaceable(out_dir, overwrite: bool, meta_name: str, stem: str, title: str) -> None:
+  """Before an export: an ``out_dir`` whose replacing write was killed midway is put back first
+  (``atomic_dir.restore_interrupted_swap``); ``overwrite`` replaces only an asset of this kind (or
+  an empty directory), never a directory of unrelated files it would delete."""
+  from longjax.atomic_dir import restore_interrupted_swap
+  out = Path(out_dir)
+  restore_interrupted_swap(out)
+  if not overwrite or not (out.exists() or out.is_symlink()):
+    return  # atomic_dir refuses an existing output without overwrite
+  if out.is_dir() and (not any(out.iterdir()) or (
+      (out / meta_name).is_file() and has_tensors(out, stem))):
+    return
+  raise AssetError(f"{out} exists and is not a {title} asset (no {meta_name} with "
+                   f"{stem}.safetensors): --overwrite replaces only an asset, it would delete "
+                   "these files; choose another output or remove it yourself")
 
 
 def export_parser(prog: str, doc: str, run_kind: str):

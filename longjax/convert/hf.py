@@ -86,18 +86,20 @@ def shard_map(hf_dir) -> dict:
   raise CheckpointError(f"no {SINGLE_FILE} or {INDEX_FILE} in {hf_dir}")
 
 
-def _index_shards(hf_dir: Path, index) -> dict:
+def _index_shards(hf_dir: Path, index, index_name: str = INDEX_FILE,
+                  fix: str = "re-save the checkpoint with save_pretrained") -> dict:
   """The index's ``weight_map`` checked: a JSON object of tensor name -> shard file name, each
   shard inside ``hf_dir`` (an absolute name or ``..`` would read files from elsewhere into the
-  output)."""
-  path = hf_dir / INDEX_FILE
+  output). ``index_name`` and ``fix`` word the messages (trained-tensor assets share this check,
+  ``longjax.convert.assets``)."""
+  path = hf_dir / index_name
   weight_map = index.get("weight_map") if isinstance(index, dict) else None
   if not isinstance(weight_map, dict):
     got = (f"a JSON {type(index).__name__}" if not isinstance(index, dict) else
            "no 'weight_map'" if "weight_map" not in index else
            f"a 'weight_map' that is a JSON {type(weight_map).__name__}")
     raise CheckpointError(f"{path} holds {got}, not an object with a 'weight_map' of tensor name -> "
-                          "shard file; re-save the checkpoint with save_pretrained")
+                          f"shard file; {fix}")
   out = {}
   for name, f in weight_map.items():
     if not isinstance(f, str) or not f:

@@ -24,6 +24,10 @@ from longjax.method_names import FOCUS
 
 STEM = FOCUS.name  # focus.safetensors (or its shards)
 META = f"{STEM}.json"
+# focus.json's own fields (assets.COMMON_FIELDS besides) and their JSON types
+# (assets.FIELD_KINDS): anything else is refused, a misspelt name included.
+FIELDS = {"local_window": "int", "memory_stride": "ints", "beacon_param": "strs",
+          "prompt_cap": "int?", "min_len_threshold": "int"}
 
 
 def _is_candidate(name: str) -> bool:
@@ -49,7 +53,9 @@ def save_focus_asset(out_dir, cfg, fcfg, params, *, base: str, dtype: str = "bfl
                      "name would load whatever model sits in the current directory")
   meta = dict(base=str(base), dtype=dtype, **fcfg.to_hf(), prompt_cap=fcfg.prompt_cap,
               min_len_threshold=fcfg.min_len_threshold, **(info or {}))
+  assets.check_replaceable(out_dir, overwrite, META, STEM, "FocusLLM")
   meta[assets.BASE_WEIGHTS_KEY] = assets.base_fingerprint(params)  # checked by train.init_from
+  assets.check_settings(meta, META, FIELDS)  # what the loader will accept, before any work
   with atomic_dir(out_dir, overwrite) as tmp:
     assets.write_tensors(tmp, STEM, tensors, max_file_bytes)
     (tmp / META).write_text(json.dumps(meta, indent=2))
@@ -61,7 +67,7 @@ def _settings(meta: dict, base: str):
   hf = json.loads((Path(base) / "config.json").read_text())
   return FocusConfig.from_hf(dict(meta, bos_token_id=hf.get("bos_token_id")),
                              prompt_cap=meta.get("prompt_cap"),
-                             min_len_threshold=int(meta.get("min_len_threshold", 0)))
+                             min_len_threshold=meta.get("min_len_threshold", 0))
 
 
 def load_focus_asset(asset_dir, base_dir: Optional[str] = None):
@@ -70,15 +76,18 @@ def load_focus_asset(asset_dir, base_dir: Optional[str] = None):
   ``asset_dir``: a directory, or the name of one in the repository's assets/
   (``"smollm2_focus"``; see ``longjax.convert.assets.find_asset``)."""
   from longjax.focus.convert import focus_from_llama
+  from longjax.atomic_dir import restore_interrupted_swap
+  restore_interrupted_swap(asset_dir)  # first: an overwrite killed midway leaves the path missing
   asset_dir = assets.find_asset(asset_dir, FOCUS)  # a path, or a name in assets/
   if not (asset_dir / META).exists() or not assets.has_tensors(asset_dir, STEM):
     raise AssetError(f"{asset_dir} is not a FocusLLM asset (needs {META} and "
                      f"{STEM}.safetensors or its shards)")
-  meta = json.loads((asset_dir / META).read_text())
+  meta = assets.read_json(asset_dir / META)
+  assets.check_settings(meta, asset_dir / META, FIELDS)
+  tensors = assets.read_tensors(asset_dir, STEM, meta.get("dtype"))  # before the (slow) base
   base = assets.base_of(asset_dir, meta, META, base_dir)
   cfg, fcfg, params = focus_from_llama(base, _settings(meta, base), param_dtype="float32")
-  assets.set_tensors(cfg, params, assets.read_tensors(asset_dir, STEM), str(asset_dir),
-                     expected=_is_candidate)
+  assets.set_tensors(cfg, params, tensors, str(asset_dir), expected=_is_candidate)
   return cfg, fcfg, params
 
 

@@ -51,7 +51,8 @@ class FocusConfig:
     if self.prompt_cap > self.local_window:
       raise FocusError(f"FocusConfig.prompt_cap ({self.prompt_cap}) must not exceed local_window "
                        f"({self.local_window}): the dynamic prompt is taken from the local context")
-    if not isinstance(self.min_len_threshold, int) or self.min_len_threshold < 0:
+    if (not isinstance(self.min_len_threshold, int) or isinstance(self.min_len_threshold, bool)
+        or self.min_len_threshold < 0):
       raise FocusError(f"FocusConfig.min_len_threshold must be an integer >= 0, got "
                        f"{self.min_len_threshold!r}")
     bad = [p for p in self.candidate_projections if p not in ALT_PROJECTIONS]
@@ -77,19 +78,30 @@ class FocusConfig:
   def from_hf(cls, hf: dict, **overrides) -> "FocusConfig":
     """Read ``local_window`` / ``memory_stride`` / ``beacon_param`` from an official config.json."""
     kw = {}
+
+    def integer(name, v):  # int() would truncate 128.7 to 128 and read true as 1
+      if isinstance(v, bool) or not isinstance(v, int):
+        raise FocusError(f"{name} must be an integer, got {v!r}")
+      return v
+
     if "local_window" in hf:
-      kw["local_window"] = int(hf["local_window"])
+      kw["local_window"] = integer("local_window", hf["local_window"])
     stride = hf.get("memory_stride")
     if stride is not None:
       strides = list(stride) if isinstance(stride, (list, tuple)) else [stride]
+      strides = [integer("memory_stride", s) for s in strides]
       if len(strides) != 1 and "chunk_stride" not in overrides:
         # Training draws one stride per sample; inference uses exactly one (official assert).
         raise FocusError(f"memory_stride {strides} has {len(strides)} values; inference uses one: "
                          "pass chunk_stride=... to choose it")
       if strides:
-        kw["chunk_stride"] = int(strides[0])
+        kw["chunk_stride"] = strides[0]
     if hf.get("beacon_param"):
-      kw["candidate_projections"] = tuple(p for p in hf["beacon_param"] if p in ALT_PROJECTIONS)
+      bad = [p for p in hf["beacon_param"] if p not in ALT_PROJECTIONS]
+      if bad:  # dropping them would run without projections the checkpoint was trained with
+        raise FocusError(f"beacon_param {hf['beacon_param']} names {bad}, not one of "
+                         f"{ALT_PROJECTIONS}")
+      kw["candidate_projections"] = tuple(hf["beacon_param"])
     if isinstance(hf.get("bos_token_id"), int):  # the checkpoint's own BOS (official: always 1)
       kw["bos_id"] = hf["bos_token_id"]
     kw.update(overrides)
