@@ -30,6 +30,7 @@ from longjax.errors import LongjaxError
 from longjax.models.config import ModelConfig
 from longjax.models.decoder import param_shapes
 from longjax.sampling import SamplingConfig, select_next
+from longjax.sizes import round_up
 
 
 class GenerateError(LongjaxError, ValueError):
@@ -126,9 +127,13 @@ def check_stop_ids(stop_ids, vocab_size: int) -> np.ndarray:
   int or a string ("57" would stop on 5 and 7), floats and out-of-range ids are refused."""
   if stop_ids is None:
     return np.zeros((0,), np.int64)
+  if isinstance(stop_ids, jax.Array):  # e.g. jnp.array([2, 7]): its values, as a numpy array
+    stop_ids = np.asarray(stop_ids)
   if isinstance(stop_ids, (str, bytes)) or not isinstance(stop_ids, (list, tuple, set, frozenset,
                                                                       range, np.ndarray)):
-    raise GenerateError(f"stop_ids must be a list of token ids (e.g. [{stop_ids!r}] for one), got "
+    one = (f" (e.g. [{int(stop_ids)}] for one)" if isinstance(stop_ids, numbers.Integral)
+           and not isinstance(stop_ids, (bool, np.bool_)) else "")
+    raise GenerateError(f"stop_ids must be a list of token ids{one}, got "
                         f"{type(stop_ids).__name__} {stop_ids!r}")
   ids = list(stop_ids.reshape(-1)) if isinstance(stop_ids, np.ndarray) else list(stop_ids)
   bad = [x for x in ids if isinstance(x, (bool, np.bool_)) or not isinstance(x, numbers.Integral)]
@@ -149,10 +154,7 @@ def memory_limit_bytes() -> int:
       return int(stats["bytes_limit"])
   except Exception:  # noqa: BLE001 -- backends without memory stats
     pass
-  try:
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-  except (ValueError, OSError, AttributeError):
-    return 1 << 62
+  return host_memory_bytes()
 
 
 def check_kv_fits(cfg: ModelConfig, rows: int, length: int, max_new_tokens: int) -> None:
@@ -165,6 +167,37 @@ def check_kv_fits(cfg: ModelConfig, rows: int, length: int, max_new_tokens: int)
     raise GenerateError(f"max_new_tokens={max_new_tokens} needs a KV cache of {rows} x {length} "
                         f"positions ({need / 2**30:.1f} GiB), more than this device holds "
                         f"({have / 2**30:.1f} GiB): lower max_new_tokens")
+
+
+def check_logits_fit(rows: int, max_new_tokens: int, vocab_size: int) -> None:
+  """Host side, before the prefill: ``return_logits=True`` keeps a ``[rows, max_new_tokens, V]``
+  float32 buffer (on device, then on the host), which must fit both."""
+  steps = round_up(max_new_tokens, decode_loop.BUFFER_MULTIPLE)  # the device loop's buffer length
+  need = rows * steps * vocab_size * np.dtype(np.float32).itemsize
+  have = min(memory_limit_bytes(), host_memory_bytes())
+  if need > have:
+    raise GenerateError(f"return_logits=True with max_new_tokens={max_new_tokens} needs a "
+                        f"[{rows}, {steps}, {vocab_size}] float32 logits buffer "
+                        f"({need / 2**30:.1f} GiB), more than this machine holds "
+                        f"({have / 2**30:.1f} GiB): lower max_new_tokens or the batch, or drop "
+                        "return_logits")
+
+
+def host_memory_bytes() -> int:
+  try:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+  except (ValueError, OSError, AttributeError):
+    return 1 << 62
+
+
+def check_seed(seed) -> int:
+  """``seed`` as an int: an integer that fits 64 bits (JAX's own errors for 1.5, 2**70 or "a" are
+  a TypeError / OverflowError from inside the key derivation)."""
+  if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, numbers.Integral) or not (
+      -2**63 <= int(seed) < 2**63):
+    raise GenerateError(f"seed must be an integer in [-2**63, 2**63), got "
+                        f"{type(seed).__name__} {seed!r}")
+  return int(seed)
 
 
 def check_max_new_tokens(n, minimum: int = 1) -> None:
@@ -234,7 +267,12 @@ def generate(method, params, prompts, max_new_tokens: int = 32, *, tokenizer=Non
   Args:
     method: ``PlainLM``, a beacon model or a FocusLLM model (see module docstring).
     prompts: text (with ``tokenizer``), a list of ids, or a list of id lists / a 2-D array.
-    temperature / top_k / top_p / seed: sampling; ``temperature=0`` is greedy.
+    temperature / top_k / top_p / seed: sampling; ``temperature=0`` is greedy. A temperature or
+      top_p below ``longjax.sampling.MIN_TEMPERATURE`` / ``MIN_TOP_P`` (1e-6; 0 excepted) is
+      refused: it means greedy, but would overflow / round to 0 in float32. ``seed``: an integer
+      that fits 64 bits.
+    return_logits: also return every step's logits; their ``[B, max_new_tokens, V]`` float32
+      buffer is size-checked before the prefill, as the KV cache is.
     stop_ids: a row stops after emitting any of these ids (the stop id is kept in the output).
     callback: called as ``callback(step, tokens [B])`` for each generated token (streaming; on
       the device loop, after each chunk of ``chunk`` tokens).
@@ -248,6 +286,7 @@ def generate(method, params, prompts, max_new_tokens: int = 32, *, tokenizer=Non
   """
   sampling = SamplingConfig(temperature, top_k, top_p)
   check_max_new_tokens(max_new_tokens)
+  seed = check_seed(seed)
   use_device = _choose_loop(method, loop)
   chunk = _check_chunk(chunk, use_device, callback)
   ids = _as_id_lists(prompts, tokenizer)
@@ -258,6 +297,8 @@ def generate(method, params, prompts, max_new_tokens: int = 32, *, tokenizer=Non
   check_token_ids(ids, method.cfg.vocab_size)
   check_params(params, method.cfg)
   check_stop_ids(stop_ids, method.cfg.vocab_size)  # before the (slow) prefill
+  if return_logits:
+    check_logits_fit(len(ids), max_new_tokens, method.cfg.vocab_size)
   lengths = np.array([len(r) for r in ids], np.int32)
   tokens = np.zeros((len(ids), int(lengths.max())), np.int32)
   for i, r in enumerate(ids):

@@ -135,9 +135,36 @@ class BeaconLM:
     self.sink_cap = self.schedule.sink_cap
     self.remat = remat
     self._static = dict(model=self.model, sink_cap=self.sink_cap)
+    self.check_state_fits(1)  # max_length=10**10 is refused here, not at the first allocation
+
+  def state_bytes(self, batch: int) -> int:
+    """Bytes of a ``batch``-row state's K and V buffers (``capacity`` entries per layer and row)."""
+    c = self.cfg
+    return (2 * c.num_layers * int(batch) * self.capacity * c.num_kv_heads * c.head_dim
+            * np.dtype(c.compute_dtype).itemsize)
+
+  def check_state_fits(self, batch: int):
+    """Host side, before allocating: the memory buffers of ``batch`` rows must fit the device,
+    and a buffer's positions must be int32-indexable."""
+    from longjax.generate import memory_limit_bytes
+    need, have = self.state_bytes(batch), memory_limit_bytes()
+    if need <= have and self.capacity < 2**31:
+      return
+    per_entry = self.state_bytes(1) / self.capacity
+    fixed = self.capacity - self.schedule.beacon_capacity  # sink + window slots
+    per_window = max(self.bcfg.max_memory_per_window, 1)
+    fits = int((min(have / batch / per_entry, 2**31 - 1) - fixed) // per_window) * self.bcfg.stride
+    raise CapacityError(
+        f"BeaconLM(max_length={self.max_length}) needs a memory of {self.capacity} KV entries per "
+        f"layer and row ({need / 2**30:.1f} GiB for {batch} row{'s' if batch > 1 else ''}), "
+        f"more than this device holds ({have / 2**30:.1f} GiB)"
+        + (" or int32 positions index" if self.capacity >= 2**31 else "")
+        + f": lower max_length (at most about {max(fits, 0)} tokens here"
+        + (f" for {batch} rows" if batch > 1 else "") + ")")
 
   def init_state(self, batch: int) -> BeaconState:
     c = self.cfg
+    self.check_state_fits(batch)
     return empty_state(c.num_layers, batch, self.capacity, c.num_kv_heads, c.head_dim,
                        c.compute_dtype)
 

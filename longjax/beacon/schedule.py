@@ -22,6 +22,7 @@ cut): prefill's scan chunks, the loss plan's ``lax.scan`` runs and the decode lo
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -71,8 +72,9 @@ class Schedule:
   def __init__(self, bcfg: BeaconConfig, vocab_size: int, max_positions: int, *,
                max_length: int, decode_slots: int, memory_buckets: bool, memory_bucket_min: int,
                memory_bucket_steps: int, training: bool, ratio: Optional[int]):
-    if max_length < 1:
-      raise CapacityError(f"max_length must be >= 1, got {max_length}")
+    if (isinstance(max_length, (bool, np.bool_)) or not isinstance(max_length, numbers.Integral)
+        or max_length < 1):  # int() below would truncate 100.5 silently
+      raise CapacityError(f"max_length must be an integer >= 1, got {max_length!r}")
     if int(memory_bucket_steps) < 1:
       raise BeaconSetupError(f"memory_bucket_steps must be >= 1 (buckets per octave of memory size), "
                        f"got {memory_bucket_steps}: pass 1 for powers of two, 4 (the default) "
