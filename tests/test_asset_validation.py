@@ -125,7 +125,8 @@ def test_symlinked_single_file_or_settings_outside_are_refused(made, tmp_path):
 
 
 @pytest.mark.parametrize("index, words", [
-    ({"metadata": {}}, "no 'weight_map'"), ({"weight_map": [1, 2]}, "weight_map' that is a JSON list"),
+    ({"metadata": {}}, "no 'weight_map'"),
+    ({"weight_map": [1, 2]}, "weight_map' that is a JSON list"),
     ([1], "a JSON list, not an object"), ("{not json", "is not valid JSON")])
 def test_damaged_index_is_one_line(made, tmp_path, index, words):
   asset = _copy(made[1], tmp_path)
@@ -243,8 +244,8 @@ def test_overwrite_refuses_a_directory_that_is_not_an_asset(made, tmp_path):
   out = tmp_path / "out"
   out.mkdir()
   (out / "thesis.tex").write_text("years of work")
-  with pytest.raises(AssetError, match="is not a beacon asset .* --overwrite replaces only an "
-                                       "asset"):
+  with pytest.raises(AssetError, match="is not an asset of Activation Beacon .* --overwrite "
+                                       "replaces only an asset"):
     _save_beacon(made, out, overwrite=True)
   assert (out / "thesis.tex").read_text() == "years of work"
   assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # nothing else left behind

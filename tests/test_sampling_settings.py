@@ -1,8 +1,8 @@
-"""Sampling settings and ``generate`` arguments that cannot silently corrupt output: temperatures and
-top_p below their floors (which overflow / round to 0 in float32) are refused, the settings at the
-floors give the greedy tokens; the ``return_logits`` buffer is size-checked before the prefill;
-``stop_ids`` may be a jax.Array; a bad seed and a ``BeaconLM`` whose memory cannot fit are one
-line each, before anything runs."""
+"""Sampling settings and ``generate`` arguments that cannot silently corrupt output: temperatures
+and top_p below their floors (which overflow / round to 0 in float32) are refused, the settings
+at the floors give the greedy tokens; the ``return_logits`` buffer is size-checked before the
+prefill; ``stop_ids`` may be a jax.Array; a bad seed and a ``BeaconLM`` whose memory cannot fit
+are one line each, before anything runs."""
 from __future__ import annotations
 
 import importlib
@@ -78,7 +78,8 @@ def test_stop_ids_as_a_jax_array(plain):
   stop = free[3]
   want = generate(lm, params, [5, 6, 7], max_new_tokens=8, stop_ids=[stop]).tokens
   assert want[0][-1] == stop and len(want[0]) <= 4
-  assert generate(lm, params, [5, 6, 7], max_new_tokens=8, stop_ids=jnp.array([stop])).tokens == want
+  got = generate(lm, params, [5, 6, 7], max_new_tokens=8, stop_ids=jnp.array([stop])).tokens
+  assert got == want
   # the suggestion for a bare id is one that works
   with pytest.raises(GenerateError, match=rf"e\.g\. \[{stop}\] for one"):
     generate(lm, params, [5, 6, 7], max_new_tokens=8, stop_ids=stop)

@@ -62,7 +62,7 @@ def save_beacon_asset(out_dir, cfg, bcfg, params, *, base: str, dtype: str = "bf
                      "current directory")
   meta = dict(base=BASE_DIR if embed_base is not None else str(base),
               base_embedded=embed_base is not None, dtype=dtype, **bcfg.to_hf(), **(info or {}))
-  assets.check_replaceable(out_dir, overwrite, META, STEM, "beacon")
+  assets.check_replaceable(out_dir, overwrite, META, STEM, BEACON.title)
   meta[assets.BASE_WEIGHTS_KEY] = assets.base_fingerprint(params)  # checked by train.init_from
   assets.check_settings(meta, META, FIELDS)  # what the loader will accept, before any work
   with atomic_dir(out_dir, overwrite) as tmp:

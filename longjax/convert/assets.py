@@ -335,7 +335,7 @@ def check_replaceable(out_dir, overwrite: bool, meta_name: str, stem: str, title
   if out.is_dir() and (not any(out.iterdir()) or (
       (out / meta_name).is_file() and has_tensors(out, stem))):
     return
-  raise AssetError(f"{out} exists and is not a {title} asset (no {meta_name} with "
+  raise AssetError(f"{out} exists and is not an asset of {title} (no {meta_name} with "
                    f"{stem}.safetensors): --overwrite replaces only an asset, it would delete "
                    "these files; choose another output or remove it yourself")
 

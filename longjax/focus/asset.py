@@ -53,7 +53,7 @@ def save_focus_asset(out_dir, cfg, fcfg, params, *, base: str, dtype: str = "bfl
                      "name would load whatever model sits in the current directory")
   meta = dict(base=str(base), dtype=dtype, **fcfg.to_hf(), prompt_cap=fcfg.prompt_cap,
               min_len_threshold=fcfg.min_len_threshold, **(info or {}))
-  assets.check_replaceable(out_dir, overwrite, META, STEM, "FocusLLM")
+  assets.check_replaceable(out_dir, overwrite, META, STEM, FOCUS.title)
   meta[assets.BASE_WEIGHTS_KEY] = assets.base_fingerprint(params)  # checked by train.init_from
   assets.check_settings(meta, META, FIELDS)  # what the loader will accept, before any work
   with atomic_dir(out_dir, overwrite) as tmp:
