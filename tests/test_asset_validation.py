@@ -240,7 +240,7 @@ def _save_beacon(made, out, overwrite):
   return save_beacon_asset(out, cfg, bcfg, params, base=str(made[0]), overwrite=overwrite)
 
 
-def test_overwrite_refuses_a_directory_that_is_not_an_asset(made, tmp_path):
+def test_overwrite_refuses_a_directory_that_is_not_an_asset(made, tmp_path, capsys):
   out = tmp_path / "out"
   out.mkdir()
   (out / "thesis.tex").write_text("years of work")
@@ -249,6 +249,14 @@ def test_overwrite_refuses_a_directory_that_is_not_an_asset(made, tmp_path):
     _save_beacon(made, out, overwrite=True)
   assert (out / "thesis.tex").read_text() == "years of work"
   assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # nothing else left behind
+  # the export commands say so in one line, before reading the run
+  from longjax.beacon.asset import main as beacon_main
+  from longjax.focus.asset import main as focus_main
+  for main in (beacon_main, focus_main):
+    assert main(["--workdir", str(tmp_path / "no_run"), "--out", str(out), "--overwrite"]) == 1
+    err = capsys.readouterr().err
+    assert "is not an asset of" in err and len(err.strip().splitlines()) == 1, err
+  assert (out / "thesis.tex").read_text() == "years of work"
   # an asset (and an empty directory) is replaced
   shutil.rmtree(out)
   shutil.copytree(made[1], out)

@@ -171,6 +171,7 @@ def main(argv=None):
     import dataclasses
     from longjax.atomic_dir import check_output_apart
     check_output_apart(args.out, "--out", {"--workdir": args.workdir})
+    assets.check_replaceable(args.out, args.overwrite, META, STEM, BEACON.title)  # before loading
     if not (Path(args.workdir) / "config.json").exists():
       raise AssetError(f"{args.workdir} is not a train.py run directory (no config.json)")
     ratios = None

@@ -328,10 +328,13 @@ def check_replaceable(out_dir, overwrite: bool, meta_name: str, stem: str, title
   (``atomic_dir.restore_interrupted_swap``); ``overwrite`` replaces only an asset of this kind (or
   an empty directory), never a directory of unrelated files it would delete."""
   from longjax.atomic_dir import restore_interrupted_swap
+  from longjax.errors import PathExists
   out = Path(out_dir)
   restore_interrupted_swap(out)
-  if not overwrite or not (out.exists() or out.is_symlink()):
-    return  # atomic_dir refuses an existing output without overwrite
+  if not (out.exists() or out.is_symlink()):
+    return
+  if not overwrite:
+    raise PathExists(f"{out} exists; pass overwrite=True (--overwrite) to replace it")
   if out.is_dir() and (not any(out.iterdir()) or (
       (out / meta_name).is_file() and has_tensors(out, stem))):
     return

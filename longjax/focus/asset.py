@@ -129,6 +129,7 @@ def main(argv=None):
     from longjax.atomic_dir import check_output_apart
     from longjax import campaign
     check_output_apart(args.out, "--out", {"--workdir": args.workdir})
+    assets.check_replaceable(args.out, args.overwrite, META, STEM, FOCUS.title)  # before loading
     cfg, fcfg, params, step, base = params_from_workdir(args.workdir, args.step)
     save_focus_asset(args.out, cfg, fcfg, params, base=base,
                      info=dict(train_step=step, campaign=campaign.record(args.workdir, step)),
