@@ -353,7 +353,8 @@ def export_parser(prog: str, doc: str, run_kind: str):
                   help="that checkpoint (default: the newest readable one)")
   ap.add_argument("--out", required=True, metavar="DIR",
                   help="the asset directory to write (all or nothing)")
-  ap.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+  ap.add_argument("--overwrite", action="store_true",
+                  help="replace an existing --out (only an asset of this method is replaced)")
   ap.add_argument("--debug", action="store_true", help="show the traceback of an error")
   return ap
 
