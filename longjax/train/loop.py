@@ -267,8 +267,10 @@ def check_asset(c) -> dict:
     if not isinstance(meta, dict):
       raise ValueError(f"a JSON {type(meta).__name__}, not an object")
     assets.read_tensors(src, method.name)
-  except LongjaxError:
+  except TrainingError:
     raise
+  except LongjaxError as e:  # the asset checks' own line (a cut shard, NaN, a file outside it)
+    raise TrainingError(f"train.init_from={src}: {e}") from None
   except Exception as e:  # noqa: BLE001 -- a cut JSON, a truncated shard, in their own words
     raise _unreadable(src, e) from None
   return meta
