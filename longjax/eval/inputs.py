@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from longjax import method_names
 from longjax.eval.errors import EvalError
 
 # No released model holds 16M tokens of context; a document of that many ids is already ~0.5 GB
@@ -64,7 +65,6 @@ def check_output_dir(out: Path) -> None:
 
 
 def check_method_section(config, name: str) -> None:
-  from longjax import method_names
   section = method_names.entry(name).section
   if section is not None and getattr(config, section, None) is None:
     raise EvalError(f"config.eval.method={name!r} needs the config's {section!r} settings section, "
@@ -86,7 +86,7 @@ def check(config, tasks, out: Path, tag: str, method: str) -> None:
   check_int("model_max_length", e.model_max_length, 0, MAX_TOKENS)
   if "passkey" in tasks:
     p = e.passkey
-    if p.protocol == "beacon":
+    if p.protocol == method_names.BEACON.name:
       check_ints("passkey.lengths", p.lengths, 1, MAX_TOKENS)
       check_int("passkey.max_new_tokens", p.max_new_tokens, 1, MAX_TOKENS)
       check_int("passkey.seed", p.seed, 0, 2**63 - 1)

@@ -7,6 +7,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from longjax.eval.errors import EvalError
+
 
 def length_label(n: int) -> str:
   """1024 -> "1K", 1500 -> "1.5K", 300 -> "300" (axis ticks, table headers)."""
@@ -64,7 +66,7 @@ def heatmaps_figure(panels: Sequence[dict], lengths: Sequence[int], depths: Sequ
   from matplotlib.colors import LinearSegmentedColormap
 
   if not panels:
-    raise ValueError("heatmaps needs at least one panel")
+    raise EvalError("heatmaps needs at least one panel")
   cmap = LinearSegmentedColormap.from_list("rdylgn", ["#F0496E", "#EBB839", "#0CD79F"])
   cmap = cmap.with_extremes(bad="#DDDDDD")
   k = len(panels)
@@ -80,7 +82,7 @@ def heatmaps_figure(panels: Sequence[dict], lengths: Sequence[int], depths: Sequ
   for a, (ax, p) in enumerate(zip(axes, panels)):
     scores = np.asarray(p["scores"], np.float64)
     if scores.shape != (len(depths), len(lengths)):
-      raise ValueError(f"panel {p.get('title', a)!r}: scores of shape {scores.shape}, expected "
+      raise EvalError(f"panel {p.get('title', a)!r}: scores of shape {scores.shape}, expected "
                        f"{(len(depths), len(lengths))} (depths x lengths)")
     im = ax.imshow(np.ma.masked_invalid(scores), cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto",
                    interpolation="nearest")

@@ -265,7 +265,8 @@ def check_asset(c) -> dict:
   try:
     meta = json.loads(meta_path.read_text(encoding="utf-8"))
     if not isinstance(meta, dict):
-      raise ValueError(f"a JSON {type(meta).__name__}, not an object")
+      raise TrainingError(f"train.init_from={src}: the asset cannot be read ({meta_path.name} "
+                          f"holds a JSON {type(meta).__name__}, not an object); export it again")
     assets.read_tensors(src, method.name)
   except TrainingError:
     raise
