@@ -26,14 +26,9 @@ re-reads every chunk at each decoded token, takes half of it).
   python scripts/smollm2_passkey.py --lengths 1024 --depths 50 --methods full,beacon  # a quick look
 """
 import json
-import os
 import sys
 import time
 from pathlib import Path
-
-# transformers is used for the tokenizer only: its "PyTorch was not found. Models won't be
-# available" advice is noise here (torch is not needed).
-os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 

@@ -331,29 +331,172 @@ def _expected_tensor_names(config: dict) -> set:
   return names | {v.format(i=i) for v in per_layer for i in range(config["num_hidden_layers"])}
 
 
-def write_tokenizer(reader, gguf_file: Path, out_dir: Path, config: dict):
-  """tokenizer.json / tokenizer_config.json (with the chat template) via transformers' GGUF
-  tokenizer conversion, so ``AutoTokenizer.from_pretrained(out_dir)`` works offline."""
-  from transformers import AutoTokenizer
+# GGUF token types (llama.cpp's llama_token_type): CONTROL tokens are special (kept whole, skipped
+# by decode(skip_special_tokens=True)); USER_DEFINED ones are kept whole but are ordinary text.
+_CONTROL, _USER_DEFINED = 3, 4
+
+
+def _byte_alphabet() -> dict:
+  """GPT-2's byte -> printable character table: byte-level BPE vocabularies spell every byte with
+  one of these 256 characters (the printable Latin-1 bytes as themselves, the rest shifted to
+  U+0100 onwards)."""
+  keep = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
+  table, extra = {}, 0
+  for b in range(256):
+    if b in keep:
+      table[b] = chr(b)
+    else:
+      table[b] = chr(256 + extra)
+      extra += 1
+  return table
+
+
+def _pre_tokenizer_split(pre: str | None):
+  """The split pattern transformers' GGUF tokenizer reader uses for ``tokenizer.ggml.pre`` (None:
+  GPT-2's byte-level pattern). Read from transformers' table (a torch-free module) so that the
+  converted tokenizer stays the one transformers builds from the same file."""
   try:
-    tok = AutoTokenizer.from_pretrained(str(gguf_file.parent), gguf_file=gguf_file.name,
-                                        local_files_only=True, trust_remote_code=False)
-  except Exception as e:  # noqa: BLE001
-    raise GGUFError(f"cannot read the tokenizer of {gguf_file.name}: {type(e).__name__}: {e}") \
-        from None
-  tok.save_pretrained(str(out_dir))
-  # Readable by transformers 4.x too (the official beacon / FocusLLM code pins 4.39 / 4.36): a
-  # class every version knows, the chat template inline, and the GGUF's own BOS rule.
-  path = out_dir / "tokenizer_config.json"
-  tc = json.loads(path.read_text())
-  for key in ("is_local", "local_files_only", "backend"):
-    tc.pop(key, None)
+    from transformers.integrations.gguf.gguf_tokenizer_mapping import GGUF_PRE_TOKENIZER_SPLITS
+  except ImportError as e:
+    raise GGUFError(f"cannot read transformers' GGUF pre-tokenizer table ({e}); install the "
+                    "pinned transformers: pip install -r requirements.txt") from None
+  return GGUF_PRE_TOKENIZER_SPLITS.get(pre)
+
+
+def _tokenizer_fields(reader) -> dict:
+  """The tokenizer's GGUF metadata (``tokenizer.ggml.*`` without the prefix)."""
+  out = {}
+  for key in reader.fields:
+    if key.startswith("tokenizer.ggml."):
+      out[key[len("tokenizer.ggml."):]] = _field(reader, key)
+  if not out.get("tokens"):
+    raise GGUFError("GGUF metadata lacks tokenizer.ggml.tokens: the file carries no tokenizer")
+  return out
+
+
+def _byte_level_bpe(meta: dict):
+  """A byte-level BPE ``tokenizers.Tokenizer`` (GGUF tokenizer model ``gpt2``: SmolLM2, Qwen2,
+  LLaMA 3), laid out as transformers' GGUF reader lays it out: BPE without unk token, GPT-2's
+  byte-level pre-tokenizer (or the split pattern of ``tokenizer.ggml.pre``) and decoder."""
+  from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+  spelling = _byte_alphabet()
+  alphabet = set(spelling.values())
+  vocab = {}
+  for i, token in enumerate(meta["tokens"]):
+    # a token written as plain text (some converters do) is respelled in the byte alphabet
+    vocab[token if set(token) <= alphabet else
+          "".join(spelling[b] for b in token.encode("utf-8"))] = i
+  merges = []
+  for m in meta.get("merges") or ():
+    pair = tuple(m.split(" "))
+    if len(pair) != 2:
+      raise GGUFError(f"GGUF merge {m!r} is not two tokens separated by one space: the file is "
+                      "corrupt")
+    merges.append(pair)
+  tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, dropout=None, continuing_subword_prefix="",
+                             end_of_word_suffix="", fuse_unk=False))
+  split = _pre_tokenizer_split(meta.get("pre"))
+  if split is None:
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  else:
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(split), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+  tok.decoder = decoders.ByteLevel()
+  return tok, alphabet
+
+
+def _other_tokenizer(arch: str, meta: dict):
+  """Any other GGUF tokenizer model (sentencepiece ``llama``, ``t5``...): transformers' own
+  builders, fed with the metadata read here (its GGUF file reader is the part that needs torch)."""
+  try:
+    from transformers.integrations.gguf import gguf_tokenizer_mapping as m
+  except ImportError as e:
+    raise GGUFError(f"cannot load transformers' GGUF tokenizer builders ({e}); install the "
+                    "pinned transformers: pip install -r requirements.txt") from None
+  renames = m.GGUF_TOKENIZER_MAPPING["tokenizer"]
+  tokenizer_dict = {renames[f"ggml.{k}"]: v for k, v in meta.items() if f"ggml.{k}" in renames}
+  try:
+    builder = m.select_tokenizer_builder(arch, meta.get("model"))
+    built = m.set_split_regex(m.add_gguf_special_tokens(builder(tokenizer_dict), tokenizer_dict),
+                              tokenizer_dict)
+  except Exception as e:  # noqa: BLE001 -- the builders raise bare ValueError/KeyError/...
+    raise GGUFError(f"cannot build the GGUF's {meta.get('model')!r} tokenizer: "
+                    f"{type(e).__name__}: {e}") from None
+  return built.backend_tokenizer, None
+
+
+def build_tokenizer(reader) -> tuple:
+  """``(tokenizers.Tokenizer, tokenizer_config dict)`` from the GGUF's metadata, without torch.
+
+  Byte-level BPE (tokenizer model ``gpt2``) is built here with ``tokenizers``; other tokenizer
+  models go through transformers' torch-free builders. Either way the result is the tokenizer
+  ``AutoTokenizer.from_pretrained(dir, gguf_file=...)`` gives (tests/test_gguf.py checks it): the
+  file's CONTROL tokens special, its USER_DEFINED tokens whole, the BOS / EOS rule of
+  ``tokenizer.ggml.add_bos_token`` / ``add_eos_token``."""
+  from tokenizers import AddedToken, processors
+  arch = _field(reader, "general.architecture")
+  meta = _tokenizer_fields(reader)
+  tokens = meta["tokens"]
+  if meta.get("model") == "gpt2":
+    tok, alphabet = _byte_level_bpe(meta)
+    types = meta.get("token_type") or ()
+    # a CONTROL token spelled outside the byte alphabet is a mislabel (it could never be produced
+    # by the vocabulary); transformers skips it too, so the vocabulary keeps the model's size
+    tok.add_special_tokens([AddedToken(t, normalized=False, special=True)
+                            for t, k in zip(tokens, types) if k == _CONTROL and set(t) <= alphabet])
+    vocab = tok.get_vocab()
+    tok.add_tokens([AddedToken(t, normalized=False, special=False)
+                    for t, k in zip(tokens, types) if k == _USER_DEFINED and t in vocab])
+  else:
+    tok, _ = _other_tokenizer(arch, meta)
+
+  def token(key):
+    i = meta.get(key)
+    if i is None:
+      return None
+    if not 0 <= int(i) < len(tokens):
+      raise GGUFError(f"GGUF metadata tokenizer.ggml.{key} is {int(i)}, outside the vocabulary of "
+                      f"{len(tokens)} tokens: the file is corrupt")
+    return tokens[int(i)]
+
+  specials = {"bos_token": token("bos_token_id"), "eos_token": token("eos_token_id"),
+              "unk_token": token("unknown_token_id"), "pad_token": token("padding_token_id")}
+  present = [t for t in specials.values() if t is not None]
+  tok.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in present])
+  # llama.cpp adds BOS to a sentencepiece vocabulary that does not say otherwise
+  add_bos = bool(meta.get("add_bos_token", meta.get("model") == "llama"))
+  add_eos = bool(meta.get("add_eos_token", False))
+  add_bos = add_bos and specials["bos_token"] is not None
+  add_eos = add_eos and specials["eos_token"] is not None
+  bos, eos = specials["bos_token"], specials["eos_token"]
+  single = " ".join([*([f"{bos}:0"] if add_bos else []), "$A:0", *([f"{eos}:0"] if add_eos else [])])
+  pair = " ".join([single, *([f"{bos}:1"] if add_bos else []), "$B:1",
+                   *([f"{eos}:1"] if add_eos else [])])
+  ids = [(t, tok.token_to_id(t)) for t, on in ((bos, add_bos), (eos, add_eos)) if on]
+  tok.post_processor = processors.TemplateProcessing(single=single, pair=pair, special_tokens=ids)
+  config = {k: v for k, v in specials.items() if v is not None}
+  config.update(tokenizer_class="PreTrainedTokenizerFast", add_bos_token=add_bos)
+  if add_eos:
+    config["add_eos_token"] = True
+  return tok, config
+
+
+def write_tokenizer(reader, out_dir: Path, config: dict):
+  """tokenizer.json / tokenizer_config.json (with the chat template) / chat_template.jinja /
+  generation_config.json built from the GGUF's metadata with ``tokenizers`` alone (no torch, no
+  download), so ``AutoTokenizer.from_pretrained(out_dir)`` works offline. The config is readable
+  by transformers 4.x too (the official beacon / FocusLLM code pins 4.39 / 4.36): a class every
+  version knows, the chat template inline, and the GGUF's own BOS rule."""
+  tok, tc = build_tokenizer(reader)
+  tok.save(str(out_dir / "tokenizer.json"))
+  tc["model_max_length"] = config["max_position_embeddings"]
   template = _field(reader, "tokenizer.chat_template")
-  tc.update(tokenizer_class="PreTrainedTokenizerFast", model_max_length=config["max_position_embeddings"],
-            add_bos_token=bool(_field(reader, "tokenizer.ggml.add_bos_token", False)))
   if template:
     tc["chat_template"] = template
-  path.write_text(json.dumps(tc, indent=2, ensure_ascii=False))
+    (out_dir / "chat_template.jinja").write_text(template, encoding="utf-8")
+  (out_dir / "tokenizer_config.json").write_text(json.dumps(tc, indent=2, ensure_ascii=False),
+                                                 encoding="utf-8")
   gen = {"bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"]}
   if config.get("pad_token_id") is not None:
     gen["pad_token_id"] = config["pad_token_id"]
@@ -394,4 +537,4 @@ def _convert(path, out_dir: Path, overwrite: bool, sha256=None):
       save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
       del tensors
       (tmp / "config.json").write_text(json.dumps(config, indent=2))
-      write_tokenizer(reader, file, tmp, config)
+      write_tokenizer(reader, tmp, config)
