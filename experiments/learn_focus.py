@@ -82,9 +82,9 @@ class Focus:
 
 
 def _tok():
-  from transformers import AutoTokenizer
   from longjax.data.tokenizers import Tokenizer
   from longjax.models import smollm2
+  from transformers import AutoTokenizer  # after longjax (it quiets transformers' torch notice)
   return Tokenizer(AutoTokenizer.from_pretrained(smollm2.get(), trust_remote_code=False))
 
 

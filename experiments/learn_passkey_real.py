@@ -121,9 +121,9 @@ class Models:
   """The frozen base and the beacon variants, built on first use (compiles are cached per shape)."""
 
   def __init__(self, args):
-    from transformers import AutoTokenizer
     from longjax.data.tokenizers import Tokenizer
     from longjax.models import smollm2
+    from transformers import AutoTokenizer  # after longjax (it quiets transformers' torch notice)
     self.args = args
     self.hf_dir = smollm2.get()
     self.tok = Tokenizer(AutoTokenizer.from_pretrained(self.hf_dir, trust_remote_code=False))

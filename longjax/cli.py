@@ -1,7 +1,8 @@
-"""What the command-line entry points share: a known failure (:class:`LongjaxError`, or the
-OSError of a bad path) ends as one line on stderr and exit status 1; ``--debug`` shows the
-traceback instead. :func:`parser` gives every argparse entry point the same help layout (its
-``python ...`` name, example lines kept as written, every option's default shown).
+"""What the command-line entry points share: a known failure (:class:`LongjaxError`, the OSError
+of a bad path, or a Python package that is not installed) ends as one line on stderr and exit
+status 1; ``--debug`` shows the traceback instead. :func:`parser` gives every argparse entry point
+the same help layout (its ``python ...`` name, example lines kept as written, every option's
+default shown).
 
 train.py and eval.py take ml_collections configs through absl flags; :func:`absl_flags_parser`
 checks the ``--config`` file and every ``--config.a.b=...`` override against the config's keys
@@ -16,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Iterable, List, Optional
 
-from longjax.errors import LongjaxError, one_line
+from longjax.errors import LongjaxError, missing_dependency, one_line
 
 KNOWN = (LongjaxError, OSError)
 
@@ -72,6 +73,12 @@ def run(prog: str, fn: Callable[[], Optional[int]], *, debug: bool = False,
     if debug:
       raise
     print(error_line(prog, e), file=sys.stderr)
+    return 1
+  except ModuleNotFoundError as e:  # a package not installed: name it and the install command
+    missing = missing_dependency(e)
+    if debug or missing is None:  # one of longjax's own modules: a bug, with its traceback
+      raise
+    print(error_line(prog, missing), file=sys.stderr)
     return 1
 
 

@@ -47,3 +47,40 @@ def write_failed(path, e: BaseException) -> CheckpointWriteError:
   msg = " ".join(str(e).split())[:300] or type(e).__name__
   return CheckpointWriteError(f"cannot write {path} ({type(e).__name__}: {msg}); nothing was "
                               "written: free some space (or choose another output) and run again")
+
+
+class MissingDependency(LongjaxError, ImportError):
+  """A Python package a feature needs is not installed (the message names it and how to get it)."""
+
+
+# import name -> (pip package, the requirements file that pins it). Runtime packages are all in
+# requirements.txt; torch and accelerate are test-only references, libtpu the compile-only TPU extra.
+PACKAGES = {
+    "torch": ("torch", "requirements-test.txt"),
+    "accelerate": ("accelerate", "requirements-test.txt"),
+    "pytest": ("pytest", "requirements-test.txt"),
+    "libtpu": ("libtpu", "requirements-tpu.txt"),
+    "tensorflow_datasets": ("tensorflow-datasets", "requirements.txt"),
+    "array_record": ("array-record", "requirements.txt"),
+    "ml_collections": ("ml-collections", "requirements.txt"),
+    "absl": ("absl-py", "requirements.txt"),
+    "orbax": ("orbax-checkpoint", "requirements.txt"),
+    "huggingface_hub": ("huggingface-hub", "requirements.txt"),
+    **{m: (m, "requirements.txt") for m in (
+        "jax", "jaxlib", "flax", "optax", "chex", "safetensors", "numpy", "transformers",
+        "tokenizers", "grain", "gguf", "flatbuffers", "jinja2", "tqdm", "matplotlib")},
+}
+
+
+def missing_dependency(e: ModuleNotFoundError, what: str = "") -> MissingDependency | None:
+  """The one-line error for a package that is not installed: its pip name and the install
+  command (the requirements file that pins it). None when ``e`` is about longjax's own modules
+  (a bug, not a missing package)."""
+  top = (getattr(e, "name", None) or "").split(".")[0]
+  if not top or top == "longjax":
+    return None
+  package, pinned_in = PACKAGES.get(top, (top.replace("_", "-"), None))
+  how = (f"pip install -r {pinned_in} (it pins {package})" if pinned_in
+         else f"pip install {package}")
+  need = f" ({what} needs it)" if what else ""
+  return MissingDependency(f"the Python package '{package}' is not installed{need}: {how}")

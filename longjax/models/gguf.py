@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from longjax.atomic_dir import atomic_dir
-from longjax.errors import LongjaxError, PathExists
+from longjax.errors import LongjaxError, PathExists, missing_dependency
 
 
 class GGUFError(LongjaxError, ValueError):
@@ -166,8 +166,8 @@ def gguf_path(path, sha256: str | None = None):
 def _reader(path: Path):
   try:
     import gguf
-  except ImportError:
-    raise GGUFError("reading GGUF needs the 'gguf' package: pip install gguf") from None
+  except ModuleNotFoundError as e:
+    raise missing_dependency(e, "reading a GGUF file") from None
   try:
     return gguf.GGUFReader(str(path))
   except Exception as e:  # noqa: BLE001 -- the reader raises bare ValueError/IndexError/...
@@ -470,7 +470,8 @@ def build_tokenizer(reader) -> tuple:
   add_bos = add_bos and specials["bos_token"] is not None
   add_eos = add_eos and specials["eos_token"] is not None
   bos, eos = specials["bos_token"], specials["eos_token"]
-  single = " ".join([*([f"{bos}:0"] if add_bos else []), "$A:0", *([f"{eos}:0"] if add_eos else [])])
+  single = " ".join([*([f"{bos}:0"] if add_bos else []), "$A:0",
+                     *([f"{eos}:0"] if add_eos else [])])
   pair = " ".join([single, *([f"{bos}:1"] if add_bos else []), "$B:1",
                    *([f"{eos}:1"] if add_eos else [])])
   ids = [(t, tok.token_to_id(t)) for t, on in ((bos, add_bos), (eos, add_eos)) if on]
