@@ -3,8 +3,9 @@
 A GGUF file holds the weights (often block-quantised), the architecture in metadata keys and the
 tokenizer. :func:`gguf_to_hf` writes an ordinary HF directory from it — fp32 ``model.safetensors``
 (dequantised with the format's own reader, ``gguf.quants``), ``config.json``,
-``generation_config.json`` and the tokenizer files — so everything else (``load_hf``,
-``AutoTokenizer``, transformers) reads it like any HF checkpoint.
+``generation_config.json`` and the tokenizer files, built from the GGUF's tokenizer metadata with
+``tokenizers`` (:func:`build_tokenizer`; no torch, which transformers' own GGUF reader needs) — so
+everything else (``load_hf``, ``AutoTokenizer``, transformers) reads it like any HF checkpoint.
 
 llama.cpp's converter permutes the rows of LLaMA's q/k projections (HF's rotate-half RoPE layout ->
 GGML's interleaved pairs); :func:`unpermute_qk` undoes it. Qwen2 GGUFs are written unpermuted.
