@@ -83,9 +83,7 @@ def asset_base(asset_dir: Path, method, base: Optional[str]) -> str:
 
 def tokenizer_of(model_dir: str):
   """The tokenizer a model directory comes with (``longjax.data.tokenizers.Tokenizer``)."""
-  import os
-  # transformers is used for the tokenizer only: its "PyTorch was not found" advice is noise here
-  os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+  # (transformers' "PyTorch was not found" advice is dropped once, in longjax/__init__)
   from longjax.data.tokenizers import get_tokenizer, own_tokenizer
   spec = own_tokenizer(str(model_dir))
   if not spec:
