@@ -15,11 +15,10 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-import numpy as np
 
 from longjax.atomic_dir import atomic_dir
 from longjax import campaign
-from longjax.convert import assets
+from longjax.convert import assets, lowrank
 from longjax.convert.assets import BASE_DIR, AssetError  # noqa: F401  (re-exported)
 from longjax.method_names import BEACON
 
@@ -43,17 +42,14 @@ def _is_beacon(name: str) -> bool:
 
 def save_beacon_asset(out_dir, cfg, bcfg, params, *, base: str, dtype: str = "bfloat16",
                       info: Optional[dict] = None, overwrite: bool = False,
-                      embed_base=None) -> Path:
+                      embed_base=None, rank: Optional[int] = None) -> Path:
   """Write the beacon tensors of ``params`` (official HF names) and the settings.
 
   ``base`` names the model the asset loads on (a directory or ``smollm2``); ``embed_base`` (a
   longjax or HF checkpoint directory) is copied into the asset as ``base/`` instead, for a base
-  that has no name elsewhere (the tiny one a run pretrains). An asset always has one of them."""
-  import ml_dtypes
-  from longjax.convert.hf import hf_tensors
-  np_dtype = {"bfloat16": ml_dtypes.bfloat16, "float32": np.float32}[dtype]
-  tensors = {n: np.ascontiguousarray(v.astype(np_dtype)) for n, v in hf_tensors(cfg, params)
-             if _is_beacon(n)}
+  that has no name elsewhere (the tiny one a run pretrains). An asset always has one of them.
+  ``rank``: the trained matrices as rank-``rank`` deltas from the base (convert/lowrank.py)."""
+  tensors, lowrank_entry = lowrank.stored_tensors(cfg, params, _is_beacon, rank, dtype)
   if not tensors:
     raise AssetError("these params hold no beacon tensors")
   if embed_base is None and not str(base or "").strip():
@@ -62,6 +58,8 @@ def save_beacon_asset(out_dir, cfg, bcfg, params, *, base: str, dtype: str = "bf
                      "current directory")
   meta = dict(base=BASE_DIR if embed_base is not None else str(base),
               base_embedded=embed_base is not None, dtype=dtype, **bcfg.to_hf(), **(info or {}))
+  if lowrank_entry is not None:
+    meta[lowrank.KEY] = lowrank_entry
   assets.check_replaceable(out_dir, overwrite, META, STEM, BEACON.title)
   meta[assets.BASE_WEIGHTS_KEY] = assets.base_fingerprint(params)  # checked by train.init_from
   assets.check_settings(meta, META, FIELDS)  # what the loader will accept, before any work
@@ -109,8 +107,10 @@ def load_beacon_asset(asset_dir, base_dir: Optional[str] = None):
   assets.check_settings(meta, asset_dir / META, FIELDS)
   bcfg = BeaconConfig.from_hf(meta)
   tensors = assets.read_tensors(asset_dir, STEM, meta.get("dtype"))  # before the (slow) base
-  cfg, bcfg, params = load_beacon(base_of(asset_dir, meta, base_dir), init="official", beacon=bcfg,
-                                  param_dtype="float32")
+  base = base_of(asset_dir, meta, base_dir)
+  cfg, bcfg, params = load_beacon(base, init="official", beacon=bcfg, param_dtype="float32")
+  tensors = lowrank.expand(tensors, meta.get(lowrank.KEY), lowrank.base_reader(base),
+                           str(asset_dir))
   assets.set_tensors(cfg, params, tensors, str(asset_dir / TENSORS), expected=_is_beacon)
   return cfg, bcfg, params
 
@@ -190,7 +190,7 @@ def main(argv=None):
     embed = None if str(base or "").strip() else Path(args.workdir) / "base"
     save_beacon_asset(args.out, cfg, bcfg, params, base=base, info=dict(train_step=step,
                                 campaign=campaign.record(args.workdir, step)),
-                      overwrite=args.overwrite, embed_base=embed)
+                      overwrite=args.overwrite, embed_base=embed, rank=args.rank or None)
     print(f"wrote {args.out} (step {step})")
   from longjax import cli
   return cli.run(PROG, export, debug=args.debug)

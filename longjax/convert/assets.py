@@ -204,7 +204,8 @@ FIELD_KINDS = {
 # Fields every method's settings JSON may hold (the base, the tensors' dtype, the export's record);
 # a method's loader adds its own (``check_settings(fields=...)``).
 COMMON_FIELDS = {"base": "str", "base_embedded": "bool", "dtype": "dtype", "train_step": "int",
-                 "campaign": "object", BASE_WEIGHTS_KEY: "str"}
+                 "campaign": "object", BASE_WEIGHTS_KEY: "str",
+                 "lowrank": "object"}  # lowrank.KEY: its content is checked by lowrank.expand
 
 
 def check_settings(meta: dict, path, fields: dict) -> None:
@@ -343,8 +344,9 @@ def check_replaceable(out_dir, overwrite: bool, meta_name: str, stem: str, title
                    "these files; choose another output or remove it yourself")
 
 
-def export_parser(prog: str, doc: str, run_kind: str):
-  """The command line of an asset export (``prog``: ``python -m longjax.<method>.asset``)."""
+def export_parser(prog: str, doc: str, run_kind: str, rank: int = 0):
+  """The command line of an asset export (``prog``: ``python -m longjax.<method>.asset``); ``rank``:
+  the default of ``--rank`` (0: whole tensors)."""
   from longjax import cli
   ap = cli.parser(prog, doc)
   ap.add_argument("--workdir", required=True, metavar="DIR",
@@ -355,6 +357,9 @@ def export_parser(prog: str, doc: str, run_kind: str):
                   help="the asset directory to write (all or nothing)")
   ap.add_argument("--overwrite", action="store_true",
                   help="replace an existing --out (only an asset of this method is replaced)")
+  ap.add_argument("--rank", type=int, default=rank, metavar="N",
+                  help="store the trained matrices as rank-N deltas from the base projections "
+                       f"they started as (convert/lowrank.py); 0: whole tensors (default {rank})")
   ap.add_argument("--debug", action="store_true", help="show the traceback of an error")
   return ap
 

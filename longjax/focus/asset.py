@@ -15,10 +15,9 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-import numpy as np
 
 from longjax.atomic_dir import atomic_dir
-from longjax.convert import assets
+from longjax.convert import assets, lowrank
 from longjax.convert.assets import AssetError
 from longjax.method_names import FOCUS
 
@@ -37,15 +36,13 @@ def _is_candidate(name: str) -> bool:
 
 def save_focus_asset(out_dir, cfg, fcfg, params, *, base: str, dtype: str = "bfloat16",
                      info: Optional[dict] = None, overwrite: bool = False,
-                     max_file_bytes: int = assets.MAX_FILE_BYTES) -> Path:
+                     max_file_bytes: int = assets.MAX_FILE_BYTES,
+                     rank: Optional[int] = None) -> Path:
   """Write the candidate tensors of ``params`` (official HF names) and the settings; ``base``
   names the model the asset loads on (a directory or ``smollm2``); files of at most
-  ``max_file_bytes`` each."""
-  import ml_dtypes
-  from longjax.convert.hf import hf_tensors
-  np_dtype = {"bfloat16": ml_dtypes.bfloat16, "float32": np.float32}[dtype]
-  tensors = {n: np.ascontiguousarray(v.astype(np_dtype)) for n, v in hf_tensors(cfg, params)
-             if _is_candidate(n)}
+  ``max_file_bytes`` each; ``rank``: the candidates as rank-``rank`` deltas from the base's
+  q/k/v/o (convert/lowrank.py)."""
+  tensors, lowrank_entry = lowrank.stored_tensors(cfg, params, _is_candidate, rank, dtype)
   if not tensors:
     raise AssetError("these params hold no FocusLLM candidate projections")
   if not str(base or "").strip():
@@ -53,6 +50,8 @@ def save_focus_asset(out_dir, cfg, fcfg, params, *, base: str, dtype: str = "bfl
                      "name would load whatever model sits in the current directory")
   meta = dict(base=str(base), dtype=dtype, **fcfg.to_hf(), prompt_cap=fcfg.prompt_cap,
               min_len_threshold=fcfg.min_len_threshold, **(info or {}))
+  if lowrank_entry is not None:
+    meta[lowrank.KEY] = lowrank_entry
   assets.check_replaceable(out_dir, overwrite, META, STEM, FOCUS.title)
   meta[assets.BASE_WEIGHTS_KEY] = assets.base_fingerprint(params)  # checked by train.init_from
   assets.check_settings(meta, META, FIELDS)  # what the loader will accept, before any work
@@ -87,6 +86,8 @@ def load_focus_asset(asset_dir, base_dir: Optional[str] = None):
   tensors = assets.read_tensors(asset_dir, STEM, meta.get("dtype"))  # before the (slow) base
   base = assets.base_of(asset_dir, meta, META, base_dir)
   cfg, fcfg, params = focus_from_llama(base, _settings(meta, base), param_dtype="float32")
+  tensors = lowrank.expand(tensors, meta.get(lowrank.KEY), lowrank.base_reader(base),
+                           str(asset_dir))
   assets.set_tensors(cfg, params, tensors, str(asset_dir), expected=_is_candidate)
   return cfg, fcfg, params
 
@@ -118,7 +119,7 @@ PROG = "python -m longjax.focus.asset"
 
 
 def build_parser():
-  return assets.export_parser(PROG, __doc__, FOCUS.title)
+  return assets.export_parser(PROG, __doc__, FOCUS.title, rank=lowrank.DEFAULT_RANK)
 
 
 def main(argv=None):
@@ -133,7 +134,7 @@ def main(argv=None):
     cfg, fcfg, params, step, base = params_from_workdir(args.workdir, args.step)
     save_focus_asset(args.out, cfg, fcfg, params, base=base,
                      info=dict(train_step=step, campaign=campaign.record(args.workdir, step)),
-                     overwrite=args.overwrite)
+                     overwrite=args.overwrite, rank=args.rank or None)
     print(f"wrote {args.out} (step {step})")
   from longjax import cli
   return cli.run(PROG, export, debug=args.debug)

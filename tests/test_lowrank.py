@@ -1,0 +1,122 @@
+"""Trained projections stored as low-rank deltas from the base (longjax/convert/lowrank.py): the
+codec against the Eckart-Young error of a truncated SVD, the loaders on low-rank and full-tensor
+assets, and the committed SmolLM2 assets."""
+import json
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from hf_models import save_tiny
+from longjax.beacon import BeaconConfig, load_beacon
+from longjax.beacon.asset import load_beacon_asset, save_beacon_asset
+from longjax.convert import lowrank
+from longjax.convert.assets import AssetError
+
+NAME = "model.layers.0.self_attn.beacon_q_proj.weight"
+REF = "model.layers.0.self_attn.q_proj.weight"
+
+
+def _matrices(rank_of_delta=None, seed=0):
+  rng = np.random.default_rng(seed)
+  base = rng.normal(0, 1, (48, 40)).astype(np.float32)
+  if rank_of_delta is None:
+    delta = rng.normal(0, 0.1, (48, 40))
+  else:
+    delta = rng.normal(0, 0.3, (48, rank_of_delta)) @ rng.normal(0, 0.3, (rank_of_delta, 40))
+  return base, (base + delta).astype(np.float32)
+
+
+def test_codec_error_is_the_truncated_spectrum():
+  """fp32 factors: the reconstruction error is exactly the energy of the dropped singular values
+  (Eckart-Young), and a delta of rank <= r comes back exactly; bf16 factors stay within bf16
+  rounding of that; tensors with no base projection are stored as they are."""
+  base, trained = _matrices()
+  emb = np.arange(6, dtype=np.float32).reshape(1, 6)
+  tensors = {NAME: trained, "model.beacon_embed_tokens.weight": emb}
+  s = np.linalg.svd(trained.astype(np.float64) - base, compute_uv=False)
+  for r in (4, 12):
+    stored, entry = lowrank.compress(tensors, {REF: base}, r, "float32")
+    assert stored[NAME + lowrank.U_SUFFIX].shape == (48, r)
+    assert stored[NAME + lowrank.V_SUFFIX].shape == (40, r)
+    np.testing.assert_array_equal(stored["model.beacon_embed_tokens.weight"], emb)
+    assert entry["rank"] == r and entry["energy_kept"] == pytest.approx(
+        (s[:r] ** 2).sum() / (s ** 2).sum(), abs=1e-4)
+    full = lowrank.expand(stored, entry, {REF: base}, "t")
+    err = np.linalg.norm(full[NAME].astype(np.float64) - trained)
+    assert err == pytest.approx(np.sqrt((s[r:] ** 2).sum()), rel=1e-4)
+
+  base, trained = _matrices(rank_of_delta=3)
+  stored, entry = lowrank.compress({NAME: trained}, {REF: base}, 3, "float32")
+  np.testing.assert_allclose(lowrank.expand(stored, entry, {REF: base}, "t")[NAME], trained,
+                             atol=2e-6)
+  stored, entry = lowrank.compress({NAME: trained}, {REF: base}, 3, "bfloat16")
+  assert stored[NAME + lowrank.U_SUFFIX].dtype == ml_dtypes.bfloat16
+  got = lowrank.expand(stored, entry, {REF: base}, "t")[NAME]
+  delta = trained - base
+  assert np.abs(got - trained).max() < 2 ** -7 * np.abs(delta).max()
+
+
+def test_codec_refuses_what_it_cannot_reconstruct():
+  base, trained = _matrices()
+  stored, entry = lowrank.compress({NAME: trained}, {REF: base}, 4)
+  assert lowrank.expand({NAME: trained}, None, {}, "t") == {NAME: trained}  # full-tensor asset
+  with pytest.raises(AssetError, match="no 'lowrank' entry"):
+    lowrank.expand(stored, None, {REF: base}, "t")
+  with pytest.raises(AssetError, match="fingerprint"):
+    lowrank.expand(stored, entry, {REF: base + 1e-3}, "t")
+  with pytest.raises(AssetError, match="without"):
+    lowrank.expand({NAME + lowrank.U_SUFFIX: stored[NAME + lowrank.U_SUFFIX]}, entry,
+                   {REF: base}, "t")
+  with pytest.raises(AssetError, match="do not make"):
+    lowrank.expand(stored, entry, {REF: base[:, :30]}, "t")
+  with pytest.raises(AssetError, match="base model has no"):
+    lowrank.expand(stored, entry, {}, "t")
+  with pytest.raises(AssetError, match="format-1"):
+    lowrank.expand(stored, dict(entry, format=2), {REF: base}, "t")
+
+
+def _trained_beacon(tmp_path):
+  _, base = save_tiny(tmp_path, "llama2")
+  bcfg = BeaconConfig(window=32, stride=32, ratios=(4,), param=("q", "k", "v", "o"))
+  cfg, bcfg, params = load_beacon(base, init="official", beacon=bcfg, param_dtype="float32")
+  rng = np.random.default_rng(0)  # "training": a rank-2 move of every beacon matrix
+  attn = params["layers"]["attn"]
+  for p in "qkvo":  # kernels (layers, in..., out...): o's input is (heads, head_dim)
+    k = np.asarray(attn[f"alt_{p}_proj"]["kernel"])
+    m = k.reshape(k.shape[0], -1, k.shape[-1]) if p == "o" else k.reshape(*k.shape[:2], -1)
+    move = (rng.normal(0, 0.2, (m.shape[0], m.shape[1], 2))
+            @ rng.normal(0, 0.2, (m.shape[0], 2, m.shape[2])))
+    attn[f"alt_{p}_proj"]["kernel"] = k + move.reshape(k.shape).astype(np.float32)
+  return base, cfg, bcfg, params
+
+
+def test_low_rank_and_full_assets_load_the_same(tmp_path):
+  """A rank-4 asset of a rank-2 move reconstructs the trained tensors within bf16 rounding of the
+  delta, as the full-tensor (earlier format) asset of the same params loads; on another base
+  of the same shapes it is refused by the fingerprint."""
+  base, cfg, bcfg, params = _trained_beacon(tmp_path)
+  small = save_beacon_asset(tmp_path / "small", cfg, bcfg, params, base=str(base), rank=4)
+  full = save_beacon_asset(tmp_path / "full", cfg, bcfg, params, base=str(base))
+  meta = json.loads((small / "beacon.json").read_text())
+  assert meta["lowrank"]["rank"] == 4 and "lowrank" not in json.loads(
+      (full / "beacon.json").read_text())
+  assert (small / "beacon.safetensors").stat().st_size < (full / "beacon.safetensors").stat().st_size
+  _, _, a = load_beacon_asset(small)
+  _, _, b = load_beacon_asset(full)
+  for p in "qkvo":
+    want = np.asarray(params["layers"]["attn"][f"alt_{p}_proj"]["kernel"])
+    delta = np.abs(want - np.asarray(params["layers"]["attn"][f"{p}_proj"]["kernel"])).max()
+    err = lambda got: np.abs(np.asarray(got["layers"]["attn"][f"alt_{p}_proj"]["kernel"])  # noqa
+                             - want).max()
+    assert err(a) < 2 ** -6 * delta, p  # bf16 factors of the delta
+    assert err(b) <= 2 ** -8 * np.abs(want).max(), p  # the whole tensor in bf16
+  import shutil
+  from safetensors.numpy import load_file, save_file
+  other = tmp_path / "other"  # the same base with one projection changed
+  shutil.copytree(base, other)
+  weights = load_file(other / "model.safetensors")
+  weights[REF.replace(".0.", ".1.")] = weights[REF.replace(".0.", ".1.")] * 1.01
+  save_file(weights, str(other / "model.safetensors"), metadata={"format": "pt"})
+  with pytest.raises(AssetError, match="fingerprint"):
+    load_beacon_asset(small, other)
