@@ -120,3 +120,29 @@ def test_low_rank_and_full_assets_load_the_same(tmp_path):
   save_file(weights, str(other / "model.safetensors"), metadata={"format": "pt"})
   with pytest.raises(AssetError, match="fingerprint"):
     load_beacon_asset(small, other)
+
+
+def test_committed_focus_asset_is_small_and_reconstructs(smollm2_dir):
+  """assets/smollm2_focus: <= 8 MB, every trained matrix stored as factors, and the loaded
+  tensor of a layer equals base + U @ V.T computed here from the files (the beacon asset is
+  stored whole: test_beacon_asset.py loads it)."""
+  from safetensors import safe_open
+  from conftest import REPO
+  from longjax.convert.hf import hf_tensors
+  from longjax.focus.asset import load_focus_asset
+  stem = "focus"
+  asset = REPO / "assets" / f"smollm2_{stem}"
+  assert sum(f.stat().st_size for f in asset.iterdir()) <= 8_000_000
+  meta = json.loads((asset / f"{stem}.json").read_text())
+  assert meta["lowrank"]["rank"] == lowrank.DEFAULT_RANK
+  cfg, _, params = load_focus_asset(asset, smollm2_dir)
+  loaded = dict(hf_tensors(cfg, params))
+  name = "model.layers.7.self_attn.beacon_o_proj.weight"
+  with safe_open(asset / f"{stem}.safetensors", framework="np") as f:
+    assert not any(k.endswith("_proj.weight") for k in f.keys())  # all as factors
+    u = f.get_tensor(name + lowrank.U_SUFFIX).astype(np.float64)
+    v = f.get_tensor(name + lowrank.V_SUFFIX).astype(np.float64)
+  with safe_open(f"{smollm2_dir}/model.safetensors", framework="np") as f:
+    ref = f.get_tensor(name.replace("beacon_", "")).astype(np.float64)
+  assert u.shape == (576, lowrank.DEFAULT_RANK) and v.shape == (576, lowrank.DEFAULT_RANK)
+  np.testing.assert_allclose(loaded[name], ref + u @ v.T, atol=1e-5)
