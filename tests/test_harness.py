@@ -1,0 +1,234 @@
+"""The lm-evaluation-harness model ``longjax`` (longjax/eval/harness.py) on tiny random models:
+requests answered as ``longjax.generate`` and the methods' own NLL answer them, stop strings,
+RULER end to end with a local tokenizer, and the bad-input refusals."""
+from __future__ import annotations
+
+import types
+
+import jax
+import numpy as np
+import pytest
+
+pytest.importorskip("lm_eval")
+
+from longjax import methods  # noqa: E402
+from longjax.beacon import BeaconConfig  # noqa: E402
+from longjax.data.tokenizers import Tokenizer  # noqa: E402
+from longjax.eval import harness  # noqa: E402
+from longjax.eval.harness import HarnessError, LongjaxLM, Parts  # noqa: E402
+from longjax.focus import FocusConfig  # noqa: E402
+from longjax.generate import generate  # noqa: E402
+from longjax.models.config import ModelConfig  # noqa: E402
+from longjax.models.decoder import init_params  # noqa: E402
+from longjax.teacher_forcing import teacher_forced_nll  # noqa: E402
+
+from conftest import forward  # noqa: E402
+from hf_models import byte_level_tokenizer  # noqa: E402
+
+CHAT = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}"
+        "{% if not (loop.last and m['role'] == 'assistant') %}</s>{% endif %}{% endfor %}"
+        "{% if add_generation_prompt %}<assistant>{% endif %}")
+METHODS = ("plain", "truncation", "beacon", "focus")
+TEXT = ("The quick brown fox jumps over the lazy dog; the key is 4127. " * 3)[:150]
+
+
+@pytest.fixture(scope="module")
+def tok_dir(tmp_path_factory):
+  """A byte-level HF tokenizer with a chat template, saved offline (RULER loads it by path)."""
+  hf = byte_level_tokenizer()
+  hf.chat_template = CHAT
+  out = tmp_path_factory.mktemp("tok")
+  hf.save_pretrained(out)
+  return out
+
+
+@pytest.fixture(scope="module")
+def base(tok_dir):
+  from transformers import AutoTokenizer
+  tok = Tokenizer(AutoTokenizer.from_pretrained(str(tok_dir)))
+  cfg = ModelConfig(family="llama", vocab_size=258, hidden_size=32, intermediate_size=48,
+                    num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, rms_norm_eps=1e-5,
+                    bos_token_id=0, eos_token_id=1, max_position_embeddings=8192)
+  params = init_params(cfg, 0)
+  # larger kernels than the 0.02 init: attention is not uniform and logits are well separated
+  params = jax.tree_util.tree_map_with_path(
+      lambda p, a: np.asarray(a) * (8.0 if "kernel" in jax.tree_util.keystr(p) else 1.0), params)
+  return cfg, params, tok
+
+
+def make_parts(base, method, **cfg_over) -> Parts:
+  cfg, params, tok = base
+  cfg = cfg.replace(**cfg_over) if cfg_over else cfg
+  reg = methods.get("plain" if method == "truncation" else method)
+  settings = {"beacon": BeaconConfig(window=16, stride=16, ratios=(4,), sink_size=0),
+              "focus": FocusConfig(local_window=24, chunk_stride=16, prompt_cap=8,
+                                   min_len_threshold=0, bos_id=0)}.get(method)
+  cfg, params = methods.with_extra_params(reg, cfg, params, settings)
+  params = jax.tree.map(jax.numpy.asarray, params)
+  return Parts(method, reg.inference_model(cfg, settings), params, cfg, tok, settings,
+               window=32 if method == "truncation" else 0)
+
+
+def req(*args):
+  return types.SimpleNamespace(args=args)
+
+
+@pytest.fixture(scope="module")
+def lms(base):
+  return {m: LongjaxLM(make_parts(base, m)) for m in METHODS}
+
+
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("method", METHODS)
+def test_generate_until_is_longjax_generate(lms, base, method):
+  lm = lms[method]
+  prompts = [TEXT, TEXT[:70]]
+  got = lm.generate_until([req(p, {"until": [], "max_gen_toks": 6}) for p in prompts],
+                          disable_tqdm=True)
+  tok = base[2]
+  for p, g in zip(prompts, got):
+    ids = tok.encode(p)
+    if method == "truncation":
+      ids = ids[:16] + ids[-16:]  # middle truncation to window=32
+    want = generate(lm.parts.model, lm.parts.params, [ids], 6, stop_ids=[1]).tokens[0]
+    want = [t for t in want if t != 1]
+    assert g == tok.decode(want)
+    assert len(want) >= 1
+  # batched rows of different lengths: the same tokens as one prompt per call
+  lm.batch_size = 2
+  try:
+    assert lm.generate_until([req(p, {"until": [], "max_gen_toks": 6}) for p in prompts],
+                             disable_tqdm=True) == got
+  finally:
+    lm.batch_size = 1
+
+
+def test_stop_strings_cut_as_lm_eval(lms):
+  lm = lms["plain"]
+  full = lm.generate_until([req(TEXT, {"until": [], "max_gen_toks": 12})], disable_tqdm=True)[0]
+  # a one-token stop string (also a stop id) and a two-token one, both in the text
+  singles = [i for i, ch in enumerate(full) if i and len(lm.tok_encode(ch)) == 1]
+  assert singles, full
+  i = singles[len(singles) // 2]
+  one, two = full[i], full[i - 1:i + 1]
+  assert lm.stop_ids_for([one]) == sorted({1, lm.tok_encode(one)[0]})
+  got = lm.generate_until([req(TEXT, {"until": [one], "max_gen_toks": 12}),
+                           req(TEXT, {"until": two, "max_gen_toks": 12}),
+                           req(TEXT, {"until": ["zzzz", two], "max_gen_toks": 12})],
+                          disable_tqdm=True)
+  assert got == [full.split(one)[0], full.split(two)[0], full.split(two)[0]]
+  assert got[0] == full[:full.index(one)]
+
+
+def _independent_nll(cfg, params, ids, n):
+  logits = forward(cfg, params, np.asarray(ids)[None])[0].astype(np.float64)
+  lp = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) \
+      - logits.max(-1, keepdims=True)
+  t = len(ids)
+  return -sum(lp[i - 1, ids[i]] for i in range(t - n, t))
+
+
+@pytest.mark.parametrize("method", ("plain", "beacon", "focus"))
+def test_loglikelihood_is_teacher_forced_nll(lms, base, method):
+  lm = lms[method]
+  tok = base[2]
+  ctx, cont = TEXT[:100], TEXT[100:130]
+  (ll, greedy), = lm.loglikelihood([req(ctx, cont)], disable_tqdm=True)
+  c, t = tok.encode(ctx), tok.encode(cont)
+  p = lm.parts
+  p.model = p.registry.holding(p.model, p.cfg, p.settings, len(c) + len(t))
+  logits, state = p.model.prefill(p.params, np.asarray([c], np.int32),
+                                  np.array([len(c)], np.int32), len(t))
+  want = teacher_forced_nll(p.model.device_plan(state, len(t) - 1), p.params, logits,
+                            np.asarray([t]))
+  np.testing.assert_allclose(-ll, want.sum(), rtol=2e-5)
+  assert not greedy
+  if method == "plain":  # and an independent forward of the decoder
+    np.testing.assert_allclose(-ll, _independent_nll(p.cfg, p.params, c + t, len(t)), rtol=2e-5)
+  # a continuation that greedy decoding produces is greedy
+  g = generate(p.model, p.params, [c], 5).tokens[0]
+  (_, greedy), = lm.loglikelihood([req(ctx, tok.decode(g))], disable_tqdm=True)
+  assert greedy == (tok.encode(ctx + tok.decode(g))[len(c):] == g)
+
+
+def test_loglikelihood_rolling(lms, base):
+  cfg, params, tok = base
+  ids = [0] + tok.encode(TEXT)  # the prefix token, then the whole document
+  got, = lms["plain"].loglikelihood_rolling([req(TEXT)], disable_tqdm=True)
+  np.testing.assert_allclose(-got, _independent_nll(cfg, params, ids, len(ids) - 1), rtol=2e-5)
+  # truncation: disjoint windows of W=32 tokens, each read alone
+  got, = lms["truncation"].loglikelihood_rolling([req(TEXT)], disable_tqdm=True)
+  toks, want, w = tok.encode(TEXT), 0.0, 32
+  for start in range(0, len(toks), w):
+    pred = toks[start:start + w]
+    ctx = [0] + toks[:start] if start == 0 else toks[start - w + len(pred) - 1:start]
+    ctx = ctx[-(w + 1 - len(pred)):]
+    want += _independent_nll(cfg, params, ctx + pred, len(pred))
+  np.testing.assert_allclose(-got, want, rtol=2e-5)
+
+
+def test_chat_template_continues_gen_prefix(lms):
+  lm = lms["plain"]
+  hist = [{"role": "user", "content": "q?"}, {"role": "assistant", "content": "The answer is"}]
+  assert lm.apply_chat_template(hist, add_generation_prompt=False).endswith("The answer is")
+  assert lm.apply_chat_template(hist[:1]) == "<user>q?</s><assistant>"
+
+
+def test_ruler_end_to_end(lms, tok_dir):
+  import lm_eval
+  out = lm_eval.simple_evaluate(
+      model=lms["plain"], tasks=["niah_single_1"], limit=1, apply_chat_template=True,
+      metadata={"tokenizer": str(tok_dir), "max_seq_lengths": [4096]},
+      gen_kwargs="max_gen_toks=4")
+  res = out["results"]["niah_single_1"]
+  assert res["4096,none"] in (0.0, 100.0) or 0.0 <= res["4096,none"] <= 1.0
+  assert out["n-samples"]["niah_single_1"]["effective"] == 1
+
+
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kwargs, msg", [
+    (dict(method="beacon", assset="x"), "unknown model_args key 'assset' (did you mean 'asset'?)"),
+    (dict(method="focsu"), "did you mean 'focus'?"),
+    (dict(method="beacon", asset="smollm2_focus"), "is a focus asset, but method=beacon"),
+    (dict(method="focus", asset="smollm2_beacon"), "is a beacon asset, but method=focus"),
+    (dict(method="beacon"), "needs asset="),
+    (dict(method="truncation", checkpoint="smollm2"), "needs window=W"),
+    (dict(method="plain", checkpoint="smollm2", window=8), "applies to method=truncation"),
+    (dict(method="plain", checkpoint="/nonexistent/ckpt"), "is not a directory"),
+    (dict(method="plain", checkpoint="smollm2", dtype="fp16"), "dtype='fp16'"),
+])
+def test_bad_model_args_one_line_before_loading(kwargs, msg, monkeypatch):
+  monkeypatch.setattr(harness, "load_parts", lambda a: pytest.fail("loaded a model"))
+  with pytest.raises(HarnessError, match=None) as e:
+    LongjaxLM(**kwargs)
+  assert msg in str(e.value) and "\n" not in str(e.value)
+
+
+def test_prompt_past_capacity_refused_before_running(base, monkeypatch):
+  lm = LongjaxLM(make_parts(base, "beacon", max_position_embeddings=48))  # (48-16)*4+16 = 144
+  monkeypatch.setattr(lm, "_generate", lambda *a: pytest.fail("generated"))
+  with pytest.raises(HarnessError, match=r"request 1 .* more than method=beacon holds \(144"):
+    lm.generate_until([req("ab", {"max_gen_toks": 4}), req(TEXT, {"max_gen_toks": 4})],
+                      disable_tqdm=True)
+
+
+def test_ruler_length_without_metric(capsys):
+  assert harness.ruler_metric_lengths("niah_single_1")[:2] == [4096, 8192]
+  with pytest.raises(HarnessError, match=r"no metric for max_seq_lengths \[2048\]"):
+    harness.check_ruler_lengths(["niah_single_1"], [2048, 4096])
+  rc = harness.main(["--model", "longjax", "--model_args", "method=plain,checkpoint=smollm2",
+                     "--tasks", "ruler_vt", "--metadata", '{"max_seq_lengths":[1000]}'])
+  err = capsys.readouterr().err.strip()
+  assert rc == 2 and err.count("\n") == 0 and "ruler_vt has no metric" in err
+
+
+def test_without_lm_eval(tmp_path):
+  from conftest import run_python
+  code = ("import sys; sys.modules['lm_eval'] = None\n"
+          "import longjax, longjax.eval\n"
+          "from longjax.eval import harness\n"
+          "try:\n  harness.LongjaxLM(method='plain')\n"
+          "except harness.HarnessError as e:\n  print('ERR', e)\n")
+  r = run_python("-c", code)
+  assert r.returncode == 0, r.stderr
+  assert "ERR" in r.stdout and "pip install -r requirements-eval.txt" in r.stdout
