@@ -509,16 +509,29 @@ if HAVE_LM_EVAL and __name__ != "__main__":  # run as a script, main() imports t
 
 # ------------------------------------------------------------------------------------------------
 def ruler_metric_lengths(task: str) -> Optional[list]:
-  """The lengths a RULER task of lm-eval has a metric for (its yaml's metric keys); None for a
-  task that is not one of lm-eval's RULER files."""
+  """The lengths a RULER task of lm-eval has a metric for (the metric keys of its task file or of
+  the file it includes); None for a task that is not one of lm-eval's RULER files."""
   from lm_eval import tasks as tasks_pkg
   root = Path(tasks_pkg.__file__).parent / "ruler"
+
+  def keys(text: str) -> list:
+    return [int(line.split('"')[1]) for line in text.splitlines()
+            if line.strip().startswith("- metric:") and line.count('"') >= 2
+            and line.split('"')[1].isdigit()]
+
   for f in sorted(root.glob("*.yaml")):
     text = f.read_text()
-    if f"task: {task}\n" in text:
-      keys = [line.split('"')[1] for line in text.splitlines()
-              if line.strip().startswith("- metric:") and '"' in line]
-      return [int(k) for k in keys if k.isdigit()]
+    if f"task: {task}\n" not in text:
+      continue
+    for _ in range(8):  # a task file takes its metrics from the file it includes
+      if keys(text):
+        return keys(text)
+      inc = [line.split(":", 1)[1].strip() for line in text.splitlines()
+             if line.startswith("include:")]
+      if not inc or not (root / inc[0]).is_file():
+        return []
+      text = (root / inc[0]).read_text()
+    return []
   return None
 
 

@@ -1,0 +1,268 @@
+"""One long-context report for every method on SmolLM2-135M-Instruct.
+
+For full attention (``plain``), truncation to ``W`` tokens (``truncation``), Activation Beacon and
+FocusLLM (the committed assets), each cell (task x length x method) is scored through the
+lm-eval model ``longjax`` (longjax/eval/harness.py), greedy, chat template applied:
+
+* RULER's six offline tasks of lm-eval 0.4.13 (niah_single_1, niah_multikey_2, niah_multikey_3,
+  ruler_vt, ruler_cwe, ruler_fwe): the first ``n`` of the samples lm-eval generates for a length
+  (``limit``), scored by RULER's case-insensitive string match (0-1);
+* ``passkey``: the project's passkey (longjax/eval/passkey.py: the Activation Beacon layout,
+  5-digit keys at ``n`` depths spread over 0-100 %), exact match of the first integer;
+* ``perplexity``: held-out text (``--ppl_data``, a .txt file never trained on) read through the
+  method, the last 256 tokens of a ``length``-token window scored; lower is better.
+
+Each finished cell is saved at once (``<out>/longctx_cells/<method>__<task>__<length>.json``,
+written atomically); a rerun skips finished cells, so a stopped report resumes. After every cell
+the table (``<out>/longctx.md``, ``longctx.json``) and the figure (``longctx.png``: score against
+length, one line per method, one panel per task) are rewritten.
+
+SmolLM2's trained context is 8192 tokens: past it the plain model runs outside its trained
+positions (marked in the table).
+
+  python scripts/longctx_report.py                       # the default cells (see --help)
+  python scripts/longctx_report.py --samples 20 --lengths 4096,8192,16384,32768
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+RULER = ("niah_single_1", "niah_multikey_2", "niah_multikey_3", "ruler_vt", "ruler_cwe", "ruler_fwe")
+TASKS = RULER + ("passkey", "perplexity")
+METHODS = {
+    "plain": "method=plain,checkpoint=smollm2",
+    "truncation": "method=truncation,window={window},checkpoint=smollm2",
+    "beacon": "method=beacon,asset=smollm2_beacon,checkpoint=smollm2",
+    "focus": "method=focus,asset=smollm2_focus,checkpoint=smollm2",
+}
+TRAINED_POSITIONS = 8192
+PPL_SCORED = 256
+
+
+def write_atomic(path: Path, text: str):
+  path.parent.mkdir(parents=True, exist_ok=True)
+  fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+  with os.fdopen(fd, "w") as f:
+    f.write(text)
+  os.replace(tmp, path)
+
+
+def cell_path(out: Path, method, task, length) -> Path:
+  return out / "longctx_cells" / f"{method}__{task}__{length}.json"
+
+
+# ------------------------------------------------------------------------------------------------
+def run_ruler(lm, task, length, n, tok_dir):
+  import lm_eval
+  res = lm_eval.simple_evaluate(model=lm, tasks=[task], limit=n, apply_chat_template=True,
+                                metadata={"tokenizer": str(tok_dir), "max_seq_lengths": [length]},
+                                log_samples=False)
+  return (float(res["results"][task][f"{length},none"]),
+          int(res["n-samples"][task]["effective"]))
+
+
+def run_passkey(lm, length, n, seed=2024):
+  import numpy as np
+  from longjax.eval import passkey, scorers
+  tok = lm.parts.tokenizer
+  depths = [round(float(d), 2) for d in np.linspace(0, 100, n)] if n > 1 else [50.0]
+  grid = passkey.beacon_grid([length], depths, seed=seed)
+  hits = []
+  for cell in grid:
+    s = passkey.depth_sample(tok, cell["length"], cell["depth"],
+                             passkey.INFO.format(key=cell["key"]), passkey.QUESTION)
+    prompt = lm.apply_chat_template([{"role": "user", "content": s["text"]}])
+    req = type("R", (), {"args": (prompt, {"until": [], "max_gen_toks": 16})})()
+    text = lm.generate_until([req], disable_tqdm=True)[0]
+    hits.append(float(scorers.first_int(text) == str(cell["key"])))
+  return float(np.mean(hits)), len(hits)
+
+
+def run_perplexity(lm, length, n, data):
+  import math
+  toks = lm.tok_encode(Path(data).read_text())
+  need = length + 1
+  windows = [toks[i:i + need] for i in range(0, len(toks) - need + 1, need)][:n]
+  if not windows:
+    raise SkipCell(f"--ppl_data has {len(toks)} tokens, a window needs {need}")
+  nll = []
+  for w in windows:
+    ids = [lm.prefix_token_id] + w
+    if lm.parts.window:
+      ids = ids[-(lm.parts.window + 1):] if PPL_SCORED <= lm.parts.window else ids
+    nll.append(lm._suffix_nll(ids, PPL_SCORED) / PPL_SCORED)
+  return float(math.exp(sum(nll) / len(nll))), len(nll)
+
+
+class SkipCell(Exception):
+  """A cell that cannot run here: recorded as "not run: reason"."""
+
+
+# ------------------------------------------------------------------------------------------------
+def render(out: Path, cells: list, args):
+  """The table (markdown + json) and the figure, from every finished cell."""
+  methods = [m for m in METHODS if m in args.methods]
+  by = {(c["task"], c["length"], c["method"]): c for c in cells}
+  lengths = sorted({c["length"] for c in cells} | set(args.lengths))
+  lines = ["# Long-context report: SmolLM2-135M-Instruct", "",
+           f"Command: `python scripts/longctx_report.py {' '.join(args.argv)}`".rstrip(), "",
+           "Cell: score, n = samples, s = seconds of the cell (model load excluded). RULER and "
+           "passkey: accuracy 0-1 (higher is better); perplexity: lower is better. "
+           f"truncation reads {args.window} prompt tokens. † plain past {TRAINED_POSITIONS} tokens "
+           "runs outside SmolLM2's trained positions. — not requested.", "",
+           "| task | length | " + " | ".join(methods) + " |",
+           "|---|---:|" + "---|" * len(methods)]
+  for task in [t for t in TASKS if t in args.tasks]:
+    for n in lengths:
+      row = []
+      for m in methods:
+        c = by.get((task, n, m))
+        if c is None:
+          row.append("—")
+        elif c.get("not_run"):
+          row.append(f"not run: {c['not_run']}")
+        else:
+          mark = " †" if m == "plain" and n > TRAINED_POSITIONS else ""
+          row.append(f"{c['score']:.3g}{mark} (n={c['n']}, {c['seconds']:.0f} s)")
+      if any(r != "—" for r in row):
+        lines.append(f"| {task} | {n} | " + " | ".join(row) + " |")
+  write_atomic(out / "longctx.md", "\n".join(lines) + "\n")
+  write_atomic(out / "longctx.json", json.dumps(dict(cells=cells), indent=1))
+  figure(out, cells, methods)
+
+
+def figure(out: Path, cells, methods):
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  tasks = [t for t in TASKS if any(c["task"] == t and "score" in c for c in cells)]
+  if not tasks:
+    return
+  cols = min(4, len(tasks))
+  rows = -(-len(tasks) // cols)
+  fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3.2 * rows), squeeze=False)
+  for ax, task in zip(axes.flat, tasks):
+    for m in methods:
+      pts = sorted((c["length"], c["score"]) for c in cells
+                   if c["task"] == task and c["method"] == m and "score" in c)
+      if pts:
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=m)
+    ax.set_xscale("log", base=2)
+    ax.set_title(task)
+    ax.set_xlabel("length (tokens)")
+    ax.set_ylabel("perplexity" if task == "perplexity" else "accuracy")
+    ax.legend(fontsize=7)
+  for ax in list(axes.flat)[len(tasks):]:
+    ax.axis("off")
+  fig.tight_layout()
+  fd, tmp = tempfile.mkstemp(dir=out, prefix=".longctx.png.", suffix=".png")
+  os.close(fd)
+  fig.savefig(tmp, dpi=100)
+  plt.close(fig)
+  os.replace(tmp, out / "longctx.png")
+
+
+# ------------------------------------------------------------------------------------------------
+def parse(argv):
+  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap.add_argument("--out", default="results", help="directory of the table, figure and cells")
+  ap.add_argument("--methods", default=",".join(METHODS))
+  ap.add_argument("--tasks", default=",".join(TASKS))
+  ap.add_argument("--lengths", default="4096,8192,16384,32768")
+  ap.add_argument("--samples", type=int, default=2, help="samples per cell (RULER: the first n "
+                  "lm-eval generates; passkey: n depths; perplexity: n windows)")
+  ap.add_argument("--cells", default="", help="only these task:length pairs (e.g. "
+                  "niah_single_1:16384,passkey:4096); default: every task at every length")
+  ap.add_argument("--window", type=int, default=256, help="truncation: prompt tokens kept")
+  ap.add_argument("--ppl_data", default="", help="held-out .txt for perplexity (none: the "
+                  "perplexity cells are recorded as not run)")
+  ap.add_argument("--skip", default="", help="method:task:length cells recorded as not run, "
+                  "with --skip_reason")
+  ap.add_argument("--skip_reason", default="too slow on 2 CPU cores")
+  args = ap.parse_args(argv)
+  args.argv = list(argv)
+  args.methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+  args.tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+  args.lengths = [int(x) for x in args.lengths.split(",") if x.strip()]
+  from longjax.eval.harness import HarnessError, check_ruler_lengths
+  for m in args.methods:
+    if m not in METHODS:
+      raise HarnessError(f"--methods: unknown method {m!r}; use {', '.join(METHODS)}")
+  for t in args.tasks:
+    if t not in TASKS:
+      raise HarnessError(f"--tasks: unknown task {t!r}; use {', '.join(TASKS)}")
+  check_ruler_lengths([t for t in args.tasks if t in RULER], args.lengths)
+  if args.samples < 1:
+    raise HarnessError("--samples must be >= 1")
+  pairs = [tuple(p.split(":")) for p in args.cells.split(",") if p.strip()]
+  args.pairs = {(t, int(n)) for t, n in pairs} if pairs else None
+  args.skipped = {(m, t, int(n)) for m, t, n in
+                  (s.split(":") for s in args.skip.split(",") if s.strip())}
+  return args
+
+
+def main(argv=None):
+  argv = sys.argv[1:] if argv is None else list(argv)
+  from longjax.errors import LongjaxError, one_line
+  try:
+    args = parse(argv)
+  except LongjaxError as e:
+    print(f"error: {one_line(e)}", file=sys.stderr)
+    return 2
+  from longjax.eval.harness import LongjaxLM
+  from lm_eval.utils import simple_parse_args_string
+  out = Path(args.out)
+  todo = [(m, t, n) for m in args.methods for t in args.tasks for n in args.lengths
+          if args.pairs is None or (t, n) in args.pairs]
+  done = lambda: [json.loads(p.read_text()) for p in sorted((out / "longctx_cells").glob("*.json"))]  # noqa: E731
+  print(f"{len(todo)} cells, {sum(cell_path(out, *c).exists() for c in todo)} already done",
+        flush=True)
+  lm_cache = {}
+  for k, (m, t, n) in enumerate(todo, 1):
+    path = cell_path(out, m, t, n)
+    if path.exists():
+      continue
+    rec = dict(method=m, task=t, length=n)
+    t0 = time.time()
+    try:
+      if (m, t, n) in args.skipped:
+        raise SkipCell(args.skip_reason)
+      if t == "perplexity" and not args.ppl_data:
+        raise SkipCell("no held-out long text given (--ppl_data)")
+      if m not in lm_cache:
+        from longjax import compile_cache
+        compile_cache.enable("auto")  # a rerun loads its programs from disk
+        lm_cache.clear()
+        lm_cache[m] = LongjaxLM(**simple_parse_args_string(METHODS[m].format(window=args.window)))
+        t0 = time.time()
+      lm = lm_cache[m]
+      tok_dir = lm.parts.tokenizer.name
+      if t in RULER:
+        score, count = run_ruler(lm, t, n, args.samples, tok_dir)
+      elif t == "passkey":
+        score, count = run_passkey(lm, n, args.samples)
+      else:
+        score, count = run_perplexity(lm, n, args.samples, args.ppl_data)
+      rec.update(score=score, n=count, seconds=round(time.time() - t0, 1))
+    except SkipCell as e:
+      rec.update(not_run=str(e))
+    write_atomic(path, json.dumps(rec))
+    print(f"[{k}/{len(todo)}] {m} {t} {n}: " + (f"not run: {rec['not_run']}" if "not_run" in rec
+          else f"{rec['score']:.3g} (n={rec['n']}, {rec['seconds']:.0f} s)"), flush=True)
+    render(out, done(), args)
+  render(out, done(), args)
+  print(f"wrote {out / 'longctx.md'}, {out / 'longctx.json'}, {out / 'longctx.png'}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
