@@ -8,7 +8,7 @@ lm-eval model ``longjax`` (longjax/eval/harness.py), greedy, chat template appli
   ruler_vt, ruler_cwe, ruler_fwe): the first ``n`` of the samples lm-eval generates for a length
   (``limit``), scored by RULER's case-insensitive string match (0-1);
 * ``passkey``: the project's passkey (longjax/eval/passkey.py: the Activation Beacon layout,
-  5-digit keys at ``n`` depths spread over 0-100 %), exact match of the first integer;
+  5-digit keys at the middles of ``n`` equal depth bins), exact match of the first integer;
 * ``perplexity``: held-out text (``--ppl_data``, a .txt file never trained on) read through the
   method, the last 256 tokens of a ``length``-token window scored; lower is better.
 
@@ -82,7 +82,9 @@ def run_passkey(lm, length, n, seed=2024):
   import numpy as np
   from longjax.eval import passkey, scorers
   tok = lm.parts.tokenizer
-  depths = [round(float(d), 2) for d in np.linspace(0, 100, n)] if n > 1 else [50.0]
+  # the middles of n equal depth bins: never the very start or end of the document, which the
+  # truncation baseline's middle truncation would keep
+  depths = [round(100 * (i + 0.5) / n, 2) for i in range(n)]
   grid = passkey.beacon_grid([length], depths, seed=seed)
   hits = []
   for cell in grid:
