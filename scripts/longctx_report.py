@@ -61,6 +61,7 @@ def write_atomic(path: Path, text: str):
   fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
   with os.fdopen(fd, "w") as f:
     f.write(text)
+  os.chmod(tmp, 0o644)  # mkstemp's 0600 would keep a committed result from other readers
   os.replace(tmp, path)
 
 
@@ -129,7 +130,8 @@ def render(out: Path, cells: list, args):
            "Cell: score, n = samples, s = seconds of the cell (model load excluded). RULER and "
            "passkey: accuracy 0-1 (higher is better); perplexity: lower is better. "
            f"truncation reads {args.window} prompt tokens. † plain past {TRAINED_POSITIONS} tokens "
-           "runs outside SmolLM2's trained positions. — not requested.", "",
+           "runs outside SmolLM2's trained positions. — not run (yet): a rerun of the command "
+           "adds it.", "",
            "| task | length | " + " | ".join(methods) + " |",
            "|---|---:|" + "---|" * len(methods)]
   for task in tasks:
@@ -179,6 +181,7 @@ def figure(out: Path, cells, methods):
   os.close(fd)
   fig.savefig(tmp, dpi=100)
   plt.close(fig)
+  os.chmod(tmp, 0o644)
   os.replace(tmp, out / "longctx.png")
 
 
