@@ -168,7 +168,10 @@ def figure(out: Path, cells, methods):
       pts = sorted((c["length"], c["score"]) for c in cells
                    if c["task"] == task and c["method"] == m and "score" in c)
       if pts:
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=m)
+        # one colour per method in every panel; marker sizes differ so equal scores stay visible
+        k = list(METHODS).index(m)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", color=f"C{k}",
+                markersize=9 - 2 * k, label=m)
     ax.set_xscale("log", base=2)
     ax.set_title(task)
     ax.set_xlabel("length (tokens)")
