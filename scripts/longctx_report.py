@@ -9,8 +9,9 @@ lm-eval model ``longjax`` (longjax/eval/harness.py), greedy, chat template appli
   (``limit``), scored by RULER's case-insensitive string match (0-1);
 * ``passkey``: the project's passkey (longjax/eval/passkey.py: the Activation Beacon layout,
   5-digit keys at the middles of ``n`` equal depth bins), exact match of the first integer;
-* ``perplexity``: held-out text (``--ppl_data``, a .txt file never trained on) read through the
-  method, the last 256 tokens of a ``length``-token window scored; lower is better.
+* ``perplexity``: held-out text (``--ppl_data``: by default Python's ``pydoc_data.topics``, never
+  trained on) read through the method, the last 256 tokens of a ``length``-token window scored;
+  lower is better.
 
 Each finished cell is saved at once (``<out>/longctx_cells/<method>__<task>__<length>.json``,
 written atomically); a rerun skips finished cells, so a stopped report resumes. After every cell
@@ -98,9 +99,18 @@ def run_passkey(lm, length, n, seed=2024):
   return float(np.mean(hits)), len(hits)
 
 
+def held_out_text(data: str) -> str:
+  """``pydoc``: Python's reference topics (``pydoc_data.topics``, sorted keys joined), the held-out
+  prose of every perplexity in the project (no training file uses it); else a UTF-8 .txt file."""
+  if data == "pydoc":
+    from pydoc_data.topics import topics
+    return "\n\n".join(topics[k] for k in sorted(topics))
+  return Path(data).read_text(encoding="utf-8")
+
+
 def run_perplexity(lm, length, n, data):
   import math
-  toks = lm.tok_encode(Path(data).read_text())
+  toks = lm.tok_encode(held_out_text(data))
   need = length + 1
   windows = [toks[i:i + need] for i in range(0, len(toks) - need + 1, need)][:n]
   if not windows:
@@ -201,8 +211,9 @@ def parse(argv):
                   "niah_single_1:16384,passkey:4096), or 'all'; default: every task up to 8192 "
                   f"tokens, only {', '.join(LONG_TASKS)} past it")
   ap.add_argument("--window", type=int, default=256, help="truncation: prompt tokens kept")
-  ap.add_argument("--ppl_data", default="", help="held-out .txt for perplexity (none: the "
-                  "perplexity cells are recorded as not run)")
+  ap.add_argument("--ppl_data", default="pydoc", help="held-out text for perplexity: 'pydoc' "
+                  "(Python's pydoc_data.topics, never trained on), a .txt file, or '' to record "
+                  "the perplexity cells as not run")
   ap.add_argument("--skip", default="", help="method:task:length cells recorded as not run, "
                   "with --skip_reason")
   ap.add_argument("--skip_reason", default="too slow on 2 CPU cores")
