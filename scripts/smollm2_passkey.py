@@ -26,6 +26,7 @@ re-reads every chunk at each decoded token, takes half of it).
   python scripts/smollm2_passkey.py --lengths 1024 --depths 50 --methods full,beacon  # a quick look
 """
 import json
+import os
 import sys
 import time
 from pathlib import Path
