@@ -18,6 +18,18 @@ jax.config.update("jax_compilation_cache_dir",
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
 
+@pytest.fixture(autouse=True)
+def _program_cache_left_as_found():
+  """A test that calls an entry point's main() in-process goes through ``cli.run``, which turns
+  on the traced-program cache (``longjax.program_cache``) for the whole process; later tests that
+  count traces (one per compile) would then load exported programs instead of tracing them."""
+  from longjax import program_cache
+  before = program_cache.directory()
+  yield
+  if program_cache.directory() != before:
+    program_cache.enable(before)
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _release_compiled_programs():
   """Drop JAX's in-memory compiled programs after each test file. Every loaded XLA:CPU executable
