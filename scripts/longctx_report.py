@@ -43,13 +43,16 @@ from pathlib import Path
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from longjax.eval import harness  # noqa: E402
+
 RULER = ("niah_single_1", "niah_multikey_2", "niah_multikey_3", "ruler_vt", "ruler_cwe", "ruler_fwe")
 TASKS = RULER + ("passkey", "perplexity")
+# the lm-eval model_args of each method (names from the registry, through the adapter)
 METHODS = {
-    "plain": "method=plain,checkpoint=smollm2",
-    "truncation": "method=truncation,window={window},checkpoint=smollm2",
-    "beacon": "method=beacon,asset=smollm2_beacon,checkpoint=smollm2",
-    "focus": "method=focus,asset=smollm2_focus,checkpoint=smollm2",
+    harness.PLAIN: f"method={harness.PLAIN},checkpoint=smollm2",
+    harness.TRUNCATION: f"method={harness.TRUNCATION},window={{window}},checkpoint=smollm2",
+    harness.BEACON: f"method={harness.BEACON},asset=smollm2_beacon,checkpoint=smollm2",
+    harness.FOCUS: f"method={harness.FOCUS},asset=smollm2_focus,checkpoint=smollm2",
 }
 TRAINED_POSITIONS = 8192
 PPL_SCORED = 256
@@ -154,7 +157,7 @@ def render(out: Path, cells: list, args):
         elif c.get("not_run"):
           row.append(f"not run: {c['not_run']}")
         else:
-          mark = " †" if m == "plain" and n > TRAINED_POSITIONS else ""
+          mark = " †" if m == harness.PLAIN and n > TRAINED_POSITIONS else ""
           row.append(f"{c['score']:.3g}{mark} (n={c['n']}, {c['seconds']:.0f} s)")
       if any(r != "—" for r in row):
         lines.append(f"| {task} | {n} | " + " | ".join(row) + " |")

@@ -189,8 +189,9 @@ def stored_tensors(cfg, params, keep: Callable[[str], bool], rank: Optional[int]
 # ------------------------------------------------------------------------------------------------
 # An existing asset (full tensors) written again with low-rank deltas.
 def _asset_kind(asset_dir: Path) -> str:
+  from longjax import method_names
   from longjax.convert import assets
-  kinds = [s for s in ("beacon", "focus")
+  kinds = [s for s in (method_names.BEACON.name, method_names.FOCUS.name)
            if (asset_dir / f"{s}.json").exists() and assets.has_tensors(asset_dir, s)]
   if len(kinds) != 1:
     raise AssetError(f"{asset_dir} is not a beacon or FocusLLM asset (needs beacon.json or "

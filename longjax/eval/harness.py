@@ -48,6 +48,7 @@ from typing import Optional
 
 import numpy as np
 
+from longjax import method_names
 from longjax.errors import LongjaxError, one_line
 
 try:  # the optional extra: longjax itself imports without it
@@ -59,7 +60,11 @@ except ImportError:  # pragma: no cover -- exercised by tests/test_harness.py in
   _LM, _register_model, HAVE_LM_EVAL = object, None, False
 
 NAME = "longjax"
-METHODS = ("plain", "truncation", "beacon", "focus")
+PLAIN, BEACON, FOCUS = (m.name for m in (method_names.PLAIN, method_names.BEACON,
+                                          method_names.FOCUS))
+TRUNCATION = "truncation"  # the plain decoder reading the last `window` prompt tokens
+METHODS = (PLAIN, TRUNCATION, BEACON, FOCUS)
+WITH_ASSET = (BEACON, FOCUS)
 MODEL_ARGS = ("method", "checkpoint", "asset", "window", "tokenizer", "dtype", "batch_size", "loop")
 # lm-eval's CLI hands every model these (None is dropped): JAX places arrays on its own device.
 IGNORED_ARGS = ("device", "max_batch_size")
@@ -110,7 +115,7 @@ def asset_kind(path: Path) -> Optional[str]:
   """``beacon`` / ``focus`` by the settings file an asset directory holds; None otherwise."""
   from longjax.beacon.asset import META as BEACON_META
   from longjax.focus.asset import META as FOCUS_META
-  for kind, meta in (("beacon", BEACON_META), ("focus", FOCUS_META)):
+  for kind, meta in ((BEACON, BEACON_META), (FOCUS, FOCUS_META)):
     if (path / meta).is_file():
       return kind
   return None
@@ -144,7 +149,7 @@ def check_model_args(kwargs: dict) -> Args:
     raise HarnessError(f"model_args method={method!r} is not a longjax method{_near(method, METHODS)}"
                        f"; use one of {', '.join(METHODS)}")
   window = kw.get("window")
-  if method == "truncation":
+  if method == TRUNCATION:
     if window is None:
       raise HarnessError("method=truncation needs window=W (the prompt tokens the model reads), "
                          "e.g. window=256")
@@ -153,7 +158,7 @@ def check_model_args(kwargs: dict) -> Args:
     raise HarnessError(f"model_args window= applies to method=truncation only, not {method}: drop "
                        "it (or use method=truncation)")
   asset = str(kw.get("asset", "") or "")
-  if method in ("beacon", "focus"):
+  if method in WITH_ASSET:
     if not asset:
       raise HarnessError(f"method={method} needs asset= (its trained tensors: a directory or e.g. "
                          f"smollm2_{method}); untrained {method} tensors are not the method")
@@ -176,7 +181,7 @@ def check_model_args(kwargs: dict) -> Args:
   if loop not in ("auto", "device", "host"):
     raise HarnessError(f"model_args loop={loop!r}: use auto, device or host")
   ckpt = str(kw.get("checkpoint", "") or "")
-  if method in ("plain", "truncation") and not ckpt:
+  if method in (PLAIN, TRUNCATION) and not ckpt:
     raise HarnessError(f"method={method} needs checkpoint= (a model directory or smollm2)")
   if ckpt and ckpt.lower() != "smollm2" and not Path(ckpt).expanduser().is_dir():
     raise HarnessError(f"model_args checkpoint={ckpt!r} is not a directory: give a HF / longjax "
@@ -217,7 +222,7 @@ class Parts:
   @property
   def registry(self):
     from longjax import methods
-    return methods.get("plain" if self.method == "truncation" else self.method)
+    return methods.get(PLAIN if self.method == TRUNCATION else self.method)
 
   def token_limit(self):
     """``(most input + output tokens, why)``; ``(None, ...)`` for plain / truncation."""
@@ -231,9 +236,9 @@ def load_parts(args: Args) -> Parts:
   from longjax.data.tokenizers import get_tokenizer
   from longjax.eval.models import _generation_eos
   base = checkpoint_dir(args)
-  reg = methods.get("plain" if args.method == "truncation" else args.method)
+  reg = methods.get(PLAIN if args.method == TRUNCATION else args.method)
   settings = None
-  if args.method in ("beacon", "focus"):
+  if args.method in WITH_ASSET:
     cfg, settings, params = reg.load_asset(resolve_asset(args.asset), base or None)
   else:
     from longjax.checkpoint import load_any
