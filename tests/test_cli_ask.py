@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import longjax
-from longjax.eval import ask
+from longjax import ask
 from longjax.beacon import BeaconConfig, BeaconLM, load_beacon
 from longjax.beacon.asset import load_beacon_asset, save_beacon_asset
 from longjax.convert import assets

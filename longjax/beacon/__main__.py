@@ -26,7 +26,7 @@ PROG = "python -m longjax.beacon"
 
 
 def build_parser():
-  from longjax.eval import ask
+  from longjax import ask
   from longjax.method_names import BEACON
   ap = ask.ask_parser(PROG, __doc__, BEACON, asset_required=False)  # or --hf_dir
   ap.add_argument("--hf_dir", metavar="DIR",
@@ -55,7 +55,7 @@ def main(argv=None):
 
 def _check_inputs(args):
   """The cheap checks, before the model loads: gives ``(text, asset dir or None)``."""
-  from longjax.eval import ask
+  from longjax import ask
   from longjax.convert.assets import find_asset
   from longjax.errors import LongjaxError, PathNotFound
   from longjax.method_names import BEACON
@@ -78,7 +78,7 @@ def _check_inputs(args):
 
 def _main(args):
   import dataclasses
-  from longjax.eval import ask
+  from longjax import ask
   from longjax.beacon import BeaconLM, load_beacon
   from longjax.beacon.asset import load_beacon_asset
   from longjax.method_names import BEACON

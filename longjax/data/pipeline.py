@@ -20,7 +20,7 @@ import numpy as np
 
 from longjax.data import sources
 from longjax.data.sources import DataError
-from longjax.focus import spans
+from longjax.data import focus_spans as spans
 from longjax.run_config import source_options as source_spec
 
 

@@ -21,7 +21,7 @@ PROG = "python -m longjax.focus"
 
 
 def build_parser():
-  from longjax.eval import ask
+  from longjax import ask
   from longjax.method_names import FOCUS
   return ask.ask_parser(PROG, __doc__, FOCUS)
 
@@ -33,7 +33,7 @@ def main(argv=None):
 
 
 def _main(args):
-  from longjax.eval import ask
+  from longjax import ask
   from longjax.convert.assets import find_asset
   from longjax.focus import FocusLLM
   from longjax.focus.asset import load_focus_asset

@@ -1,4 +1,5 @@
-"""Random FocusLLM training indices (spec §5), for the data pipeline; host-side numpy only.
+"""Random FocusLLM training indices (spec §5), for the data pipeline; host-side numpy only. It
+knows no method package: the data pipeline below the methods draws them.
 
 The model never draws anything: :class:`longjax.focus.losses.FocusLoss` takes the indices this
 module samples (or any others, e.g. recorded ones).
@@ -7,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from longjax.focus.config import FocusError
+from longjax.data.errors import DataError
 
 OFFICIAL_STRIDES = (64, 128, 256, 512, 1024, 2048)
 
@@ -24,7 +25,7 @@ def sample_indices(rng: np.random.Generator, length: int, *, window: int = 3072,
   Returns ``dict(objective, memory_len, local_start, local_size, stride, target_index)``.
   """
   if length < window or window - 2 < min_local:
-    raise FocusError(f"a training sample needs length >= window ({window}) > min_local + 1; "
+    raise DataError(f"a training sample needs length >= window ({window}) > min_local + 1; "
                      f"got length {length}, min_local {min_local}")
   if objective == "random":
     objective = ("continuation", "repetition")[int(rng.integers(2))]
@@ -38,6 +39,6 @@ def sample_indices(rng: np.random.Generator, length: int, *, window: int = 3072,
     a = int(rng.integers(n)) * window + int(rng.integers(0, window - ls))
     memory_len = length
   else:
-    raise FocusError(f"objective must be continuation, repetition or random, got {objective!r}")
+    raise DataError(f"objective must be continuation, repetition or random, got {objective!r}")
   return dict(objective=objective, memory_len=memory_len, local_start=a, local_size=ls,
               stride=stride, target_index=a + ls)

@@ -1,7 +1,7 @@
 """Asking a model about a text file: ``python -m longjax.beacon`` and ``python -m longjax.focus``
 share all but the loading of their method (the text, the chat prompt, the streamed answer, the stop
-ids, the time and memory report). It sits above the methods and the generator it drives, beside
-the evaluation that also runs them; the two ``__main__`` programs are entry points."""
+ids, the time and memory report). It sits beside the methods (whose ``__main__`` programs import
+it) and above the generator, the asset lookup and the tokenizers it uses."""
 from __future__ import annotations
 
 import argparse
