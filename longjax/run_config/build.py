@@ -132,7 +132,8 @@ def _check_values(rc: RunConfig, entry: method_names.MethodName):
     raise ConfigError("train.distill needs top_k >= 1 and alpha >= 0")
   if d.rest not in ("bucket", "renormalise"):
     raise ConfigError(f"train.distill.rest must be 'bucket' (the teacher's mass outside its top_k "
-                      f"is one more class) or 'renormalise' (rounds 2-5), got {d.rest!r}")
+                      f"is one more class) or 'renormalise' (the top_k renormalised to sum to "
+                      f"1), got {d.rest!r}")
   _check_sources(rc, section)
   try:
     stages = curriculum.parse(rc.data.curriculum)

@@ -116,7 +116,7 @@ class DistillSettings:
   ``rest``: what happens to the teacher's mass outside its top ``top_k`` (on SmolLM2 prose ~12 %,
   and ~13 % of the true next tokens lie there). ``"bucket"``: it is one more target class, the
   student's mass outside those ids: KL over top_k + 1 classes, 0 when the student equals the
-  teacher. ``"renormalise"`` (rounds 2-5): the top ``top_k`` are renormalised to sum to 1, which
+  teacher. ``"renormalise"``: the top ``top_k`` are renormalised to sum to 1, which
   teaches the student to starve the rest of the vocabulary."""
   top_k: int = 32
   alpha: float = 0.0
