@@ -70,7 +70,6 @@ MODEL_ARGS = ("method", "checkpoint", "asset", "window", "tokenizer", "dtype", "
 IGNORED_ARGS = ("device", "max_batch_size")
 DTYPES = ("float32", "bfloat16")
 GEN_KWARGS = ("until", "max_gen_toks", "do_sample", "temperature", "top_k", "top_p", "seed")
-ASSETS_DIR = Path(__file__).resolve().parents[2] / "assets"
 INSTALL = "pip install -r requirements-eval.txt"
 
 
@@ -122,16 +121,18 @@ def asset_kind(path: Path) -> Optional[str]:
 
 
 def resolve_asset(spec: str) -> Path:
-  """A directory, else the name of an asset in the repository's ``assets/``."""
+  """A directory, else the name of an asset where the CLIs look names up (``$LONGJAX_ASSETS`` or
+  the repository's ``assets/``: :func:`longjax.convert.assets.assets_root`)."""
+  from longjax.convert.assets import assets_root
+  root = assets_root()
   p = Path(spec).expanduser()
   if p.is_dir():
     return p
-  if "/" not in spec and (ASSETS_DIR / spec).is_dir():
-    return ASSETS_DIR / spec
-  names = sorted(d.name for d in ASSETS_DIR.iterdir()) if ASSETS_DIR.is_dir() else []
+  if "/" not in spec and (root / spec).is_dir():
+    return root / spec
+  names = sorted(d.name for d in root.iterdir()) if root.is_dir() else []
   raise HarnessError(f"model_args asset={spec!r}: no such directory, nor an asset of that name in "
-                     f"{ASSETS_DIR}{_near(spec, names)}; give an asset directory or one of "
-                     f"{names}")
+                     f"{root}{_near(spec, names)}; give an asset directory or one of {names}")
 
 
 def check_model_args(kwargs: dict) -> Args:
