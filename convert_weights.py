@@ -35,14 +35,14 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jin
 
 
 def _gguf_to_longjax(args, load_kw):
-  from longjax import checkpoint
+  from longjax.ckpts import checkpoint
   from longjax.errors import LongjaxError, PathExists
-  from longjax.convert import load_hf
-  from longjax.models.gguf import gguf_to_hf
+  from longjax.ckpts import load_hf
+  from longjax.ckpts.gguf import gguf_to_hf
   out = Path(args.out).absolute()
   if out.exists() and not args.overwrite:  # before the (slow) conversion, not after it
     raise PathExists(f"{out} exists; pass --overwrite to replace it")
-  from longjax.atomic_dir import _host, _partial_prefix, clean_stale_partials, make_parent
+  from longjax.ckpts.atomic_dir import _host, _partial_prefix, clean_stale_partials, make_parent
   make_parent(out)
   clean_stale_partials(out)
   # The fp32 HF copy can be GBs: build it next to the target (same disk as the output, not /tmp),
@@ -62,8 +62,8 @@ def _gguf_to_longjax(args, load_kw):
 
 
 def convert(args):
-  from longjax import checkpoint
-  from longjax.convert import load_hf, save_hf
+  from longjax.ckpts import checkpoint
+  from longjax.ckpts import load_hf, save_hf
   kw = {}
   if args.init_beacon:
     kw = dict(alt_projections=tuple(args.init_beacon.split(",")), num_alt_embeddings=1,
@@ -76,7 +76,7 @@ def convert(args):
       checkpoint.save(args.out, cfg, params, overwrite=args.overwrite)
     print(f"wrote longjax checkpoint {args.out} ({cfg.family}, {cfg.num_layers} layers, {cfg.param_dtype})")
   elif args.gguf:
-    from longjax.models.gguf import gguf_to_hf
+    from longjax.ckpts.gguf import gguf_to_hf
     gguf_to_hf(args.gguf, args.hf_out, overwrite=args.overwrite)
     print(f"wrote HF checkpoint {args.hf_out} (fp32)")
   else:
@@ -104,7 +104,7 @@ PROG = "convert_weights.py"
 
 
 def build_parser() -> argparse.ArgumentParser:
-  from longjax import cli
+  from longjax.runtime import cli
   parser = cli.parser(PROG, __doc__)
   src = parser.add_argument_group("HF -> longjax")
   src.add_argument("--hf_dir", metavar="DIR", help="HF model directory (config.json + *.safetensors)")
@@ -151,7 +151,7 @@ def main(argv=None):
   if args.hf_out and (args.dtype or args.init_beacon):
     parser.error("--dtype and --init_beacon apply to a longjax output (--out) only")
 
-  from longjax import cli
+  from longjax.runtime import cli
   # One line: the problem and the file, not a traceback through the converter.
   return cli.run(PROG, lambda: _check_inputs(args) or convert(args),
                  debug=args.debug)
@@ -169,7 +169,7 @@ def _check_inputs(args):
     if want_dir and not Path(p).is_dir():
       raise NotADirectory(f"--{flag} {p}: not a directory")
   # An output that is, holds or lies inside an input would delete it when replaced (--overwrite).
-  from longjax.atomic_dir import check_output_apart, check_parent
+  from longjax.ckpts.atomic_dir import check_output_apart, check_parent
   inputs = {f"--{f}": getattr(args, f) for f in ("hf_dir", "longjax_dir", "gguf")}
   for flag in ("out", "hf_out"):
     if getattr(args, flag):

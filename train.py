@@ -23,7 +23,7 @@ from ml_collections import config_flags
 
 # The repository root first on sys.path (as eval.py): the config files import ``configs.common``.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from longjax import cli  # noqa: E402
+from longjax.runtime import cli  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "ml_collections config file (configs/*.py)",
                                           lock_config=True)

@@ -4,7 +4,7 @@
     JAX_PLATFORMS=cpu python -m bench.bench_beacon --quick         # smoke run (~2 min)
 
 One random Qwen2-shaped checkpoint (default: hidden 512, 4 layers, 8 query / 2 KV heads of 64,
-MLP 1536, vocab 32000, fp32) is written once as an HF checkpoint (``longjax.convert.save_hf``);
+MLP 1536, vocab 32000, fp32) is written once as an HF checkpoint (``longjax.ckpts.save_hf``);
 every method loads it:
 
 * ``beacon``: ``longjax.beacon.BeaconLM`` (``load_beacon(init="official")``: beacon projections =
@@ -52,7 +52,7 @@ WINDOW, RATIO = 1024, 8
 # Checkpoint
 def write_checkpoint(path: Path, model: dict, max_len: int, seed: int = 0):
   """A random Qwen2 checkpoint (HF layout) with ``model``'s shape."""
-  from longjax.convert.hf import save_hf
+  from longjax.ckpts.hf import save_hf
   from longjax.models.config import ModelConfig
   from longjax.models.decoder import init_params
   cfg = ModelConfig(family="qwen2", attention_bias=True, rope_theta=1e6, rms_norm_eps=1e-6,
@@ -77,8 +77,8 @@ def worker_jax(spec: dict) -> dict:
   import numpy as np
   from longjax.plain import PlainLM
   from longjax.beacon import BeaconLM, load_beacon
-  from longjax.convert.hf import load_hf
-  from longjax.sizes import round_up
+  from longjax.ckpts.hf import load_hf
+  from longjax.runtime.rounding import round_up
 
   t_len, n_dec = spec["length"], spec["decode"]
   peak0 = H.matmul_peak_jax("float32")
@@ -129,7 +129,7 @@ def worker_jax(spec: dict) -> dict:
 
 def _attn_choice(spec, lm, t_len):
   from longjax.kernels import explain
-  from longjax.sizes import round_up
+  from longjax.runtime.rounding import round_up
   c = lm.cfg
   if spec["method"] == BEACON:
     tq, tk = lm.schedule.q_slots, lm.capacity + lm.schedule.q_slots

@@ -3,7 +3,7 @@
     JAX_PLATFORMS=cpu python -m bench.bench_beacon_train              # SmolLM2-135M-Instruct
     JAX_PLATFORMS=cpu python -m bench.bench_beacon_train --tokens 512 --runs 2
 
-SmolLM2-135M-Instruct (``longjax.models.smollm2.get()``, cached) loaded with
+SmolLM2-135M-Instruct (``longjax.ckpts.smollm2.get()``, cached) loaded with
 ``load_beacon(dir, init="official")``, W = S = 256, ratio 4, beacon q/k/v, fp32, one document of
 ``--tokens`` random ids. Each measurement runs in its own subprocess; its peak RSS is the
 ``ru_maxrss`` that ``os.wait4`` returns for it (the whole process: model, compile, runs).
@@ -42,7 +42,7 @@ from bench import harness as H  # noqa: E402
 def _setup(spec):
   import numpy as np
   from longjax.beacon import BeaconConfig, load_beacon
-  from longjax.models import smollm2
+  from longjax.ckpts import smollm2
   bcfg = BeaconConfig(window=spec["window"], stride=spec["window"], ratios=(spec["ratio"],),
                       param=("q", "k", "v"))
   cfg, bcfg, params = load_beacon(smollm2.get(), init="official", beacon=bcfg)
@@ -112,15 +112,15 @@ def _task(spec):
   import jax
   import jax.numpy as jnp
   import numpy as np
-  from configs import smollm2_beacon
-  from longjax.convert import layout
+  from longjax.ckpts import layout
   from longjax.run_config import from_config
+  from longjax.run_config.files import load_config_file
   from longjax.train import loop
   tmp = Path(tempfile.mkdtemp(prefix="bench_beacon_train_"))
   data = tmp / "train.jsonl"
   data.write_text("".join(json.dumps(dict(text="The grass is green. " * spec["tokens"])) + "\n"
                           for _ in range(4)))
-  c = smollm2_beacon.get_config()
+  c = load_config_file(Path(__file__).resolve().parents[1] / "configs" / "smollm2_beacon.py")
   c.workdir = str(tmp / "run")
   c.beacon.window = c.beacon.stride = spec["window"]
   c.beacon.ratios = (spec["ratio"],)

@@ -1,4 +1,4 @@
-"""Cold vs warm start: what the persistent compilation cache (``longjax.compile_cache``) saves.
+"""Cold vs warm start: what the persistent compilation cache (``longjax.runtime.compile_cache``) saves.
 
 One fresh process per run, on the same random Qwen2-shaped model and prompt (built in-process,
 nothing downloaded): the first process compiles into an empty cache directory (cold), the second
@@ -31,12 +31,12 @@ MODEL = dict(family="qwen2", vocab_size=32000, hidden_size=512, intermediate_siz
 
 def worker(spec: dict) -> dict:
   t_start = time.perf_counter()
-  from longjax import compile_cache
+  from longjax.runtime import compile_cache
   where = compile_cache.enable(spec["cache"])
   import jax
   import numpy as np
   from longjax.beacon import BeaconConfig, BeaconLM
-  from longjax.generate import generate
+  from longjax.inference.generate import generate
   from longjax.models.config import ModelConfig
   from longjax.models.decoder import init_params
   cfg = ModelConfig(**MODEL, alt_projections=("q", "k", "v"), num_alt_embeddings=1)

@@ -42,7 +42,7 @@ def main(argv=None):
   import numpy as np
   from longjax.beacon import BeaconLM, load_beacon
   from longjax.models import decoder as D
-  from longjax.sizes import round_up
+  from longjax.runtime.rounding import round_up
 
   machine = H.machine_info()
   lengths = [int(x) for x in args.lengths.split(",")]

@@ -4,7 +4,7 @@ path it replaced, and vs a forward of the same loss.
     JAX_PLATFORMS=cpu python -m bench.bench_focus_train                  # SmolLM2-135M-Instruct
     JAX_PLATFORMS=cpu python -m bench.bench_focus_train --batch 2 --runs 2
 
-SmolLM2-135M-Instruct (``longjax.models.smollm2.get()``, cached), candidate q/k/v/o copied from the
+SmolLM2-135M-Instruct (``longjax.ckpts.smollm2.get()``, cached), candidate q/k/v/o copied from the
 base, ``FocusConfig(local_window=256, chunk_stride=256, prompt_cap=128)`` (configs/smollm2_focus.py),
 ``--batch`` samples of ``--chunks`` memory chunks + a 200-token local span, random ids.
 
@@ -40,7 +40,7 @@ def build(batch: int, chunks: int):
   from longjax.focus import condense as C
   from longjax.focus.losses import FocusLoss, freeze_base
   from longjax.focus.planner import ChunkBatch
-  from longjax.models import smollm2
+  from longjax.ckpts import smollm2
   from longjax.models.head import head_nll
 
   fcfg = FocusConfig(local_window=256, chunk_stride=256, prompt_cap=128, min_len_threshold=0)

@@ -207,8 +207,8 @@ def prefill_and_decode(lm, params, tokens, lengths, n_dec: int,
   t1 = time.perf_counter()
   on_prefill(logits, state)
   if loop == "device":
-    from longjax import decode_loop
-    from longjax.sampling import SamplingConfig
+    from longjax.inference import decode_loop
+    from longjax.inference.sampling import SamplingConfig
     plan = lm.device_plan(state, n_dec)
     samples, _, _ = decode_loop.run(plan, params, logits, n_dec + 1, SamplingConfig(),
                                     jax.random.PRNGKey(0), [], return_logits=False)

@@ -43,7 +43,7 @@ W = 256
 
 def _tok():
   from longjax.data.tokenizers import Tokenizer
-  from longjax.models import smollm2
+  from longjax.ckpts import smollm2
   from transformers import AutoTokenizer  # after longjax (it quiets transformers' torch notice)
   hf = smollm2.get()
   return hf, Tokenizer(AutoTokenizer.from_pretrained(hf, trust_remote_code=False))

@@ -50,7 +50,7 @@ class Focus:
       self.step = json.loads((Path(source) / "focus.json").read_text()).get("train_step", -1)
       if step == 0:
         from longjax.focus import focus_from_llama
-        from longjax.models import smollm2
+        from longjax.ckpts import smollm2
         cfg, fcfg, params = focus_from_llama(smollm2.get(), fcfg, param_dtype="float32")
         self.step = 0
     self.params = jax.tree.map(jnp.asarray, params)
@@ -83,7 +83,7 @@ class Focus:
 
 def _tok():
   from longjax.data.tokenizers import Tokenizer
-  from longjax.models import smollm2
+  from longjax.ckpts import smollm2
   from transformers import AutoTokenizer  # after longjax (it quiets transformers' torch notice)
   return Tokenizer(AutoTokenizer.from_pretrained(smollm2.get(), trust_remote_code=False))
 

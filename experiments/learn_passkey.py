@@ -51,13 +51,13 @@ def _focus_settings(c, a):
 
 
 def base_config(method, workdir, a):
-  sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-  from configs import tiny_beacon, tiny_focus
   from longjax import methods
+  from longjax.run_config.files import load_config_file
+  configs = Path(__file__).resolve().parents[1] / "configs"
   # each method's tiny config and this experiment's settings of its section
-  tiny, method_settings = {methods.Beacon: (tiny_beacon, _beacon_settings),
-                           methods.Focus: (tiny_focus, _focus_settings)}[type(methods.get(method))]
-  c = tiny.get_config()
+  tiny, method_settings = {methods.Beacon: ("tiny_beacon.py", _beacon_settings),
+                           methods.Focus: ("tiny_focus.py", _focus_settings)}[type(methods.get(method))]
+  c = load_config_file(configs / tiny)
   c.workdir = str(Path(workdir) / method)
   c.seed = a.seed
   c.model.family = "llama"

@@ -122,7 +122,7 @@ class Models:
 
   def __init__(self, args):
     from longjax.data.tokenizers import Tokenizer
-    from longjax.models import smollm2
+    from longjax.ckpts import smollm2
     from transformers import AutoTokenizer  # after longjax (it quiets transformers' torch notice)
     self.args = args
     self.hf_dir = smollm2.get()
@@ -134,7 +134,7 @@ class Models:
     if self._base is None:
       import jax
       import jax.numpy as jnp
-      from longjax.convert import load_hf
+      from longjax.ckpts import load_hf
       import longjax
       cfg, params = load_hf(self.hf_dir)
       # one PlainLM for the whole run: its jitted prefill/decode are cached on the object

@@ -73,7 +73,7 @@ def kjv_text() -> str:
 
 def _tok():
   from longjax.data.tokenizers import Tokenizer
-  from longjax.models import smollm2
+  from longjax.ckpts import smollm2
   from transformers import AutoTokenizer  # after longjax (it quiets transformers' torch notice)
   return Tokenizer(AutoTokenizer.from_pretrained(smollm2.get(), trust_remote_code=False))
 

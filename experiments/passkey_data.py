@@ -79,7 +79,7 @@ def main(argv=None):
   args = ap.parse_args(argv)
   from transformers import AutoTokenizer
   from longjax.data.tokenizers import Tokenizer
-  from longjax.models import smollm2
+  from longjax.ckpts import smollm2
   tok = Tokenizer(AutoTokenizer.from_pretrained(smollm2.resolve(args.tokenizer),
                                                 trust_remote_code=False))
   rng = np.random.default_rng(args.seed)

@@ -16,8 +16,8 @@ class _NoTorchNotice(_logging.Filter):
 _logging.getLogger("transformers").addFilter(_NoTorchNotice())
 
 from longjax.errors import LongjaxError  # noqa: E402
-from longjax.checkpoint import load, load_any, save  # noqa: E402
-from longjax.generate import GenerateOutput, generate  # noqa: E402
+from longjax.ckpts.checkpoint import load, load_any, save  # noqa: E402
+from longjax.inference.generate import GenerateOutput, generate  # noqa: E402
 from longjax.models.config import ModelConfig  # noqa: E402
 from longjax.models.decoder import Decoder, KVPrefix, init_params  # noqa: E402
 from longjax.beacon import BeaconConfig, BeaconLM, load_beacon, save_beacon  # noqa: E402

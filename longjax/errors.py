@@ -8,7 +8,7 @@ class LongjaxError(Exception):
 
   Every longjax exception class derives from it (keeping its older base, e.g. ``ValueError``, so
   existing ``except`` clauses still match). The CLIs (train.py, eval.py, convert_weights.py,
-  ``python -m longjax.beacon``, ``python -m longjax.models.smollm2``) print these as one line on
+  ``python -m longjax.beacon``, ``python -m longjax.ckpts.smollm2``) print these as one line on
   stderr and exit non-zero; ``--debug`` shows the traceback instead.
   """
 

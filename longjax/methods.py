@@ -19,7 +19,7 @@ import numpy as np
 from longjax import method_names
 # UnknownMethodError: what get refuses (raised by method_names.entry, below this registry)
 from longjax.method_names import UnknownMethodError, entry
-from longjax.sizes import round_up
+from longjax.runtime.rounding import round_up
 
 
 def _tiny_shape(model_section, tokenizer, **fields):
@@ -52,7 +52,7 @@ def base_config(config, tokenizer):
 
 
 def _hf_bos(path) -> Optional[int]:
-  from longjax.convert.hf import read_hf_config
+  from longjax.ckpts.hf import read_hf_config
   return read_hf_config(path).get("bos_token_id")
 
 
@@ -85,7 +85,7 @@ class Beacon:
 
   def is_trainable(self, path: str) -> bool:
     """Its projections and its beacon embedding (``alt_*``), nothing of the base."""
-    from longjax.convert.layout import is_alt
+    from longjax.ckpts.layout import is_alt
     return is_alt(path)
 
   def load_hf(self, path, settings, param_dtype=None):
@@ -95,7 +95,7 @@ class Beacon:
     return cfg, params
 
   def make_task(self, config, cfg, settings, *, max_length: int, lm_length=None):
-    from longjax.tasks import BeaconTask
+    from longjax.beacon.task import BeaconTask
     from longjax.models.config import remat_mode
     tc, loss_on = config.train, config.data.loss_on
     return BeaconTask(cfg, settings, max_length=max_length, seed=int(config.seed),
@@ -163,7 +163,7 @@ class Focus:
 
   def is_trainable(self, path: str) -> bool:
     """Only the candidate projections (its beacon embedding is never read)."""
-    from longjax.convert.layout import is_alt_projection
+    from longjax.ckpts.layout import is_alt_projection
     return is_alt_projection(path)
 
   def load_hf(self, path, settings, param_dtype=None):
@@ -172,7 +172,7 @@ class Focus:
     return cfg, params
 
   def make_task(self, config, cfg, settings, *, max_length: int, lm_length=None):
-    from longjax.tasks import FocusTask
+    from longjax.focus.task import FocusTask
     from longjax.models.config import remat_mode
     f, tc = config.focus, config.train
     return FocusTask(cfg, settings, dict(window=f.local_window, strides=tuple(f.strides),
@@ -197,7 +197,7 @@ class Focus:
     """FocusLLM protocol (``inference_ppl_forward``): prefill on the context, then teacher-forced
     decode steps over the held-out tokens, each scored by the logits before it (one device loop:
     ``teacher_forcing.teacher_forced_nll``)."""
-    from longjax.teacher_forcing import teacher_forced_nll
+    from longjax.inference.teacher_forcing import teacher_forced_nll
     ids = np.asarray(ids, np.int32)
     ctx, tgt = ids[:len(ids) - n], ids[len(ids) - n:]
     logits, state = model.prefill(params, ctx[None], np.array([len(ctx)], np.int32), n)
@@ -241,7 +241,7 @@ class Plain:
     return True
 
   def load_hf(self, path, settings, param_dtype=None):
-    from longjax.checkpoint import load_any
+    from longjax.ckpts.checkpoint import load_any
     return load_any(path)
 
   def make_task(self, config, cfg, settings, *, max_length: int, lm_length=None):
@@ -287,7 +287,7 @@ def load(method: Method, path, config, *, param_dtype=None):
   """``(cfg, params, settings)``: the checkpoint at ``path`` (a HF directory or a longjax
   checkpoint) with ``method``'s extra parameters, initialised as the official
   ``from_pretrained`` does where the checkpoint lacks them."""
-  from longjax import checkpoint as ckpt
+  from longjax.ckpts import checkpoint as ckpt
   p = Path(path)
   if ckpt.is_longjax_checkpoint(p):
     cfg, params, _ = ckpt.load(p)
@@ -300,7 +300,7 @@ def load(method: Method, path, config, *, param_dtype=None):
 
 def with_extra_params(method: Method, cfg, params, settings):
   """``(cfg, params)`` with ``method``'s extra parameters (kept where present)."""
-  from longjax.convert.layout import add_alt_params
+  from longjax.ckpts.layout import add_alt_params
   projections, n_embed, embed_init = method.extra_params(settings)
   if not projections and not n_embed:
     return cfg, params

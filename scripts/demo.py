@@ -17,7 +17,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 import longjax  # noqa: E402
-from longjax.convert import load_hf, save_hf  # noqa: E402
+from longjax.ckpts import load_hf, save_hf  # noqa: E402
 from longjax.data.tokenizers import ByteTokenizer  # noqa: E402
 
 
@@ -25,7 +25,7 @@ PROG = "scripts/demo.py"
 
 
 def build_parser():
-  from longjax import cli
+  from longjax.runtime import cli
   ap = cli.parser(PROG, __doc__)
   ap.add_argument("--workdir", default="runs/demo",
                   help="where the tiny checkpoint and its HF export are written")
@@ -42,7 +42,7 @@ def build_parser():
 def main(argv=None):
   ap = build_parser()
   args = ap.parse_args(argv)
-  from longjax import cli  # a bad --hf_dir or the like: one line, not a traceback
+  from longjax.runtime import cli  # a bad --hf_dir or the like: one line, not a traceback
   return cli.run(PROG, lambda: _demo(args), debug=args.debug, compile_cache="off")
 
 

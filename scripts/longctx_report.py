@@ -214,6 +214,9 @@ def parse(argv):
                   "niah_single_1:16384,passkey:4096), or 'all'; default: every task up to 8192 "
                   f"tokens, only {', '.join(LONG_TASKS)} past it")
   ap.add_argument("--window", type=int, default=256, help="truncation: prompt tokens kept")
+  ap.add_argument("--assets", default="", help="other assets than the committed ones, e.g. "
+                  "beacon=runs/smollm2_beacon/candidate (a campaign's candidate, measured on "
+                  "the same held-out cells; give another --out)")
   ap.add_argument("--ppl_data", default="pydoc", help="held-out text for perplexity: 'pydoc' "
                   "(Python's pydoc_data.topics, never trained on), a .txt file, or '' to record "
                   "the perplexity cells as not run")
@@ -243,6 +246,13 @@ def parse(argv):
   else:  # the default grid (module docstring): what 2 CPU cores do in about 2 hours
     args.pairs = {(t, n) for t in args.tasks for n in args.lengths
                   if n <= TRAINED_POSITIONS or t in LONG_TASKS}
+  args.model_args = {m: a.format(window=args.window) for m, a in METHODS.items()}
+  for spec in (x.strip() for x in args.assets.split(",") if x.strip()):
+    m, _, path = spec.partition("=")
+    if m not in harness.WITH_ASSET or not path:
+      raise HarnessError(f"--assets {spec!r}: give METHOD=DIR with METHOD one of "
+                         f"{', '.join(harness.WITH_ASSET)}")
+    args.model_args[m] = args.model_args[m].replace(f"asset=smollm2_{m}", f"asset={path}")
   args.skipped = {(m, t, int(n)) for m, t, n in
                   (s.split(":") for s in args.skip.split(",") if s.strip())}
   return args
@@ -277,10 +287,10 @@ def main(argv=None):
       if t == "perplexity" and not args.ppl_data:
         raise SkipCell("no held-out long text given (--ppl_data)")
       if m not in lm_cache:
-        from longjax import compile_cache
+        from longjax.runtime import compile_cache
         compile_cache.enable("auto")  # a rerun loads its programs from disk
         lm_cache.clear()
-        lm_cache[m] = LongjaxLM(**simple_parse_args_string(METHODS[m].format(window=args.window)))
+        lm_cache[m] = LongjaxLM(**simple_parse_args_string(args.model_args[m]))
         t0 = time.time()
       lm = lm_cache[m]
       tok_dir = lm.parts.tokenizer.name

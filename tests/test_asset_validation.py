@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from longjax.convert.assets import AssetError
-from longjax.convert.hf import save_hf
+from longjax.ckpts.assets import AssetError
+from longjax.ckpts.hf import save_hf
 from longjax.models import ModelConfig, init_params
 
 Q = "model.layers.0.self_attn.beacon_q_proj.weight"
@@ -272,7 +272,7 @@ def test_overwrite_refuses_a_directory_that_is_not_an_asset(made, tmp_path, caps
 def test_overwrite_killed_between_its_renames_is_restored(made, tmp_path):
   """The state a kill -9 leaves between ``out -> .out.old-PID`` and ``partial -> out``: the next
   load (or export) puts the old asset back instead of deleting it."""
-  from longjax.atomic_dir import _host
+  from longjax.ckpts.atomic_dir import _host
   dead = _dead_pid()
   for again in ("load", "export"):
     root = tmp_path / again

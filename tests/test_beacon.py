@@ -17,7 +17,7 @@ import longjax
 from longjax.beacon import (BeaconConfig, BeaconConfigError, BeaconLM,
                             BeaconSetupError, CapacityError, Planner, RowState, adapt_ratio,
                             load_beacon, save_beacon)
-from longjax.convert.hf import CheckpointError, save_hf, shard_map
+from longjax.ckpts.hf import CheckpointError, save_hf, shard_map
 from longjax.models.config import ModelConfig
 from longjax.models.decoder import init_params
 
@@ -238,7 +238,7 @@ def test_program_cache_skips_tracing_and_survives_a_bad_file(model, scan_traces,
   """With the program cache on, the first run exports each window program; a new process (here:
   the in-memory table cleared) deserializes them without tracing ``scan_windows`` and gets the
   same outputs. A corrupt file is re-exported; calls under jit (tracers) bypass the cache."""
-  from longjax import program_cache
+  from longjax.runtime import program_cache
   cfg, params = model
   monkeypatch.setattr(program_cache, "_LOADED", {})
   monkeypatch.setattr(program_cache, "_DIR", None)

@@ -16,7 +16,7 @@ from longjax.beacon.model import frozen_base
 from longjax.data.pipeline import Dataset, split_objectives
 from longjax.data.sources import DataError
 from longjax.models.decoder import Decoder
-from longjax.tasks import BeaconTask, DistillSettings, token_weights
+from longjax.beacon.task import BeaconTask, DistillSettings, token_weights
 
 W = 16
 
@@ -235,7 +235,7 @@ def test_campaign_record_carries_the_started_from_asset(tmp_path):
   """An asset exported from a run that started from another asset (train.init_from) records the
   sum of both runs' steps and tokens and both recipes; a cut metrics line is skipped."""
   import json
-  from longjax import campaign
+  from longjax.ckpts import campaign
   prev = tmp_path / "asset"
   prev.mkdir()
   (prev / "beacon.json").write_text(json.dumps(dict(campaign=dict(

@@ -16,7 +16,7 @@ import pytest
 
 from conftest import fixtures_root
 from longjax.beacon import BeaconLM, load_beacon
-from longjax.convert.hf import hf_tensors
+from longjax.ckpts.hf import hf_tensors
 
 
 def beacon_cases(beacon: Path) -> list:

@@ -45,7 +45,7 @@ ARGPARSE_ENTRY_POINTS = {  # module or script -> the program name its help must 
     "longjax.focus.__main__": "python -m longjax.focus",
     "longjax.beacon.asset": "python -m longjax.beacon.asset",
     "longjax.focus.asset": "python -m longjax.focus.asset",
-    "longjax.models.smollm2": "python -m longjax.models.smollm2",
+    "longjax.ckpts.smollm2": "python -m longjax.ckpts.smollm2",
     "longjax.data.haystack": "python -m longjax.data.haystack",
     "convert_weights.py": "convert_weights.py",
     "scripts/demo.py": "scripts/demo.py",

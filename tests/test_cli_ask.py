@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 import longjax
-from longjax import ask
+from longjax.inference import ask
 from longjax.beacon import BeaconConfig, BeaconLM, load_beacon
 from longjax.beacon.asset import load_beacon_asset, save_beacon_asset
-from longjax.convert import assets
-from longjax.convert.hf import save_hf
+from longjax.ckpts import assets
+from longjax.ckpts.hf import save_hf
 from longjax.data.tokenizers import get_tokenizer
 from longjax.focus import FocusConfig, FocusLLM
 from longjax.focus.asset import load_focus_asset, save_focus_asset

@@ -1,8 +1,8 @@
-"""The persistent compilation cache of the CLIs (``longjax.compile_cache``): where it goes, how it
+"""The persistent compilation cache of the CLIs (``longjax.runtime.compile_cache``): where it goes, how it
 is turned off, and that a second process finds what the first compiled."""
 from conftest import run_python
 
-from longjax import compile_cache as cc
+from longjax.runtime import compile_cache as cc
 
 
 def test_resolve_default_env_and_off(monkeypatch, tmp_path):
@@ -20,7 +20,7 @@ def test_resolve_default_env_and_off(monkeypatch, tmp_path):
 
 _PROBE = """
 import sys, time
-from longjax import compile_cache
+from longjax.runtime import compile_cache
 compile_cache.enable(sys.argv[1], min_compile_s=0)
 import jax, jax.numpy as jnp
 f = jax.jit(lambda x: jnp.tanh(x @ x.T).sum())

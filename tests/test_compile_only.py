@@ -14,7 +14,7 @@ pytest.importorskip("libtpu")
 
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 
-from longjax import compile_only as co  # noqa: E402
+from scripts import compile_only as co  # noqa: E402  (the library of the TPU report script)
 from longjax.kernels import flash, lowering  # noqa: E402
 
 pytestmark = pytest.mark.slow

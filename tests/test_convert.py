@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-import longjax.convert.hf as hf_io
+import longjax.ckpts.hf as hf_io
 from conftest import forward, run_python
 from hf_models import hf_logits, save_tiny
-from longjax import checkpoint
-from longjax.convert import CheckpointError, load_hf, save_hf
+from longjax.ckpts import checkpoint
+from longjax.ckpts import CheckpointError, load_hf, save_hf
 
 def _all_tensors(d: Path) -> dict:
   out = {}

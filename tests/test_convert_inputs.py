@@ -13,8 +13,8 @@ from test_reliability_round3 import _tiny_longjax, _tree
 
 @pytest.fixture(scope="module")
 def sources(tmp_path_factory):
-  from longjax import checkpoint
-  from longjax.convert import save_hf
+  from longjax.ckpts import checkpoint
+  from longjax.ckpts import save_hf
   d = tmp_path_factory.mktemp("src")
   lj = _tiny_longjax(d / "lj")
   cfg, params, _ = checkpoint.load(lj)
@@ -61,7 +61,7 @@ def test_fifo_input_is_refused_not_read(sources, tmp_path, capsys, name):
 
 def test_longjax_config_fifo_is_refused(sources, tmp_path):
   import shutil
-  from longjax import checkpoint
+  from longjax.ckpts import checkpoint
   from longjax.models.config import ModelConfigError
   lj, _ = sources
   shutil.copytree(lj, tmp_path / "lj")
@@ -100,7 +100,7 @@ def test_disk_full_is_one_line_and_leaves_nothing(sources, tmp_path, capsys, mon
   (tensorstore reports it as a ValueError): one line, no partial output."""
   import orbax.checkpoint as ocp
   from convert_weights import main
-  from longjax.convert import hf as hf_mod
+  from longjax.ckpts import hf as hf_mod
   lj, hf = sources
   out = tmp_path / "out"
   out.mkdir()

@@ -291,9 +291,9 @@ def test_cli_acceptance_passkey(tmp_path):
 def test_cli_real_checkpoint_uses_its_own_tokenizer(tmp_path):
   """The tiny config's eval section on SmolLM2: the checkpoint's tokenizer (and chat template) is
   used, not the tiny model's byte tokenizer (which scored it 0/6). ~30 s on 2 CPU cores."""
-  from longjax.models import smollm2
+  from longjax.ckpts import smollm2
   if not (smollm2.cache_dir() / "smollm2-135m-instruct" / "hf" / "model.safetensors").exists():
-    pytest.skip("SmolLM2 is not cached (python -m longjax.models.smollm2 fetches it)")
+    pytest.skip("SmolLM2 is not cached (python -m longjax.ckpts.smollm2 fetches it)")
   r = _cli("--config=configs/tiny_beacon.py", "--config.eval.checkpoint=smollm2",
            "--config.eval.method=plain", "--config.eval.task=passkey",
            "--config.eval.passkey.lengths=(400,)", "--config.eval.passkey.depths=(0,50,100)",

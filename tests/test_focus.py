@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from longjax.convert.hf import save_hf
+from longjax.ckpts.hf import save_hf
 from longjax.focus import (FocusConfig, FocusError, FocusLLM, focus_from_llama, load_focus,
                            save_focus, split_prompt, split_training)
 from longjax.focus import condense as C
 from longjax.focus.losses import FocusLoss, trainable_mask
 from longjax.focus.planner import pack_chunks
 from longjax.data.focus_spans import sample_indices
-from longjax.generate import generate
+from longjax.inference.generate import generate
 from longjax.models.decoder import Decoder
 
 from focus_helpers import prompt, tiny_focus, tiny_model
@@ -314,7 +314,7 @@ def test_training_rows_bucketed_to_the_batch_needs(tiny):
   """FocusTask computes batch x 2^k chunk rows (not batch x the longest document's chunks); the
   loss equals the one over all rows."""
   from longjax.focus.planner import pack_local
-  from longjax.tasks import FocusTask
+  from longjax.focus.task import FocusTask
   from longjax.focus.losses import TrainBatch
   cfg, params = tiny
   f = tiny_focus()

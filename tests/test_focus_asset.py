@@ -9,8 +9,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from longjax.convert import assets
-from longjax.convert.hf import save_hf
+from longjax.ckpts import assets
+from longjax.ckpts.hf import save_hf
 from longjax.focus.asset import AssetError, load_focus_asset, save_focus_asset
 
 from focus_helpers import tiny_focus, tiny_model

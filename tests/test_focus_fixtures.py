@@ -17,7 +17,7 @@ import pytest
 from conftest import fixtures_root
 from longjax.focus import FocusLLM, load_focus
 from longjax.focus.losses import FocusLoss
-from longjax.generate import generate
+from longjax.inference.generate import generate
 
 LOGIT_TOL, LOSS_TOL = 1e-4, 1e-5
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from longjax.focus import FocusLLM, load_focus, save_focus
 from longjax.focus.losses import FocusLoss
-from longjax.generate import generate
+from longjax.inference.generate import generate
 
 from focus_helpers import (EIGHT_DEVICE_PREAMBLE, decode_logits, prompt, prompt_batch,
                            run_eight_devices, tiny_focus, tiny_model)

@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 
 import longjax
-from longjax import decode_loop
+from longjax.inference import decode_loop
 from longjax.beacon import BeaconConfig, BeaconLM
 from longjax.beacon import decode as beacon_decode
 from longjax.focus import FocusLLM
-from longjax.generate import GenerateError
+from longjax.inference.generate import GenerateError
 from longjax.plain import PlainLM
-from longjax.teacher_forcing import teacher_forced_nll
+from longjax.inference.teacher_forcing import teacher_forced_nll
 
 from focus_helpers import prompt, tiny_focus, tiny_model
 from test_beacon import BCFG, VOCAB, tiny_cfg, tiny_params

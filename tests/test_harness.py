@@ -17,10 +17,10 @@ from longjax.data.tokenizers import Tokenizer  # noqa: E402
 from longjax.eval import harness  # noqa: E402
 from longjax.eval.harness import HarnessError, LongjaxLM, Parts  # noqa: E402
 from longjax.focus import FocusConfig  # noqa: E402
-from longjax.generate import generate  # noqa: E402
+from longjax.inference.generate import generate  # noqa: E402
 from longjax.models.config import ModelConfig  # noqa: E402
 from longjax.models.decoder import init_params  # noqa: E402
-from longjax.teacher_forcing import teacher_forced_nll  # noqa: E402
+from longjax.inference.teacher_forcing import teacher_forced_nll  # noqa: E402
 
 from conftest import forward  # noqa: E402
 from hf_models import byte_level_tokenizer  # noqa: E402

@@ -14,25 +14,16 @@ ROOT = Path(__file__).resolve().parents[1]
 # Top to bottom, as the picture in docs/architecture.md ("The layers"). A path ending in "/" is a
 # folder; the longest matching entry wins.
 LAYERS = [
-    ("entry points", ["train.py", "eval.py", "convert_weights.py", "longjax/compile_only.py",
-                      "scripts/", "bench/", "experiments/", "configs/", "hardware/",
-                      "longjax/beacon/__main__.py", "longjax/focus/__main__.py"]),
+    ("entry points", ["train.py", "eval.py", "convert_weights.py", "scripts/", "bench/",
+                      "experiments/", "configs/", "hardware/", "longjax/beacon/__main__.py",
+                      "longjax/focus/__main__.py"]),
     ("running", ["longjax/train/", "longjax/eval/"]),
-    ("the registry", ["longjax/methods.py"]),
-    ("training tasks, the plain decoder, the package's face",
-     ["longjax/tasks.py", "longjax/plain/", "longjax/__init__.py"]),
-    ("the methods, their data, the ask CLIs' shared code",
-     ["longjax/beacon/", "longjax/focus/", "longjax/data/", "longjax/ask.py"]),
-    ("checkpoints, conversion, generation", ["longjax/checkpoint.py", "longjax/convert/",
-                                             "longjax/generate.py", "longjax/teacher_forcing.py"]),
+    ("the registry and the package's face", ["longjax/methods.py", "longjax/__init__.py"]),
+    ("the methods", ["longjax/beacon/", "longjax/focus/", "longjax/plain/"]),
+    ("inference, checkpoints, data", ["longjax/inference/", "longjax/ckpts/", "longjax/data/"]),
     ("the decoder", ["longjax/models/"]),
-    ("run config, CLI plumbing, the device decode loop",
-     ["longjax/run_config/", "longjax/cli.py", "longjax/decode_loop.py", "longjax/campaign.py"]),
-    ("kernels and the ground floor",
-     ["longjax/kernels/", "longjax/method_names.py", "longjax/compile_cache.py",
-      "longjax/atomic_dir.py", "longjax/sampling.py", "longjax/program_cache.py",
-      "longjax/sizes.py", "longjax/quiet_reads.py", "longjax/errors.py",
-      "longjax/tree_cache.py"]),
+    ("kernels, run config", ["longjax/kernels/", "longjax/run_config/"]),
+    ("the ground floor", ["longjax/runtime/", "longjax/method_names.py", "longjax/errors.py"]),
 ]
 
 
@@ -124,3 +115,28 @@ def test_the_check_catches_an_upward_import():
       [_resolve(f"{node.module}.{a.name}") for a in node.names] if isinstance(node, ast.ImportFrom)
       else [_resolve(a.name) for a in node.names] if isinstance(node, ast.Import) else [])]
   assert tree_imports == ["longjax/beacon/model.py", "longjax/methods.py"]
+
+
+METHOD_PACKAGES = ("longjax/beacon/", "longjax/focus/", "longjax/plain/")
+
+
+def test_inference_and_the_methods_meet_only_through_the_protocol():
+  """``longjax/inference`` drives any method through ``longjax.models.protocol`` and imports no
+  method; a method implements the protocol and imports nothing of ``longjax/inference`` (only its
+  command-line entry point, ``__main__.py``, calls ``generate``)."""
+  found = []
+  for rel in _sources():
+    for line, target in imports(rel):
+      if rel.startswith("longjax/inference/") and target.startswith(METHOD_PACKAGES):
+        found.append(f"{rel}:{line} imports {target}")
+      if (rel.startswith(METHOD_PACKAGES) and not rel.endswith("__main__.py")
+          and target.startswith("longjax/inference/")):
+        found.append(f"{rel}:{line} imports {target}")
+  assert not found, "\n".join(found)
+
+
+def test_few_loose_modules_at_the_top_of_the_package():
+  """The package's top holds its face (``__init__``), the method registry, the method names and
+  the errors; everything else lives in a package that says what it is."""
+  loose = sorted(p.name for p in (ROOT / "longjax").glob("*.py"))
+  assert loose == ["__init__.py", "errors.py", "method_names.py", "methods.py"], loose

@@ -7,7 +7,7 @@ import pytest
 from flax import traverse_util
 
 from longjax import methods
-from longjax.convert import layout
+from longjax.ckpts import layout
 from longjax.focus.losses import trainable_mask
 from longjax.models.config import ModelConfig
 from longjax.models.decoder import init_params, param_shapes

@@ -1,4 +1,4 @@
-"""Trained projections stored as low-rank deltas from the base (longjax/convert/lowrank.py): the
+"""Trained projections stored as low-rank deltas from the base (longjax/ckpts/lowrank.py): the
 codec against the Eckart-Young error of a truncated SVD, the loaders on low-rank and full-tensor
 assets, and the committed SmolLM2 assets."""
 import json
@@ -10,8 +10,8 @@ import pytest
 from hf_models import save_tiny
 from longjax.beacon import BeaconConfig, load_beacon
 from longjax.beacon.asset import load_beacon_asset, save_beacon_asset
-from longjax.convert import lowrank
-from longjax.convert.assets import AssetError
+from longjax.ckpts import lowrank
+from longjax.ckpts.assets import AssetError
 
 NAME = "model.layers.0.self_attn.beacon_q_proj.weight"
 REF = "model.layers.0.self_attn.q_proj.weight"
@@ -128,7 +128,7 @@ def test_committed_focus_asset_is_small_and_reconstructs(smollm2_dir):
   stored whole: test_beacon_asset.py loads it)."""
   from safetensors import safe_open
   from conftest import REPO
-  from longjax.convert.hf import hf_tensors
+  from longjax.ckpts.hf import hf_tensors
   from longjax.focus.asset import load_focus_asset
   stem = "focus"
   asset = REPO / "assets" / f"smollm2_{stem}"

@@ -86,7 +86,7 @@ def test_side_by_side_heatmaps_share_one_colour_scale(tmp_path):
 
 def test_bad_methods_and_an_output_inside_an_asset_fail_before_the_model_loads(job, tmp_path,
                                                                                capsys):
-  from longjax.atomic_dir import OutputOverlapsInput
+  from longjax.ckpts.atomic_dir import OutputOverlapsInput
   with pytest.raises(SystemExit) as e:
     job["main"](["--methods", "full,beacn", "--out", str(tmp_path / "o")])
   assert e.value.code == 2
@@ -103,9 +103,9 @@ def test_main_prints_the_table_and_writes_the_figure(job, tmp_path, monkeypatch,
   """main() end to end with the model stubbed: full attention finds every key, truncation none."""
   import json
   import types
-  import longjax.models.smollm2
+  import longjax.ckpts.smollm2
   import transformers
-  monkeypatch.setattr(longjax.models.smollm2, "get", lambda: str(tmp_path / "hf"))
+  monkeypatch.setattr(longjax.ckpts.smollm2, "get", lambda: str(tmp_path / "hf"))
   monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained",
                       classmethod(lambda cls, *a, **k: None))
 

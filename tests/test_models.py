@@ -8,8 +8,8 @@ import pytest
 
 from conftest import forward
 from hf_models import hf_logits, save_tiny
-from longjax.convert import load_hf
-from longjax.generate import generate
+from longjax.ckpts import load_hf
+from longjax.inference.generate import generate
 from longjax.plain import PlainLM
 from longjax.models import CacheFullError, Decoder, KVCache, ModelConfig, cache_forward, init_params
 

@@ -95,7 +95,7 @@ def test_no_entry_point_opens_with_the_torch_notice():
           "importlib.util.find_spec = lambda n, *a, **k: (None if n.split('.')[0] == 'torch'\n"
           "                                               else real(n, *a, **k))\n"
           "sys.modules['torch'] = None\n"
-          "import longjax.models.smollm2, transformers, transformers.utils.import_utils as iu\n"
+          "import longjax.ckpts.smollm2, transformers, transformers.utils.import_utils as iu\n"
           "assert not iu.is_torch_available()\n"
           "transformers.logging.get_logger('transformers').warning('other advice stays')\n")
   env = {k: v for k, v in __import__("os").environ.items()
@@ -113,7 +113,7 @@ def test_no_entry_point_opens_with_the_torch_notice():
     ("some_extra", "'some-extra' is not installed: pip install some-extra"),
 ])
 def test_a_missing_package_is_one_line_naming_it_and_the_install_command(capsys, module, words):
-  from longjax import cli
+  from longjax.runtime import cli
 
   def fn():
     raise ModuleNotFoundError(f"No module named '{module}'", name=module)
@@ -126,7 +126,7 @@ def test_a_missing_package_is_one_line_naming_it_and_the_install_command(capsys,
 
 
 def test_a_missing_longjax_module_is_a_bug_with_its_traceback():
-  from longjax import cli
+  from longjax.runtime import cli
 
   def fn():
     raise ModuleNotFoundError("No module named 'longjax.nope'", name="longjax.nope")

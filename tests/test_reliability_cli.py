@@ -60,8 +60,8 @@ def test_every_project_exception_is_a_longjax_error():
   from longjax.errors import LongjaxError as base
   assert LongjaxError is base
   found = _project_exceptions()
-  for name in ("longjax.convert.hf.CheckpointError", "longjax.models.gguf.GGUFError",
-               "longjax.models.smollm2.FetchError", "longjax.models.kv_cache.CacheFullError",
+  for name in ("longjax.ckpts.hf.CheckpointError", "longjax.ckpts.gguf.GGUFError",
+               "longjax.ckpts.smollm2.FetchError", "longjax.models.kv_cache.CacheFullError",
                "longjax.beacon.config.BeaconConfigError", "longjax.focus.config.FocusError",
                "longjax.eval.errors.EvalError", "longjax.data.errors.DataError",
                "longjax.train.errors.TrainingError", "longjax.data.tokenizers.TokenizerChoiceError",
@@ -73,7 +73,7 @@ def test_every_project_exception_is_a_longjax_error():
                    and not issubclass(c, LongjaxError))
   assert set(not_yet) <= PENDING, not_yet
   # the old bases stay: existing `except ValueError` / `except RuntimeError` still match
-  assert issubclass(found["longjax.convert.hf.CheckpointError"], ValueError)
+  assert issubclass(found["longjax.ckpts.hf.CheckpointError"], ValueError)
   assert issubclass(found["longjax.train.errors.TrainingError"], RuntimeError)
   assert issubclass(found["longjax.data.tokenizers.TokenizerFilesError"], FileNotFoundError)
 
@@ -196,7 +196,7 @@ def test_eval_unknown_key_one_line():
 
 @pytest.mark.filterwarnings("ignore:the load_module:DeprecationWarning")  # ml_collections' loader
 def test_config_problems_in_process():
-  from longjax.cli import config_problem, suggestions
+  from longjax.runtime.cli import config_problem, suggestions
   cfg = ["--config=configs/tiny_beacon.py"]
   assert config_problem(cfg + ["--config.train.lr=1e-3"]) is None
   assert config_problem(cfg + ["--config.train.learning_rate=1"]) == (
@@ -263,7 +263,7 @@ def _dead_pid():
 
 
 def test_atomic_dir_removes_stale_partials_of_dead_writers(tmp_path):
-  from longjax.atomic_dir import _host, atomic_dir
+  from longjax.ckpts.atomic_dir import _host, atomic_dir
   dead, host = _dead_pid(), _host()
   stale = tmp_path / f".out.partial-{dead}@{host}.abcd1234"
   stale_old = tmp_path / f".out.old-{dead}"
@@ -288,7 +288,7 @@ def test_atomic_dir_removes_stale_partials_of_dead_writers(tmp_path):
 
 @pytest.mark.parametrize("umask", [0o022, 0o077, 0o002])
 def test_atomic_dir_output_follows_the_umask(tmp_path, umask):
-  from longjax.atomic_dir import atomic_dir
+  from longjax.ckpts.atomic_dir import atomic_dir
   old = os.umask(umask)
   try:
     with atomic_dir(tmp_path / "out") as tmp:

@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 
 from conftest import fixtures_root
-from longjax import checkpoint
-from longjax.convert.hf import CheckpointError, save_hf
+from longjax.ckpts import checkpoint
+from longjax.ckpts.hf import CheckpointError, save_hf
 from longjax.data.sources import DataError, read_source
-from longjax.generate import generate
+from longjax.inference.generate import generate
 from longjax.plain import PlainLM
 from longjax.models.config import ModelConfig
 from longjax.models.decoder import init_params
-from longjax.sampling import SamplingConfig
+from longjax.inference.sampling import SamplingConfig
 
 FIXTURES = fixtures_root()
 V = 97
@@ -279,7 +279,7 @@ def test_params_of_another_config_are_refused_before_tracing():
   """Reliability (WEAK): params of another config used to fail deep in a trace (Flax
   ScopeParamNotFoundError / a shape error); now one error names the first mismatches."""
   import longjax
-  from longjax.generate import GenerateError
+  from longjax.inference.generate import GenerateError
   from longjax.models import ModelConfig, init_params
   small = ModelConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_layers=2,
                       num_heads=4, num_kv_heads=2, head_dim=8)

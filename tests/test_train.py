@@ -221,7 +221,7 @@ def test_checkpoint_from_other_model_is_refused(tmp_path):
 def test_resume_refuses_other_base_weights_or_method_config(tmp_path, caplog):
   """Same shapes are not enough: other base weights or another beacon config are refused; a
   checkpoint written before these fingerprint fields existed still resumes (with a warning)."""
-  from longjax import checkpoint as ckpt
+  from longjax.ckpts import checkpoint as ckpt
   c = micro_config("beacon", tmp_path / "w", steps=2, save_every=2)
   loop.Trainer(from_config(c)).run()
   base = Path(c.workdir) / "base"
@@ -318,14 +318,14 @@ def test_beacon_task_loss_equals_beaconlm_loss(tmp_path):
   import jax.numpy as jnp
   from longjax.beacon import BeaconLM
   from longjax.data.tokenizers import get_tokenizer
-  from longjax import tasks
+  from longjax.beacon import task as beacon_task
   c = micro_config("beacon", tmp_path / "w")
   c.beacon.ratios = (4,)
   tok = get_tokenizer("byte")
   cfg, params = loop.load_base(from_config(c), tok, Path(c.workdir))
   params = jax.tree.map(jnp.asarray, params)
   ids = np.random.default_rng(0).integers(3, 200, size=100)
-  task = tasks.BeaconTask(cfg, methods.get("beacon").settings(from_config(c)), max_length=128, seed=0, step_bucket=4)
+  task = beacon_task.BeaconTask(cfg, methods.get("beacon").settings(from_config(c)), max_length=128, seed=0, step_bucket=4)
 
   class DS:
     pass

@@ -1,10 +1,10 @@
-"""longjax.tree_cache.TreeCache: one derived value per tree of live jax arrays, dropped with it."""
+"""longjax.runtime.tree_cache.TreeCache: one derived value per tree of live jax arrays, dropped with it."""
 import gc
 
 import jax.numpy as jnp
 import numpy as np
 
-from longjax.tree_cache import TreeCache
+from longjax.runtime.tree_cache import TreeCache
 
 
 def _counting(fn):

@@ -26,9 +26,11 @@ PROG = "python -m longjax.beacon"
 
 
 def build_parser():
-  from longjax import ask
+  from longjax.ckpts import assets
+  from longjax.inference import ask
   from longjax.method_names import BEACON
-  ap = ask.ask_parser(PROG, __doc__, BEACON, asset_required=False)  # or --hf_dir
+  ap = ask.ask_parser(PROG, __doc__, BEACON, assets.known_names(BEACON), assets.ASSETS_ENV,
+                      asset_required=False)  # or --hf_dir
   ap.add_argument("--hf_dir", metavar="DIR",
                   help="instead of --asset: a HF checkpoint with beacon tensors, or 'smollm2' / a "
                        "plain one with --init_official")
@@ -48,18 +50,18 @@ def build_parser():
 
 
 def main(argv=None):
-  from longjax import cli
+  from longjax.runtime import cli
   args = build_parser().parse_args(argv)
   return cli.run(PROG, lambda: _main(args), debug=args.debug, compile_cache=args.compile_cache)
 
 
 def _check_inputs(args):
   """The cheap checks, before the model loads: gives ``(text, asset dir or None)``."""
-  from longjax import ask
-  from longjax.convert.assets import find_asset
+  from longjax.inference import ask
+  from longjax.ckpts.assets import find_asset
   from longjax.errors import LongjaxError, PathNotFound
   from longjax.method_names import BEACON
-  from longjax.models.smollm2 import NAME
+  from longjax.ckpts.smollm2 import NAME
   ask.check_ask_args(args)
   if (args.asset is None) == (args.hf_dir is None):
     raise LongjaxError("give one of --asset (trained beacon tensors, e.g. smollm2_beacon) or "
@@ -78,14 +80,16 @@ def _check_inputs(args):
 
 def _main(args):
   import dataclasses
-  from longjax import ask
   from longjax.beacon import BeaconLM, load_beacon
   from longjax.beacon.asset import load_beacon_asset
+  from longjax.ckpts.assets import asset_base
+  from longjax.data.tokenizers import tokenizer_of
+  from longjax.inference import ask
   from longjax.method_names import BEACON
-  from longjax.models.smollm2 import resolve
+  from longjax.ckpts.smollm2 import resolve
   text, asset = _check_inputs(args)
   if asset is not None:
-    model_dir = ask.asset_base(asset, BEACON, args.base)
+    model_dir = asset_base(asset, BEACON, args.base)
     cfg, bcfg, params = load_beacon_asset(asset, args.base)
     if args.ratio_mix:
       bcfg = dataclasses.replace(bcfg, ratio_mix=args.ratio_mix)
@@ -99,7 +103,7 @@ def _main(args):
                                     param_dtype=dtype, **over)
     source = f"{model_dir}" + (" (untrained beacons: official init)" if args.init_official else "")
   cfg, params = ask.with_dtype(cfg, params, dtype)  # the asset's fp32 tensors; compute dtype
-  tok = ask.tokenizer_of(model_dir)
+  tok = tokenizer_of(model_dir)
   ids, how = ask.prompt_ids(tok, text, args)
   max_length = args.max_length or (len(ids) + args.max_new_tokens + bcfg.window)
   lm = BeaconLM(cfg, bcfg, max_length=max_length, ratio=args.ratio, progress=True)

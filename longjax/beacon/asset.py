@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Optional
 
 
-from longjax.atomic_dir import atomic_dir
-from longjax import campaign
-from longjax.convert import assets, lowrank
-from longjax.convert.assets import BASE_DIR, AssetError  # noqa: F401  (re-exported)
+from longjax.ckpts.atomic_dir import atomic_dir
+from longjax.ckpts import campaign
+from longjax.ckpts import assets, lowrank
+from longjax.ckpts.assets import BASE_DIR, AssetError  # noqa: F401  (re-exported)
 from longjax.method_names import BEACON
 
 log = logging.getLogger("longjax")
@@ -74,8 +74,8 @@ def save_beacon_asset(out_dir, cfg, bcfg, params, *, base: str, dtype: str = "bf
 def _embed(src: Path, dst: Path):
   """``src`` (a longjax checkpoint or a HF directory) as a HF directory at ``dst``."""
   import shutil
-  from longjax import checkpoint
-  from longjax.convert import save_hf
+  from longjax.ckpts import checkpoint
+  from longjax.ckpts import save_hf
   if checkpoint.is_longjax_checkpoint(src):
     base_cfg, base_params, _ = checkpoint.load(src)
     save_hf(dst, base_cfg, base_params)
@@ -95,10 +95,10 @@ def load_beacon_asset(asset_dir, base_dir: Optional[str] = None):
   """``(ModelConfig, BeaconConfig, params)``: the base (``base_dir``, default the one named in
   beacon.json; ``smollm2`` is fetched) with the asset's beacon tensors, in fp32. ``asset_dir``: a
   directory, or the name of one in the repository's assets/ (``"smollm2_beacon"``; see
-  ``longjax.convert.assets.find_asset``)."""
+  ``longjax.ckpts.assets.find_asset``)."""
   from longjax.beacon.config import BeaconConfig
   from longjax.beacon.convert import load_beacon
-  from longjax.atomic_dir import restore_interrupted_swap
+  from longjax.ckpts.atomic_dir import restore_interrupted_swap
   restore_interrupted_swap(asset_dir)  # first: an overwrite killed midway leaves the path missing
   asset_dir = assets.find_asset(asset_dir, BEACON)  # a path, or a name in assets/
   if not (asset_dir / META).exists() or not assets.has_tensors(asset_dir, STEM):
@@ -119,9 +119,9 @@ def params_from_workdir(workdir, step=None):
   """Checkpoint ``step`` (default: the newest) of a train.py beacon run merged into its base:
   ``(ModelConfig, BeaconConfig, params, step, checkpoint name)``."""
   from longjax.beacon.config import BeaconConfig
-  from longjax import checkpoint
+  from longjax.ckpts import checkpoint
   from longjax.beacon.convert import load_beacon
-  from longjax.models.smollm2 import resolve
+  from longjax.ckpts.smollm2 import resolve
   workdir = Path(workdir).absolute()
   c, method = assets.run_config(workdir, BEACON)
   if c is None:
@@ -169,7 +169,7 @@ def main(argv=None):
 
   def export():
     import dataclasses
-    from longjax.atomic_dir import check_output_apart
+    from longjax.ckpts.atomic_dir import check_output_apart
     check_output_apart(args.out, "--out", {"--workdir": args.workdir})
     assets.check_replaceable(args.out, args.overwrite, META, STEM, BEACON.title)  # before loading
     if not (Path(args.workdir) / "config.json").exists():
@@ -192,7 +192,7 @@ def main(argv=None):
                                 campaign=campaign.record(args.workdir, step)),
                       overwrite=args.overwrite, embed_base=embed, rank=args.rank or None)
     print(f"wrote {args.out} (step {step})")
-  from longjax import cli
+  from longjax.runtime import cli
   return cli.run(PROG, export, debug=args.debug)
 
 

@@ -2,7 +2,7 @@
 
 Tensor names (spec §6.4): ``model.beacon_embed_tokens.weight`` and
 ``model.layers.{i}.self_attn.beacon_{q,k,v,o}_proj.{weight,bias}`` are rows of the shared
-conversion table (``longjax.convert.table``), mapped to the decoder's ``alt_*`` parameters. The
+conversion table (``longjax.ckpts.table``), mapped to the decoder's ``alt_*`` parameters. The
 ``beacon_*`` fields of config.json become a ``BeaconConfig``.
 """
 from __future__ import annotations
@@ -12,9 +12,9 @@ from typing import Optional
 
 from longjax.beacon.config import BeaconConfig, BeaconConfigError
 from longjax import method_names
-from longjax.convert.hf import (CheckpointError, check_method, load_hf, method_stamp,
+from longjax.ckpts.hf import (CheckpointError, check_method, load_hf, method_stamp,
                                 read_hf_config, save_hf, shard_map)
-from longjax.convert.table import ALT_EMBEDDING_NAME, alt_proj_name
+from longjax.ckpts.table import ALT_EMBEDDING_NAME, alt_proj_name
 
 INITS = ("official",)
 

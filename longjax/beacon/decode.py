@@ -1,4 +1,4 @@
-"""Activation Beacon's decode steps for the device loop (``longjax.decode_loop``).
+"""Activation Beacon's decode steps for the device loop (``longjax.inference.decode_loop``).
 
 Generated tokens are fed one per row per step, and what the planner does with a token (its RoPE
 position, the beacons inserted after it, whether it completes a window and which raw-region
@@ -28,7 +28,7 @@ from longjax.beacon.memory import BeaconState
 from longjax.beacon.planner import append_only, stack
 from longjax.beacon.schedule import segments
 from longjax.beacon.step import Carry, window_step
-from longjax.decode_loop import DevicePlan, Segment
+from longjax.models.protocol import DevicePlan, Segment
 from longjax.models.decoder import Decoder, decode_decoder
 
 

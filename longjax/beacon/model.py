@@ -25,14 +25,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from longjax import program_cache
+from longjax.runtime import program_cache
 from longjax.beacon.config import BeaconConfig
 from longjax.beacon.memory import BeaconState, empty_state
 from longjax.beacon.planner import stack
 from longjax.beacon.schedule import (BeaconSetupError, CapacityError, Schedule, rows_of,
                                      segments)
 from longjax.beacon.step import Carry, _loss_jit, _scan_jit, _step_jit
-from longjax.convert import layout
+from longjax.ckpts import layout
 from longjax.kernels import MaskRule
 from longjax.models.config import ModelConfig
 from longjax.models.decoder import Decoder
@@ -146,7 +146,7 @@ class BeaconLM:
   def check_state_fits(self, batch: int):
     """Host side, before allocating: the memory buffers of ``batch`` rows must fit the device,
     and a buffer's positions must be int32-indexable."""
-    from longjax.generate import memory_limit_bytes
+    from longjax.models.inputs import memory_limit_bytes
     need, have = self.state_bytes(batch), memory_limit_bytes()
     if need <= have and self.capacity < 2**31:
       return
@@ -323,7 +323,7 @@ class Resumed:
       if len(self.carry) != n_state:
         raise CapacityError(f"resume: carry_tokens has {len(self.carry)} rows, the state "
                             f"{n_state}; give one entry per row (an empty list for none)")
-      from longjax.generate import check_integer_ids
+      from longjax.models.inputs import check_integer_ids
       check_integer_ids(list(self.carry), what="carry_tokens row")
       rows = [list(map(int, c)) + list(r) for c, r in zip(self.carry, rows)]
     out = self.lm.forward(params, rows, state=self.state, training=False, reserve=max_new_tokens)

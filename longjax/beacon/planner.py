@@ -26,10 +26,10 @@ from typing import List, Optional, Sequence, Tuple
 import jax
 import numpy as np
 
-from longjax import program_cache
+from longjax.runtime import program_cache
 from longjax.beacon.config import BeaconConfig, adapt_ratio
 from longjax.errors import LongjaxError
-from longjax.sizes import next_pow2
+from longjax.runtime.rounding import next_pow2
 
 IGNORE = -100
 

@@ -32,7 +32,7 @@ from longjax.beacon.memory import BeaconState
 from longjax.beacon.planner import (BeaconInputError, Planner, RowState, StepDesc, WindowPlan,
                                     assemble, stack)
 from longjax.errors import LongjaxError
-from longjax.sizes import next_pow2, round_up
+from longjax.runtime.rounding import next_pow2, round_up
 
 
 # Query slots of a one-token step: the token and the beacon that may follow it (interleave). Every
@@ -276,7 +276,7 @@ def segments(buckets: Sequence[int], most: Optional[int] = None, pad: int = 0,
 def rows_of(ids, lengths=None) -> list:
   """``[T]`` / ``[B, T]`` (+ lengths) / list of lists -> list of 1-D int arrays; float ids are
   refused (casting would truncate them)."""
-  from longjax.generate import check_integer_ids
+  from longjax.models.inputs import check_integer_ids
   if isinstance(ids, (list, tuple)) and ids and isinstance(ids[0], (list, tuple, np.ndarray)):
     check_integer_ids(ids, what="ids")
     rows = [np.asarray(r, np.int64).reshape(-1) for r in ids]

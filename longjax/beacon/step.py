@@ -14,7 +14,7 @@ from typing import NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 
-from longjax import program_cache
+from longjax.runtime import program_cache
 from longjax.beacon.planner import IGNORE, WindowPlan
 from longjax.kernels import TokenMeta
 from longjax.models.config import ModelConfig

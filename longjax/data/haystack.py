@@ -781,7 +781,7 @@ def score_files(answers_path, data_path) -> dict:
 def load_tokenizer(spec: str):
   from longjax.data.tokenizers import get_tokenizer
   if spec == "smollm2":
-    from longjax.models import smollm2
+    from longjax.ckpts import smollm2
     spec = str(smollm2.get())
   tok = get_tokenizer(spec)
   if tok.hf is not None:
@@ -794,7 +794,7 @@ PROG = "python -m longjax.data.haystack"
 
 
 def build_parser():
-  from longjax import cli
+  from longjax.runtime import cli
   ap = cli.parser(PROG, __doc__)
   ap.add_argument("--split", choices=SPLITS, help="which documents to write (none: --score)")
   ap.add_argument("--out", metavar="FILE", help="jsonl file to write (refused if it exists)")
@@ -846,7 +846,7 @@ def _main(args) -> int:
 
 def main(argv=None) -> int:
   args = build_parser().parse_args(argv)
-  from longjax import cli
+  from longjax.runtime import cli
   # host-side only: no JAX, so no compilation cache
   return cli.run(PROG, lambda: _main(args), debug=args.debug, compile_cache="off")
 

@@ -212,3 +212,12 @@ def save_with_model(tok: Tokenizer, out_dir) -> None:
     (Path(out_dir) / BYTE_MARKER).write_text(json.dumps({"tokenizer": "byte"}) + "\n")
   else:
     tok.hf.save_pretrained(str(out_dir))
+
+
+def tokenizer_of(model_dir: str) -> "Tokenizer":
+  """The tokenizer a model directory comes with."""
+  spec = own_tokenizer(str(model_dir))
+  if not spec:
+    raise LongjaxError(f"{model_dir} holds no tokenizer (no tokenizer.json, tokenizer.model or "
+                       "tokenizer_config.json): pass --base a model directory that has one")
+  return get_tokenizer(spec)

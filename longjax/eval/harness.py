@@ -122,8 +122,8 @@ def asset_kind(path: Path) -> Optional[str]:
 
 def resolve_asset(spec: str) -> Path:
   """A directory, else the name of an asset where the CLIs look names up (``$LONGJAX_ASSETS`` or
-  the repository's ``assets/``: :func:`longjax.convert.assets.assets_root`)."""
-  from longjax.convert.assets import assets_root
+  the repository's ``assets/``: :func:`longjax.ckpts.assets.assets_root`)."""
+  from longjax.ckpts.assets import assets_root
   root = assets_root()
   p = Path(spec).expanduser()
   if p.is_dir():
@@ -197,7 +197,7 @@ def check_model_args(kwargs: dict) -> Args:
 def checkpoint_dir(args: Args) -> str:
   """The base model directory: ``checkpoint=`` (``smollm2`` resolved, fetched once) or the base
   the asset names."""
-  from longjax.models import smollm2
+  from longjax.ckpts import smollm2
   if args.checkpoint:
     return str(Path(smollm2.resolve(args.checkpoint)).expanduser())
   meta = resolve_asset(args.asset) / f"{args.method}.json"
@@ -242,7 +242,7 @@ def load_parts(args: Args) -> Parts:
   if args.method in WITH_ASSET:
     cfg, settings, params = reg.load_asset(resolve_asset(args.asset), base or None)
   else:
-    from longjax.checkpoint import load_any
+    from longjax.ckpts.checkpoint import load_any
     cfg, params = load_any(base)
   if args.dtype:
     cfg = cfg.replace(dtype=args.dtype)
@@ -343,7 +343,7 @@ class LongjaxLM(_LM):
     p.model = p.registry.holding(p.model, p.cfg, p.settings, total)
 
   def _generate(self, rows, max_new: int, stop_ids, sampling: dict) -> list:
-    from longjax.generate import generate
+    from longjax.inference.generate import generate
     self._reserve(max(len(r) for r in rows) + max_new)
     out = generate(self.parts.model, self.parts.params, [list(r) for r in rows],
                    max_new_tokens=max_new, stop_ids=tuple(stop_ids), loop=self.loop, **sampling)

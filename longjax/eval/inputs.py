@@ -54,7 +54,7 @@ def check_tag(tag: str) -> None:
 
 
 def check_output_dir(out: Path) -> None:
-  from longjax.atomic_dir import check_parent
+  from longjax.ckpts.atomic_dir import check_parent
   if out.exists() and not out.is_dir():
     raise EvalError(f"config.eval.output_dir {out} is a file, not a directory; choose a directory "
                     "(or set config.workdir: results go to {workdir}/eval)")

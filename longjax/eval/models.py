@@ -5,10 +5,10 @@
 
 * the checkpoint is ``config.eval.checkpoint``, else ``config.model.checkpoint``, else the model
   ``train.py`` exported to ``{workdir}/export_hf`` (if any): a HF directory or a longjax checkpoint
-  (``longjax.checkpoint.load_any``; beacon / FocusLLM tensors are initialised from the base
+  (``longjax.ckpts.checkpoint.load_any``; beacon / FocusLLM tensors are initialised from the base
   projections when the checkpoint lacks them, as the official ``from_pretrained``). With none, a
   tiny random model shaped by the ``config.model`` fields. The name ``smollm2`` resolves to the
-  cached SmolLM2-135M-Instruct (``longjax.models.smollm2``).
+  cached SmolLM2-135M-Instruct (``longjax.ckpts.smollm2``).
   The tokenizer is ``config.model.tokenizer`` or ``config.data.tokenizer`` (``"byte"`` or a
   directory of HF tokenizer files), else the model's own: the checkpoint directory's, the byte
   tokenizer for the tiny model (``longjax.data.tokenizers.choose_tokenizer``, shared with
@@ -37,7 +37,7 @@ from longjax import methods
 from longjax.data.tokenizers import (Tokenizer, TokenizerChoiceError, choose_tokenizer,
                                      get_tokenizer)
 from longjax.eval.errors import EvalError
-from longjax.generate import generate
+from longjax.inference.generate import generate
 from longjax.models.config import ModelConfig
 from longjax.models.decoder import init_params
 
@@ -84,7 +84,7 @@ class Built:
     fingerprints a run's base: eval's resume and results files match a model by it, never by
     its path (a checkpoint retrained in place keeps its path)."""
     if not self.weights:
-      from longjax.train.checkpointing import weights_hash_full
+      from longjax.ckpts.fingerprint import weights_hash_full
       self.weights = weights_hash_full(self.params)
     return self.weights
 
@@ -217,7 +217,7 @@ def checkpoint_path(config) -> str:
   exported to ``{workdir}/export_hf`` if there is one; "" = the tiny random model."""
   ckpt = str(config.eval.checkpoint or config.model.checkpoint or "")
   if ckpt:
-    from longjax.models import smollm2
+    from longjax.ckpts import smollm2
     try:
       return smollm2.resolve(ckpt)
     except smollm2.FetchError as e:
@@ -249,7 +249,7 @@ def build_method(config, name: Optional[str] = None) -> Built:
     raise EvalError(f"the tokenizer has {tok.vocab_size} ids but the model's vocabulary is "
                     f"{cfg.vocab_size}: set config.data.tokenizer to the model's own tokenizer "
                     "(or '' for the checkpoint's)")
-  from longjax.train.checkpointing import weights_hash_full
+  from longjax.ckpts.fingerprint import weights_hash_full
   weights = weights_hash_full(params)  # on the host copy, before it moves to the device
   params = jax.tree.map(jnp.asarray, params)
   user_cap = int(config.eval.model_max_length or 0)

@@ -21,31 +21,33 @@ PROG = "python -m longjax.focus"
 
 
 def build_parser():
-  from longjax import ask
+  from longjax.ckpts import assets
+  from longjax.inference import ask
   from longjax.method_names import FOCUS
-  return ask.ask_parser(PROG, __doc__, FOCUS)
+  return ask.ask_parser(PROG, __doc__, FOCUS, assets.known_names(FOCUS), assets.ASSETS_ENV)
 
 
 def main(argv=None):
-  from longjax import cli
+  from longjax.runtime import cli
   args = build_parser().parse_args(argv)
   return cli.run(PROG, lambda: _main(args), debug=args.debug, compile_cache=args.compile_cache)
 
 
 def _main(args):
-  from longjax import ask
-  from longjax.convert.assets import find_asset
+  from longjax.ckpts.assets import asset_base, find_asset
+  from longjax.data.tokenizers import tokenizer_of
+  from longjax.inference import ask
   from longjax.focus import FocusLLM
   from longjax.focus.asset import load_focus_asset
   from longjax.method_names import FOCUS
   ask.check_ask_args(args)  # the cheap checks before the model loads
   asset = find_asset(args.asset, FOCUS)
   text = ask.read_text(args)
-  model_dir = ask.asset_base(asset, FOCUS, args.base)
+  model_dir = asset_base(asset, FOCUS, args.base)
   cfg, fcfg, params = load_focus_asset(asset, args.base)
   dtype = "float32" if args.dtype == "auto" else args.dtype
   cfg, params = ask.with_dtype(cfg, params, dtype)
-  tok = ask.tokenizer_of(model_dir)
+  tok = tokenizer_of(model_dir)
   ids, how = ask.prompt_ids(tok, text, args)
   ask.answer(FocusLLM(cfg, fcfg), params, ids, tok, cfg, args.max_new_tokens,
              f"FocusLLM, asset {asset}: local window {fcfg.local_window}, chunks of "

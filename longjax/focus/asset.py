@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Optional
 
 
-from longjax.atomic_dir import atomic_dir
-from longjax.convert import assets, lowrank
-from longjax.convert.assets import AssetError
+from longjax.ckpts.atomic_dir import atomic_dir
+from longjax.ckpts import assets, lowrank
+from longjax.ckpts.assets import AssetError
 from longjax.method_names import FOCUS
 
 STEM = FOCUS.name  # focus.safetensors (or its shards)
@@ -73,9 +73,9 @@ def load_focus_asset(asset_dir, base_dir: Optional[str] = None):
   """``(ModelConfig, FocusConfig, params)``: the base (``base_dir``, default the one named in
   focus.json; ``smollm2`` is fetched) with the asset's candidate projections, in fp32.
   ``asset_dir``: a directory, or the name of one in the repository's assets/
-  (``"smollm2_focus"``; see ``longjax.convert.assets.find_asset``)."""
+  (``"smollm2_focus"``; see ``longjax.ckpts.assets.find_asset``)."""
   from longjax.focus.convert import focus_from_llama
-  from longjax.atomic_dir import restore_interrupted_swap
+  from longjax.ckpts.atomic_dir import restore_interrupted_swap
   restore_interrupted_swap(asset_dir)  # first: an overwrite killed midway leaves the path missing
   asset_dir = assets.find_asset(asset_dir, FOCUS)  # a path, or a name in assets/
   if not (asset_dir / META).exists() or not assets.has_tensors(asset_dir, STEM):
@@ -98,7 +98,7 @@ def params_from_workdir(workdir, step: Optional[int] = None):
   ``(ModelConfig, FocusConfig, params, step, base name)``."""
   from longjax.focus.config import FocusConfig
   from longjax.focus.convert import focus_from_llama
-  from longjax.models.smollm2 import resolve
+  from longjax.ckpts.smollm2 import resolve
   workdir = Path(workdir).absolute()
   c, method = assets.run_config(workdir, FOCUS)
   checkpoint = c.model.checkpoint if c is not None else None
@@ -127,8 +127,8 @@ def main(argv=None):
   args = ap.parse_args(argv)
 
   def export():
-    from longjax.atomic_dir import check_output_apart
-    from longjax import campaign
+    from longjax.ckpts.atomic_dir import check_output_apart
+    from longjax.ckpts import campaign
     check_output_apart(args.out, "--out", {"--workdir": args.workdir})
     assets.check_replaceable(args.out, args.overwrite, META, STEM, FOCUS.title)  # before loading
     cfg, fcfg, params, step, base = params_from_workdir(args.workdir, args.step)
@@ -136,7 +136,7 @@ def main(argv=None):
                      info=dict(train_step=step, campaign=campaign.record(args.workdir, step)),
                      overwrite=args.overwrite, rank=args.rank or None)
     print(f"wrote {args.out} (step {step})")
-  from longjax import cli
+  from longjax.runtime import cli
   return cli.run(PROG, export, debug=args.debug)
 
 

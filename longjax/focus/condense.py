@@ -31,7 +31,7 @@ from longjax.focus.config import FocusError
 from longjax.kernels import TokenMeta
 from longjax.models.decoder import Decoder, KVPrefix
 from longjax.models.head import lm_head
-from longjax.tree_cache import TreeCache, live_arrays
+from longjax.runtime.tree_cache import TreeCache, live_arrays
 
 
 # Chunk rows per condensing forward when the user does not choose (FocusLLM(chunk_batch_size=...)).

@@ -4,7 +4,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-from longjax.convert.layout import alt_projections_of
+from longjax.ckpts.layout import alt_projections_of
 from longjax.models.config import ALT_PROJECTIONS
 from longjax.errors import LongjaxError
 

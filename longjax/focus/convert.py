@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Optional
 
 from longjax import method_names
-from longjax.convert.hf import (CheckpointError, check_method, load_hf, method_stamp,
+from longjax.ckpts.hf import (CheckpointError, check_method, load_hf, method_stamp,
                                 read_hf_config, save_hf, shard_map)
-from longjax.convert.layout import alt_embedding_row, embed_init_token
-from longjax.convert.table import ALT_EMBEDDING_NAME, alt_proj_name
+from longjax.ckpts.layout import alt_embedding_row, embed_init_token
+from longjax.ckpts.table import ALT_EMBEDDING_NAME, alt_proj_name
 from longjax.focus.config import FocusConfig, FocusError
 
 _EMBED = ALT_EMBEDDING_NAME

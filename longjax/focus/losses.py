@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from longjax.convert import layout
+from longjax.ckpts import layout
 from longjax.focus import condense as C
 from longjax.focus.config import FocusConfig, check_model
 from longjax.focus.planner import ChunkBatch, LocalBatch, pack_chunks, pack_local, split_training

@@ -1,6 +1,6 @@
 """FocusLLM as a generation method: prefill / cached decode step / closed-form recompute.
 
-``FocusLLM(cfg, fcfg)`` plugs into :func:`longjax.generate.generate` (``cfg``, ``prefill``,
+``FocusLLM(cfg, fcfg)`` plugs into :func:`longjax.inference.generate.generate` (``cfg``, ``prefill``,
 ``step``). Its state (:class:`FocusState`) is a pytree of fixed-capacity device buffers:
 
 * the per-chunk KV caches ``[L, N, cap, Hkv, D]`` (pre-RoPE, everything but each row's current
@@ -31,8 +31,8 @@ from longjax.focus import condense as C
 from longjax.focus.config import FocusConfig, FocusError, check_model
 from longjax.focus.planner import (ChunkBatch, LocalBatch, RowPlan, pack_chunks, pack_local,
                                    split_prompt)
-from longjax.decode_loop import DevicePlan, Segment
-from longjax.generate import check_kv_fits, check_max_new_tokens, check_token_ids
+from longjax.models.protocol import DevicePlan, Segment
+from longjax.models.inputs import check_kv_fits, check_max_new_tokens, check_token_ids
 from longjax.models.config import ModelConfig
 from longjax.models.decoder import Decoder
 from longjax.models.head import lm_head

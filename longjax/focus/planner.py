@@ -19,7 +19,7 @@ import jax
 import numpy as np
 
 from longjax.focus.config import FocusConfig, FocusError
-from longjax.sizes import next_pow2, round_up
+from longjax.runtime.rounding import next_pow2, round_up
 
 
 def pow2_bucket(n: int, multiple: int = 1) -> int:

@@ -43,7 +43,7 @@ from longjax.kernels.chunked import chunked_attention
 from longjax.kernels.errors import KernelError
 from longjax.kernels.mask import MaskRule, TokenMeta, NO_WINDOW, kernel_meta
 from longjax.kernels.reference import dense_attention
-from longjax.sizes import round_up
+from longjax.runtime.rounding import round_up
 
 IMPLS = ("auto", "xla", "chunked", "blockwise", "pallas")
 # Above this many scores per (batch, head) the XLA paths use the blockwise implementation.

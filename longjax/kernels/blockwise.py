@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from longjax.kernels.mask import (KernelMeta, block_visits, kernel_allowed, pad_kernel_meta)
-from longjax.sizes import round_up
+from longjax.runtime.rounding import round_up
 
 
 def _pad_seq(x, t, axis=1):

@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 
 from longjax.kernels.mask import MaskRule, TokenMeta, allowed, NO_WINDOW
-from longjax.sizes import round_up
+from longjax.runtime.rounding import round_up
 
 # -1e30, not -inf: masked scores then need no isfinite guard in the max / exp passes (a row that
 # sees nothing is zeroed explicitly below).

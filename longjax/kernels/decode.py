@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from longjax.kernels import flash, sharded
 from longjax.kernels.blockwise import attention_with_vjp, blockwise_bwd
 from longjax.kernels.mask import INT_MAX, KernelMeta
-from longjax.sizes import round_up
+from longjax.runtime.rounding import round_up
 
 # Decode path is used when the packed rows (G * Tq) fit one query block of this many rows.
 MAX_DECODE_ROWS = 64

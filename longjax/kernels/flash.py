@@ -40,7 +40,7 @@ from longjax.kernels.blockwise import attention_with_vjp, blockwise_bwd
 from longjax.kernels.errors import KernelError
 from longjax.kernels.mask import (KernelMeta, block_lists, block_visits, is_concrete,
                                   pad_kernel_meta)
-from longjax.sizes import next_pow2, round_up
+from longjax.runtime.rounding import next_pow2, round_up
 
 BACKENDS = ("tpu", "gpu")
 # Default block sizes per backend (query rows, key columns).

@@ -4,7 +4,7 @@
   Mosaic op verifiers). Ops that ask for the chip (the GQA index map's ``h // g``) need a TPU
   device kind: :func:`lower` traces inside ``jax.sharding.use_abstract_mesh`` with an abstract TPU
   device. Lowering does not check VMEM limits or Mosaic layouts: compiling does
-  (``compile_only.py``, needs ``libtpu``).
+  (``scripts/compile_only.py``, needs ``libtpu``).
 * ``cuda``: ``jit(f).trace(...).lower(lowering_platforms=("cuda",))`` runs Pallas -> Triton IR on
   the CPU with jaxlib <= 0.10.2. Later jaxlibs compile the Triton module at lowering time through
   the CUDA plugin: without it :func:`cuda_unavailable_reason` says so and the tests skip.

@@ -49,7 +49,7 @@ except Exception:  # pragma: no cover - backend removed in a future jax
 from longjax.kernels.errors import KernelError, KernelUnavailable
 from longjax.kernels.mask import kernel_allowed
 from longjax.kernels.pallas_common import flash_cost
-from longjax.sizes import is_pow2, next_pow2
+from longjax.runtime.rounding import is_pow2, next_pow2
 
 
 def available() -> bool:

@@ -44,7 +44,7 @@ from longjax.kernels import CAUSAL_PREFILL, NO_WINDOW, MaskRule, TokenMeta, atte
 from longjax.models.config import ModelConfig, ModelConfigError
 from longjax.models.head import lm_head
 from longjax.models.rope import apply_rope, rope_tables
-from longjax.tree_cache import TreeCache
+from longjax.runtime.tree_cache import TreeCache
 
 
 @jax.tree_util.register_dataclass
@@ -169,7 +169,7 @@ LAYER_LOOPS = ("scan", "unrolled")
 def unstack_layers(params):
   """The stacked ``params["layers"]`` (leading layer axis) as ``layers_0 .. layers_{L-1}``: the
   parameter layout of ``Decoder(layer_loop="unrolled")``. It is a copy of the layer weights, made
-  once per parameter tree of jax arrays (``_UNSTACKED``, a :class:`~longjax.tree_cache.TreeCache`),
+  once per parameter tree of jax arrays (``_UNSTACKED``, a :class:`~longjax.runtime.tree_cache.TreeCache`),
   so repeated generations do not copy (and page in) the weights again. Other leaves (numpy
   arrays, which may change in place; tracers) are copied at every call."""
   if "layers" not in params:

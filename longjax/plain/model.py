@@ -9,12 +9,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from longjax import decode_loop
-from longjax.generate import check_kv_fits, check_max_new_tokens, check_token_ids
+from longjax.models.protocol import DevicePlan, Segment
+from longjax.models.inputs import check_kv_fits, check_max_new_tokens, check_token_ids
 from longjax.models.config import ModelConfig
 from longjax.models.decoder import CAUSAL_PREFILL, Decoder, decode_decoder
 from longjax.models.kv_cache import KVCache, cache_forward, check_room
-from longjax.sizes import round_up
+from longjax.runtime.rounding import round_up
 
 
 class PlainLM:
@@ -44,11 +44,11 @@ class PlainLM:
     check_room(state, 1)
     return self._step(params, state, jnp.asarray(tokens)[:, None])
 
-  def device_plan(self, state: KVCache, n_feeds: int) -> decode_loop.DevicePlan:
+  def device_plan(self, state: KVCache, n_feeds: int) -> DevicePlan:
     # prefill sized the cache for max_new_tokens: the n_feeds tokens fit.
     check_room(state, n_feeds)
     step = PlainStep(decode_decoder(self.model))
-    return decode_loop.DevicePlan(state, [decode_loop.Segment(n_feeds, step)])
+    return DevicePlan(state, [Segment(n_feeds, step)])
 
 
 @dataclasses.dataclass(frozen=True)

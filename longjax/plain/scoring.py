@@ -10,7 +10,7 @@ import numpy as np
 from longjax.models.config import ModelConfig
 from longjax.models.decoder import CAUSAL_PREFILL, Decoder
 from longjax.models.head import head_nll
-from longjax.sizes import round_up
+from longjax.runtime.rounding import round_up
 
 BLOCK = 256
 

@@ -1,6 +1,6 @@
 """The plain decoder's training task (train.py's ``lm`` runs, which pretrain the tiny bases): next
-tokens over random crops of ``length`` tokens, every parameter trained. Like the method tasks of
-``longjax.tasks``, a host ``prepare`` and a device ``loss`` giving per-sample
+tokens over random crops of ``length`` tokens, every parameter trained. Like the method tasks
+(``beacon/task.py``, ``focus/task.py``), a host ``prepare`` and a device ``loss`` giving per-sample
 ``(loss_sum, loss_count)``."""
 from __future__ import annotations
 

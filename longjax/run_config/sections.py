@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar, Optional, Tuple
 
-# train.layout (beacon): where the last window's beacons go in training (longjax.tasks.BeaconTask)
+# train.layout (beacon): where the last window's beacons go in training (longjax.beacon.task.BeaconTask)
 LAYOUTS = ("official", "inference")
 # data.loss_on: which tokens the loss is on
 LOSS_ON = ("all", "answer", "distill")
@@ -184,7 +184,7 @@ class BeaconSection:
 @dataclasses.dataclass(frozen=True)
 class FocusSection:
   """``focus``: FocusLLM's settings (``longjax.focus.config.FocusConfig.from_config``) and its
-  training sampler's (``strides``, ``min_local``, ``objective``: ``longjax.tasks.FocusTask``)."""
+  training sampler's (``strides``, ``min_local``, ``objective``: ``longjax.focus.task.FocusTask``)."""
   local_window: int = 1024
   stride: int = 1024  # the chunk stride at inference
   strides: Tuple[int, ...] = (1024,)  # training: one drawn per sample

@@ -19,7 +19,8 @@ import jax
 import numpy as np
 
 from longjax.errors import LongjaxError
-from longjax.quiet_reads import _quiet_unraisable, _short
+from longjax.ckpts.fingerprint import weights_hash, weights_hash_full  # noqa: F401 (re-exported)
+from longjax.ckpts.orbax_noise import _quiet_unraisable, _short
 from longjax.train.errors import TrainingError
 
 log = logging.getLogger("longjax.train")
@@ -32,33 +33,6 @@ class CheckpointMismatch(LongjaxError, ValueError):
 _LEGACY_MODEL_KEYS = ("family", "vocab_size", "hidden_size", "num_layers", "num_heads",
                       "num_kv_heads", "head_dim", "intermediate_size")
 _RUNTIME_KEYS = ("dtype", "remat", "hf_extra")  # may change on resume; hf_extra repeats the rest
-
-
-def weights_hash(tree) -> str:
-  """A cheap content hash of a weight tree: every name, shape and dtype plus up to 4096 evenly
-  strided values of each tensor (another fine-tune or seed changes them; a 7B base hashes in
-  well under a second)."""
-  h = hashlib.sha256()
-  for path, x in sorted(jax.tree_util.tree_leaves_with_path(tree),
-                        key=lambda t: jax.tree_util.keystr(t[0])):
-    x = np.asarray(x)
-    flat = x.reshape(-1)
-    h.update(f"{jax.tree_util.keystr(path)}:{x.shape}:{x.dtype};".encode())
-    h.update(np.ascontiguousarray(flat[::max(1, flat.size // 4096)][:4096]).tobytes())
-  return h.hexdigest()[:16]
-
-
-def weights_hash_full(tree) -> str:
-  """A hash of every byte of a weight tree (names, shapes, dtypes and all values): a base changed
-  in a few values that :func:`weights_hash` does not sample is told apart too. One read of the
-  weights per run (~1 s per GB)."""
-  h = hashlib.blake2b(digest_size=16)
-  for path, x in sorted(jax.tree_util.tree_leaves_with_path(tree),
-                        key=lambda t: jax.tree_util.keystr(t[0])):
-    x = np.ascontiguousarray(np.asarray(x))
-    h.update(f"{jax.tree_util.keystr(path)}:{x.shape}:{x.dtype};".encode())
-    h.update(memoryview(x.reshape(-1).view(np.uint8)))
-  return h.hexdigest()
 
 
 def fingerprint(method: str, cfg, trainable, *, method_config=None, frozen=None) -> dict:

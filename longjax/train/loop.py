@@ -37,7 +37,7 @@ from longjax.train import sharding as shd
 from longjax.train.checkpointing import Checkpointer, fingerprint
 from longjax.train.metrics import MetricsWriter
 from longjax import methods
-from longjax.convert import layout
+from longjax.ckpts import layout
 from longjax.errors import LongjaxError
 from longjax.models.config import remat_mode
 from longjax.run_config import RunConfig, to_dict
@@ -75,7 +75,7 @@ def make_optimizer(tc, total_steps: int):
 # model + task
 def checkpoint_dir(c) -> str:
   """``config.model.checkpoint``, the name ``smollm2`` resolved to its cached HF directory."""
-  from longjax.models import smollm2
+  from longjax.ckpts import smollm2
   try:
     return smollm2.resolve(c.model.checkpoint or "")
   except smollm2.FetchError as e:
@@ -85,7 +85,7 @@ def checkpoint_dir(c) -> str:
 def load_base(c, tokenizer, workdir: Path):
   """``(cfg, params numpy)``: the checkpoint's model (or the tiny base, pretrained and cached in
   ``workdir/base`` on first use) with the method's extra parameters."""
-  from longjax import checkpoint as ckpt
+  from longjax.ckpts import checkpoint as ckpt
   mc = c.model
   method = methods.get(c.method)
   path = checkpoint_dir(c)
@@ -150,7 +150,7 @@ def _new_tiny_base(c, cfg, tokenizer, workdir: Path, base_dir: Path, recipe):
   back (the same bytes everywhere); an untrained base is only built there (eager initialization
   is slow, and the others would build the same thing), a pretrained one by all (the pretraining
   is one run over them)."""
-  from longjax import checkpoint as ckpt
+  from longjax.ckpts import checkpoint as ckpt
   params = None
   if jax.process_index() == 0 or int(c.model.pretrain.steps) > 0:
     params = pretrain_tiny_base(c, cfg, tokenizer, workdir)
@@ -250,7 +250,7 @@ def check_asset(c) -> dict:
   """The cheap part of ``train.init_from``, before the base is loaded (or a tiny one
   pretrained): the asset directory, its JSON and its tensors readable. Returns its JSON."""
   import json
-  from longjax.convert import assets
+  from longjax.ckpts import assets
   method = methods.get(c.method)
   if not method.assets:
     raise TrainingError(f"train.init_from is for methods that ship trained-tensor assets; "
@@ -280,7 +280,7 @@ def check_asset(c) -> dict:
 def _check_asset_base(src, meta: dict, params):
   """The asset's tensors were trained on this run's base (the fingerprint its export recorded);
   an asset written before the fingerprint was recorded is taken with a note."""
-  from longjax.convert import assets
+  from longjax.ckpts import assets
   want = meta.get(assets.BASE_WEIGHTS_KEY)
   if want is None:
     log.warning("train.init_from=%s records no fingerprint of its base (exported by an older "

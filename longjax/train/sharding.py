@@ -2,7 +2,7 @@
 
 Mesh axes: ``data`` (pure data parallelism), ``fsdp`` (data parallelism with parameters split
 over it) and ``tensor`` (heads / MLP split). Parameters get *logical* axes from their row of the
-conversion table (:func:`longjax.convert.layout.logical_axes`); :data:`LOGICAL_RULES` maps logical
+conversion table (:func:`longjax.ckpts.layout.logical_axes`); :data:`LOGICAL_RULES` maps logical
 axes to mesh axes, once, for every array. A dimension that a mesh axis does not divide is
 replicated instead (tiny models on many devices), so one config runs on 1 CPU device, 8 fake CPU
 devices or a pod.
@@ -16,7 +16,7 @@ import numpy as np
 from flax import traverse_util
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
-from longjax.convert.layout import logical_axes
+from longjax.ckpts.layout import logical_axes
 from longjax.errors import LongjaxError
 
 MESH_AXES = ("data", "fsdp", "tensor")

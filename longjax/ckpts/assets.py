@@ -230,7 +230,7 @@ def shard_files(asset_dir: Path, stem: str):
   """``(weight_map or None, file names)`` of the tensors of ``stem``: one file, or the shards its
   index names (checked as HF checkpoint indexes are: an object with a ``weight_map`` of tensor
   name -> file inside the asset; symlinks leaving the asset are refused too)."""
-  from longjax.convert.hf import CheckpointError, _index_shards
+  from longjax.ckpts.hf import CheckpointError, _index_shards
   asset_dir = Path(asset_dir)
   index = asset_dir / f"{stem}.safetensors.index.json"
   if index.exists():
@@ -252,7 +252,7 @@ def read_tensors(asset_dir: Path, stem: str, dtype: Optional[str] = None) -> dic
   """Every tensor of ``stem`` (one file or the shards its index names) as float32 numpy; each
   must be of ``dtype`` (what the settings declare; None: any float type, for assets that declare
   none) and finite."""
-  from longjax.convert.hf import safe_open
+  from longjax.ckpts.hf import safe_open
   asset_dir = Path(asset_dir)
   weight_map, files = shard_files(asset_dir, stem)
   index_name = f"{stem}.safetensors.index.json"
@@ -300,7 +300,7 @@ def set_tensors(cfg, params, tensors: dict, where: str, expected=None):
   name must belong to ``cfg``, have exactly the shape ``cfg`` gives it (numpy would broadcast a
   ``(64, 1)`` into a ``(64, 64)`` slot), and every name ``expected(name)`` accepts must be
   present."""
-  from longjax.convert.table import expected_names, get_path, hf_shape, put_tensor
+  from longjax.ckpts.table import expected_names, get_path, hf_shape, put_tensor
   names = expected_names(cfg)
   if expected is not None:
     missing = sorted(n for n in names if expected(n) and n not in tensors)
@@ -328,7 +328,7 @@ def check_replaceable(out_dir, overwrite: bool, meta_name: str, stem: str, title
   """Before an export: an ``out_dir`` whose replacing write was killed midway is put back first
   (``atomic_dir.restore_interrupted_swap``); ``overwrite`` replaces only an asset of this kind (or
   an empty directory), never a directory of unrelated files it would delete."""
-  from longjax.atomic_dir import restore_interrupted_swap
+  from longjax.ckpts.atomic_dir import restore_interrupted_swap
   from longjax.errors import PathExists
   out = Path(out_dir)
   restore_interrupted_swap(out)
@@ -347,7 +347,7 @@ def check_replaceable(out_dir, overwrite: bool, meta_name: str, stem: str, title
 def export_parser(prog: str, doc: str, run_kind: str, rank: int = 0):
   """The command line of an asset export (``prog``: ``python -m longjax.<method>.asset``); ``rank``:
   the default of ``--rank`` (0: whole tensors)."""
-  from longjax import cli
+  from longjax.runtime import cli
   ap = cli.parser(prog, doc)
   ap.add_argument("--workdir", required=True, metavar="DIR",
                   help=f"a train.py {run_kind} run directory")
@@ -369,7 +369,7 @@ def export_parser(prog: str, doc: str, run_kind: str, rank: int = 0):
 def base_of(asset_dir, meta: dict, meta_name: str, base_dir: Optional[str] = None) -> str:
   """The base model directory an asset loads on: ``base_dir``, else its embedded ``base/``, else
   the one its settings JSON names; never an empty name (which would read the current directory)."""
-  from longjax.models.smollm2 import resolve
+  from longjax.ckpts.smollm2 import resolve
   asset_dir = Path(asset_dir)
   if base_dir is not None and str(base_dir).strip():
     return resolve(str(base_dir))
@@ -392,7 +392,7 @@ def restore_trained(workdir: Path, step: Optional[int] = None):
   """``(trained params, step)`` of checkpoint ``step`` of a train.py run (default: the newest
   readable one, as train.py resumes; nothing is moved)."""
   import orbax.checkpoint as ocp
-  from longjax.quiet_reads import _quiet_unraisable, _short
+  from longjax.ckpts.orbax_noise import _quiet_unraisable, _short
   workdir = Path(workdir).absolute()
   mgr = ocp.CheckpointManager(workdir / "checkpoints")
   steps = sorted(mgr.all_steps())
@@ -438,3 +438,18 @@ def merge_trained(into: dict, trained: dict):
       merge_trained(into[k], v)
     else:
       into[k] = np.asarray(v, np.float32).reshape(np.shape(into[k]))
+
+
+def asset_base(asset_dir: Path, method, base: Optional[str]) -> str:
+  """The base model directory the asset ``asset_dir`` of ``method`` (a ``MethodName``) loads on
+  (``base``, else the one its settings name): where its tokenizer is."""
+  meta_name = f"{method.name}.json"
+  meta_path = Path(asset_dir) / meta_name
+  if not meta_path.is_file():
+    raise AssetError(f"{asset_dir} is not a {method.title} asset (no {meta_name})")
+  return base_of(asset_dir, json.loads(meta_path.read_text()), meta_name, base)
+
+
+def known_names(method) -> list:
+  """The names of ``method``'s assets in the repository's ``assets/`` (or ``$LONGJAX_ASSETS``)."""
+  return [k.split(" (")[0] for k in known_assets() if k.endswith(f"({method.title})")]

@@ -20,7 +20,7 @@ that an asset read on another base is refused instead of silently reconstructed 
 Loaders call :func:`expand` once, on the tensors read from the asset, and get full matrices back;
 an asset without ``"lowrank"`` (full tensors, the earlier format) passes through unchanged.
 
-  python -m longjax.convert.lowrank --asset assets/smollm2_beacon --out runs/beacon_r32 --rank 32
+  python -m longjax.ckpts.lowrank --asset assets/smollm2_beacon --out runs/beacon_r32 --rank 32
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ from typing import Callable, Mapping, Optional, Union
 
 import numpy as np
 
-from longjax.convert.assets import AssetError
+from longjax.ckpts.assets import AssetError
 
 U_SUFFIX = ".lowrank_u"
 V_SUFFIX = ".lowrank_v"
@@ -161,7 +161,7 @@ def expand(tensors: Mapping[str, np.ndarray], entry, reference: Reference, where
 
 def base_reader(base_dir) -> Callable[[str], Optional[np.ndarray]]:
   """The tensors of a HF checkpoint directory by name, as float32 (None: it has no such tensor)."""
-  from longjax.convert.hf import safe_open, shard_map
+  from longjax.ckpts.hf import safe_open, shard_map
   files = shard_map(base_dir)
 
   def read(name: str):
@@ -177,7 +177,7 @@ def stored_tensors(cfg, params, keep: Callable[[str], bool], rank: Optional[int]
   ``params`` that ``keep`` accepts, as rank-``rank`` deltas from ``params``' own base projections
   (the frozen ones they started as), or whole in ``dtype`` when ``rank`` is None or 0."""
   import ml_dtypes
-  from longjax.convert.hf import hf_tensors
+  from longjax.ckpts.hf import hf_tensors
   every = {n: np.asarray(v, np.float32) for n, v in hf_tensors(cfg, params)}
   kept = {n: v for n, v in every.items() if keep(n)}
   if not rank:
@@ -190,7 +190,7 @@ def stored_tensors(cfg, params, keep: Callable[[str], bool], rank: Optional[int]
 # An existing asset (full tensors) written again with low-rank deltas.
 def _asset_kind(asset_dir: Path) -> str:
   from longjax import method_names
-  from longjax.convert import assets
+  from longjax.ckpts import assets
   kinds = [s for s in (method_names.BEACON.name, method_names.FOCUS.name)
            if (asset_dir / f"{s}.json").exists() and assets.has_tensors(asset_dir, s)]
   if len(kinds) != 1:
@@ -203,8 +203,8 @@ def compress_asset(asset_dir, out_dir, rank: int = DEFAULT_RANK, overwrite: bool
                    base_dir: Optional[str] = None) -> dict:
   """Write the asset at ``asset_dir`` again at ``out_dir`` with its trained matrices as rank-``rank``
   deltas from its base; returns the ``"lowrank"`` entry written."""
-  from longjax.atomic_dir import atomic_dir, check_output_apart
-  from longjax.convert import assets
+  from longjax.ckpts.atomic_dir import atomic_dir, check_output_apart
+  from longjax.ckpts import assets
   asset_dir = Path(asset_dir)
   check_output_apart(out_dir, "--out", {"--asset": asset_dir})
   stem = _asset_kind(asset_dir)
@@ -227,8 +227,8 @@ def compress_asset(asset_dir, out_dir, rank: int = DEFAULT_RANK, overwrite: bool
 
 
 def main(argv=None):
-  from longjax import cli
-  ap = cli.parser("python -m longjax.convert.lowrank", __doc__)
+  from longjax.runtime import cli
+  ap = cli.parser("python -m longjax.ckpts.lowrank", __doc__)
   ap.add_argument("--asset", required=True, help="a beacon or FocusLLM asset of full tensors")
   ap.add_argument("--out", required=True)
   ap.add_argument("--rank", type=int, default=DEFAULT_RANK)
@@ -240,7 +240,7 @@ def main(argv=None):
   def run():
     entry = compress_asset(args.asset, args.out, args.rank, args.overwrite, args.base)
     print(f"wrote {args.out}: rank {entry['rank']}, energy kept {entry['energy_kept']}")
-  return cli.run("python -m longjax.convert.lowrank", run, debug=args.debug)
+  return cli.run("python -m longjax.ckpts.lowrank", run, debug=args.debug)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """HF tensor names <-> longjax parameter paths: one table, one transform per row.
 
 Each row says where an HF tensor lives in the longjax parameter tree, how its layout changes and
-which logical axes it is sharded on (:mod:`longjax.convert.layout` answers the other questions
+which logical axes it is sharded on (:mod:`longjax.ckpts.layout` answers the other questions
 about parameters from these rows).
 Per-layer rows (``{i}`` in the name) map onto one stacked array with a leading layer axis (the
 decoder's ``nn.scan``). The official Activation Beacon / FocusLLM extras (``beacon_*``) are rows in

@@ -18,10 +18,10 @@ from safetensors import safe_open as _safe_open
 from safetensors.numpy import save_file
 
 from longjax import method_names
-from longjax.atomic_dir import atomic_dir
-from longjax.convert.layout import (alt_embedding_row, copy_projection, embed_init_token, is_alt,
+from longjax.ckpts.atomic_dir import atomic_dir
+from longjax.ckpts.layout import (alt_embedding_row, copy_projection, embed_init_token, is_alt,
                                     is_alt_projection)
-from longjax.convert.table import (ALT_EMBEDDING_NAME, IGNORED_SUFFIXES, alt_proj_name,
+from longjax.ckpts.table import (ALT_EMBEDDING_NAME, IGNORED_SUFFIXES, alt_proj_name,
                                    alt_projections_in, expected_names, get_path, hf_shape,
                                    put_tensor, rows_for, set_path)
 from longjax.models.config import ModelConfig
@@ -91,7 +91,7 @@ def _index_shards(hf_dir: Path, index, index_name: str = INDEX_FILE,
   """The index's ``weight_map`` checked: a JSON object of tensor name -> shard file name, each
   shard inside ``hf_dir`` (an absolute name or ``..`` would read files from elsewhere into the
   output). ``index_name`` and ``fix`` word the messages (trained-tensor assets share this check,
-  ``longjax.convert.assets``)."""
+  ``longjax.ckpts.assets``)."""
   path = hf_dir / index_name
   weight_map = index.get("weight_map") if isinstance(index, dict) else None
   if not isinstance(weight_map, dict):

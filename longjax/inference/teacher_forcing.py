@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from longjax.decode_loop import (DevicePlan, DevicePlanError, check_covered, check_segment,
+from longjax.inference.decode_loop import (DevicePlan, DevicePlanError, check_covered, check_segment,
                                  step_params)
 from longjax.models.head import token_nll
 

@@ -63,10 +63,10 @@ def parser(prog: str, doc: Optional[str]) -> argparse.ArgumentParser:
 def run(prog: str, fn: Callable[[], Optional[int]], *, debug: bool = False,
         errors=KNOWN, compile_cache: Optional[str] = "auto") -> int:
   """``fn()`` (its return value, ``None`` = 0) with the persistent compilation cache at
-  ``compile_cache`` (``longjax.compile_cache``); a known failure prints one line and gives 1,
+  ``compile_cache`` (``longjax.runtime.compile_cache``); a known failure prints one line and gives 1,
   or re-raises when ``debug``."""
   try:
-    from longjax import compile_cache as cc
+    from longjax.runtime import compile_cache as cc
     cc.enable(compile_cache)
     return fn() or 0
   except errors as e:

@@ -1,6 +1,6 @@
 """Traced programs kept across processes (``jax.export``), next to the compilation cache.
 
-JAX's persistent compilation cache (:mod:`longjax.compile_cache`) skips XLA's compile, but every
+JAX's persistent compilation cache (:mod:`longjax.runtime.compile_cache`) skips XLA's compile, but every
 process still traces and lowers each program first: for a Beacon prefill that is ~1 s per
 memory-size bucket (the layer stack under ``nn.scan``, the window scan), about as long as loading
 the compiled programs. This module keeps the lowered program itself: the first process exports it
@@ -29,7 +29,7 @@ from typing import Callable, Optional
 import jax
 import numpy as np
 
-_log = logging.getLogger("longjax.program_cache")
+_log = logging.getLogger("longjax.runtime.program_cache")
 _DIR: Optional[Path] = None
 _LOADED: dict = {}  # key -> jitted call of the deserialized program
 SUFFIX = ".jaxexport"
@@ -57,7 +57,7 @@ def directory() -> Optional[Path]:
 def _code_version() -> str:
   """Hash of every longjax source file: a changed module never reuses an old program."""
   h = hashlib.sha256()
-  root = Path(__file__).resolve().parent
+  root = Path(__file__).resolve().parents[1]  # the whole longjax package
   for p in sorted(root.rglob("*.py")):
     h.update(str(p.relative_to(root)).encode())
     h.update(p.read_bytes())

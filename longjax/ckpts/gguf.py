@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from longjax.atomic_dir import atomic_dir
+from longjax.ckpts.atomic_dir import atomic_dir
 from longjax.errors import LongjaxError, PathExists, missing_dependency
 
 
@@ -86,7 +86,7 @@ _EXTRACT_PREFIX = "longjax-gguf-"
 def _clean_stale_extractions():
   """Remove the temporary GGUF copies of killed conversions (``longjax-gguf-PID@HOST.*`` in the
   temp directory, whose process is gone)."""
-  from longjax.atomic_dir import _host, pid_alive
+  from longjax.ckpts.atomic_dir import _host, pid_alive
   pat = re.compile(re.escape(_EXTRACT_PREFIX) + r"(\d+)@(.+)\.[a-z0-9_]{8}$")
   try:
     entries = list(Path(tempfile.gettempdir()).iterdir())
@@ -136,7 +136,7 @@ def gguf_path(path, sha256: str | None = None):
                         f"{info.file_size} bytes (more than {MAX_ZIP_RATIO}x): not a model file; "
                         "refused without extracting it")
       _clean_stale_extractions()
-      from longjax.atomic_dir import _host
+      from longjax.ckpts.atomic_dir import _host
       with tempfile.TemporaryDirectory(prefix=f"{_EXTRACT_PREFIX}{os.getpid()}@{_host()}.") as tmp:
         out = Path(tmp) / Path(info.filename).name
         h, n = hashlib.sha256(), 0

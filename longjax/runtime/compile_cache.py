@@ -9,7 +9,7 @@ Where: ``--compile_cache=<dir>`` on the CLIs, else ``$LONGJAX_COMPILE_CACHE``, e
 :func:`enable` themselves; importing longjax changes no JAX setting.
 
 The compilation cache still leaves tracing and lowering to every process; :func:`enable` also
-turns on :mod:`longjax.program_cache`, which keeps the Beacon window programs already lowered.
+turns on :mod:`longjax.runtime.program_cache`, which keeps the Beacon window programs already lowered.
 """
 from __future__ import annotations
 
@@ -72,6 +72,6 @@ def enable(where: Optional[str] = None, min_compile_s: float = 0.2) -> Optional[
   # programs of 0.2-1 s each (decode steps, small buckets), which add up.
   jax.config.update("jax_persistent_cache_min_compile_time_secs", float(min_compile_s))
   jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-  from longjax import program_cache
+  from longjax.runtime import program_cache
   program_cache.enable(path / "programs")  # traced programs too: see program_cache
   return path

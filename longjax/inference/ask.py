@@ -1,7 +1,7 @@
 """Asking a model about a text file: ``python -m longjax.beacon`` and ``python -m longjax.focus``
 share all but the loading of their method (the text, the chat prompt, the streamed answer, the stop
-ids, the time and memory report). It sits beside the methods (whose ``__main__`` programs import
-it) and above the generator, the asset lookup and the tokenizers it uses."""
+ids, the time and memory report). The ``__main__`` programs look up the asset and the tokenizer
+(``longjax.ckpts.assets``, ``longjax.data.tokenizers``) and hand them here."""
 from __future__ import annotations
 
 import argparse
@@ -9,20 +9,20 @@ import sys
 from pathlib import Path
 from typing import Callable, List, Optional
 
-from longjax.cli import COMPILE_CACHE_HELP, parser
+from longjax.runtime.cli import COMPILE_CACHE_HELP, parser
 from longjax.errors import LongjaxError
 
 
-def ask_parser(prog: str, doc: Optional[str], method, *,
+def ask_parser(prog: str, doc: Optional[str], method, known: List[str], assets_env: str, *,
                asset_required: bool = True) -> argparse.ArgumentParser:
   """The options both methods' question-answering commands take; ``method`` is the
-  ``method_names.MethodName`` whose assets ``--asset`` names."""
-  from longjax.convert import assets
+  ``method_names.MethodName`` whose assets ``--asset`` names, ``known`` the names of its assets
+  in the repository's ``assets/`` and ``assets_env`` the variable that names another folder
+  (``longjax.ckpts.assets``: the caller looks them up, so this module needs no checkpoint code)."""
   ap = parser(prog, doc)
-  known = [k.split(" (")[0] for k in assets.known_assets() if k.endswith(f"({method.title})")]
   ap.add_argument("--asset", metavar="NAME|DIR", required=asset_required,
                   help=f"trained {method.title} tensors: an asset directory, or the name of one in "
-                       f"the repository's assets/ (${assets.ASSETS_ENV} names another directory)"
+                       f"the repository's assets/ (${assets_env} names another directory)"
                        + (f"; here: {', '.join(known)}" if known else ""))
   ap.add_argument("--base", metavar="DIR",
                   help=f"the base model the asset loads on (default: the one its {method.name}.json "
@@ -67,29 +67,6 @@ def read_text(args) -> str:
   except UnicodeDecodeError as e:
     raise LongjaxError(f"--text {args.text} is not UTF-8 text ({e.reason} at byte {e.start})") \
         from None
-
-
-def asset_base(asset_dir: Path, method, base: Optional[str]) -> str:
-  """The base model directory the asset ``asset_dir`` of ``method`` loads on (``--base``, else
-  the one its settings name): where its tokenizer is."""
-  import json
-  from longjax.convert import assets
-  meta_name = f"{method.name}.json"
-  meta_path = Path(asset_dir) / meta_name
-  if not meta_path.is_file():
-    raise assets.AssetError(f"{asset_dir} is not a {method.title} asset (no {meta_name})")
-  return assets.base_of(asset_dir, json.loads(meta_path.read_text()), meta_name, base)
-
-
-def tokenizer_of(model_dir: str):
-  """The tokenizer a model directory comes with (``longjax.data.tokenizers.Tokenizer``)."""
-  # (transformers' "PyTorch was not found" advice is dropped once, in longjax/__init__)
-  from longjax.data.tokenizers import get_tokenizer, own_tokenizer
-  spec = own_tokenizer(str(model_dir))
-  if not spec:
-    raise LongjaxError(f"{model_dir} holds no tokenizer (no tokenizer.json, tokenizer.model or "
-                       "tokenizer_config.json): pass --base a model directory that has one")
-  return get_tokenizer(spec)
 
 
 def with_dtype(cfg, params, dtype: str):
@@ -181,7 +158,7 @@ def answer(method, params, ids: List[int], tok, cfg, max_new_tokens: int, descri
   """Generate the answer to the prompt ``ids`` greedily, streamed to stdout; ``describe`` (what
   runs) before it and the :func:`report` line (plus ``after(output)``) after it go to stderr, so
   that stdout holds the answer alone."""
-  from longjax.generate import generate
+  from longjax.inference.generate import generate
   print(f"{len(ids)} prompt tokens; {describe}", file=sys.stderr, flush=True)
   stops = stop_ids(cfg, tok)
   stream = Streamer(tok, stops)

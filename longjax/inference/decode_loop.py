@@ -27,8 +27,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from longjax.errors import LongjaxError
-from longjax.sampling import SamplingConfig, select_next
-from longjax.sizes import round_up
+from longjax.inference.sampling import SamplingConfig, select_next
+from longjax.models.protocol import DevicePlan, Segment  # noqa: F401  (the loop's input types)
+from longjax.runtime.rounding import round_up
+
 
 class DevicePlanError(LongjaxError, ValueError):
   """A method's :class:`DevicePlan` whose segments do not cover its feeds in order (a method of
@@ -37,32 +39,6 @@ class DevicePlanError(LongjaxError, ValueError):
 
 # Token buffers are sized in multiples of this, so nearby max_new_tokens share one program.
 BUFFER_MULTIPLE = 32
-
-
-@dataclasses.dataclass
-class Segment:
-  """Feeds ``[previous segment's end, end)`` run ``step(params, carry, x, tokens [B]) ->
-  (logits [B, V], carry)``: a pure jittable function, hashable by value (a static argument: equal
-  steps share one compiled loop). Feed ``f`` reads ``x = xs[f - first]`` (``None`` without xs).
-  A step with a ``prepare_params(params)`` method gets the parameters through it (on the host,
-  before its loop)."""
-  end: int
-  step: Callable
-  xs: Any = None  # leaves [n, ...]: per-feed inputs planned on the host
-  first: int = 0  # the feed xs[0] belongs to
-
-
-@dataclasses.dataclass
-class DevicePlan:
-  """What a method hands the device loop for ``n_feeds`` fed tokens (host side): the device
-  state to carry, the segments covering feeds ``[0, n_feeds)`` in order, and ``finish(carry,
-  feeds)``, which turns the carry after ``feeds`` fed tokens back into the method's state
-  (default: the carry itself). ``segments`` may be a generator: the loop draws the next one when
-  it reaches it, so a method can plan lazily (a generation that stops early plans no further).
-  Shapes of ``xs`` key the compiled loop: keep them independent of ``max_new_tokens``."""
-  carry: Any
-  segments: Sequence[Segment]
-  finish: Optional[Callable[[Any, int], Any]] = None
 
 
 @jax.tree_util.register_dataclass

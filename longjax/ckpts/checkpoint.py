@@ -12,9 +12,9 @@ from pathlib import Path
 
 import jax
 
-from longjax.atomic_dir import atomic_dir
+from longjax.ckpts.atomic_dir import atomic_dir
 from longjax.errors import LongjaxError, PathNotFound, write_failed
-from longjax.convert.hf import CheckpointError
+from longjax.ckpts.hf import CheckpointError
 from longjax.models.config import ModelConfig, ModelConfigError, hf_json
 
 
@@ -43,7 +43,7 @@ def config_to_json(cfg: ModelConfig) -> dict:
 def config_from_json(d: dict) -> ModelConfig:
   if FORMAT_KEY not in d:
     raise ModelConfigError("this config.json is not a longjax checkpoint config (no "
-                     f"'{FORMAT_KEY}' key); for a HF directory use longjax.convert.load_hf")
+                     f"'{FORMAT_KEY}' key); for a HF directory use longjax.ckpts.load_hf")
   fields = {k: _tuples(v) for k, v in d[FORMAT_KEY].items() if k != "hf_extra"}
   extra = d[FORMAT_KEY].get("hf_extra")
   if isinstance(extra, list):
@@ -168,6 +168,6 @@ def load_any(path, **hf_kwargs):
   if is_longjax_checkpoint(path):
     cfg, params, _ = load(path)
     return cfg, params
-  from longjax.convert.hf import load_hf
+  from longjax.ckpts.hf import load_hf
   cfg, params = load_hf(path, **hf_kwargs)
   return cfg, jax.tree.map(jax.numpy.asarray, params)

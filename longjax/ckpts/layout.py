@@ -1,6 +1,6 @@
 """What each parameter of the longjax tree is, read from the conversion table.
 
-The table (:mod:`longjax.convert.table`) names every tensor; this module answers the questions the
+The table (:mod:`longjax.ckpts.table`) names every tensor; this module answers the questions the
 rest of the code asks about those tensors, so that no other file spells a parameter path:
 
 * :func:`logical_axes`: how a parameter is laid out on the mesh (``train/sharding``);
@@ -23,7 +23,7 @@ import jax
 import numpy as np
 from flax import traverse_util
 
-from longjax.convert.table import ROWS
+from longjax.ckpts.table import ROWS
 from longjax.models.config import ModelConfig, ModelConfigError
 
 # Full path of every row -> its logical axes (None: replicated).

