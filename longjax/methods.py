@@ -107,7 +107,7 @@ class Beacon:
     from longjax.beacon import BeaconLM
     return BeaconLM(cfg, settings, max_length=max_length or 4 * settings.window, progress=False)
 
-  def holding(self, model, cfg, settings, total: int):
+  def with_room_for(self, model, cfg, settings, total: int):
     """``model``, or one whose memory buffers hold ``total`` tokens (rebuilt: recompiles)."""
     if total <= model.max_length:
       return model
@@ -183,7 +183,7 @@ class Focus:
     from longjax.focus import FocusLLM
     return FocusLLM(cfg, settings)
 
-  def holding(self, model, cfg, settings, total: int):
+  def with_room_for(self, model, cfg, settings, total: int):
     return model  # chunks are planned per call: nothing to size
 
   def token_limit(self, cfg, settings):
@@ -253,7 +253,7 @@ class Plain:
     from longjax.plain import BucketedPlainLM
     return BucketedPlainLM(cfg)
 
-  def holding(self, model, cfg, settings, total: int):
+  def with_room_for(self, model, cfg, settings, total: int):
     return model
 
   def token_limit(self, cfg, settings):

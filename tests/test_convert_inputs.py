@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from test_reliability_round3 import _tiny_longjax, _tree
+from test_untrusted_files import _tiny_longjax, _tree
 
 
 @pytest.fixture(scope="module")

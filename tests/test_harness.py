@@ -136,7 +136,7 @@ def test_loglikelihood_is_teacher_forced_nll(lms, base, method):
   (ll, greedy), = lm.loglikelihood([req(ctx, cont)], disable_tqdm=True)
   c, t = tok.encode(ctx), tok.encode(cont)
   p = lm.parts
-  p.model = p.registry.holding(p.model, p.cfg, p.settings, len(c) + len(t))
+  p.model = p.registry.with_room_for(p.model, p.cfg, p.settings, len(c) + len(t))
   logits, state = p.model.prefill(p.params, np.asarray([c], np.int32),
                                   np.array([len(c)], np.int32), len(t))
   want = teacher_forced_nll(p.model.device_plan(state, len(t) - 1), p.params, logits,

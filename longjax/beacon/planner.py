@@ -29,6 +29,7 @@ import numpy as np
 from longjax.runtime import program_cache
 from longjax.beacon.config import BeaconConfig, adapt_ratio
 from longjax.errors import LongjaxError
+from longjax.models.inputs import check_token_ids
 from longjax.runtime.rounding import next_pow2
 
 IGNORE = -100
@@ -125,7 +126,7 @@ class Planner:
 
   def __init__(self, bcfg: BeaconConfig, vocab_size: int, max_positions: int,
                beacon_capacity: int):
-    self.cfg = bcfg
+    self.bcfg = bcfg
     self.vocab_size = vocab_size
     self.max_positions = max_positions
     self.beacon_capacity = beacon_capacity
@@ -133,7 +134,7 @@ class Planner:
   # ------------------------------------------------------------------------------------------
   def _choose_ratio(self, st: RowState, total: int, training: bool, force: Optional[int]):
     """Returns ``(ratio, st)``; follows ``Memory.set_compression_ratio`` (spec §1)."""
-    c = self.cfg
+    c = self.bcfg
     if force is not None:
       return force, st
     if len(c.ratios) == 1:
@@ -169,7 +170,7 @@ class Planner:
     ``labels`` are unshifted (like ``labels=input_ids``); they are shifted once over this call's
     tokens (official ``prepare``), so the last token of a window predicts the next window's first.
     """
-    c = self.cfg
+    c = self.bcfg
     ids = np.asarray(ids, np.int64).reshape(-1)
     if force_ratio is not None:
       c.check_ratio(force_ratio)
@@ -210,11 +211,9 @@ class Planner:
 
   def _shifted_labels(self, ids: np.ndarray, labels) -> np.ndarray:
     """The next-token label of every id (``IGNORE`` for the last and without ``labels``), after
-    checking the ids and the labels' shape."""
-    if np.any(ids < 0) or np.any(ids >= self.vocab_size):
-      bad = ids[(ids < 0) | (ids >= self.vocab_size)][:5].tolist()
-      raise BeaconInputError(f"token ids must be in [0, {self.vocab_size}) (the beacon id "
-                             f"{self.vocab_size} is inserted by the planner); got {bad}")
+    checking the ids (the one vocabulary check every method shares: the beacon id, which is
+    ``vocab_size``, is inserted by the planner and never given) and the labels' shape."""
+    check_token_ids([ids], self.vocab_size, what="beacon input")
     lab = np.full(ids.shape, IGNORE, np.int64)
     if labels is not None:
       labels = np.asarray(labels, np.int64).reshape(-1)
@@ -229,7 +228,7 @@ class Planner:
     flag per slot (interleave: a beacon after every ``ratio`` raw tokens, continuing the
     remainder ``rem`` of the window's earlier steps; append: ``stride / ratio`` beacons after a
     full window; none in training's last window), with ``st``'s ratio choice updated."""
-    c = self.cfg
+    c = self.bcfg
     rem = st.rem
     if c.pos == "interleave":
       if st.need_ratio:
@@ -255,7 +254,7 @@ class Planner:
     with step-expansion) after ``st``'s memory."""
     m = st.sink_len + st.beacon_len + st.raw_len
     p = np.arange(length)
-    if self.cfg.attn != "step-expansion":
+    if self.bcfg.attn != "step-expansion":
       return m + p, 2 * (st.raw_len + p)
     # append only (config): spec §3.4, attend_prev=True
     pos = np.empty(length, np.int64)
@@ -272,7 +271,7 @@ class Planner:
     """What the raw region keeps after a step whose slots ``keep`` go to memory: ``(src, the
     row state's next fields)``. A full window moves the kept entries to the beacon memory and
     empties the raw region; a partial one appends every new slot."""
-    c = self.cfg
+    c = self.bcfg
     new_slots = -(np.arange(keep.size) + 1)
     if not full:
       src = np.concatenate([np.arange(st.raw_len), new_slots]).astype(np.int64)

@@ -340,7 +340,7 @@ class LongjaxLM(_LM):
 
   def _reserve(self, total: int):
     p = self.parts
-    p.model = p.registry.holding(p.model, p.cfg, p.settings, total)
+    p.model = p.registry.with_room_for(p.model, p.cfg, p.settings, total)
 
   def _generate(self, rows, max_new: int, stop_ids, sampling: dict) -> list:
     from longjax.inference.generate import generate

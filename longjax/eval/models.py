@@ -129,7 +129,7 @@ class Built:
 
   def reserve(self, total: int):
     """Make sure the model's buffers hold ``total`` tokens (beacon memory: rebuilds, recompiles)."""
-    self.model = self.method.holding(self.model, self.cfg, self.extra, total)
+    self.model = self.method.with_room_for(self.model, self.cfg, self.extra, total)
 
   def input_limit(self, max_new_tokens: int) -> int:
     """Plain baseline: the most prompt tokens kept (0: no truncation)."""

@@ -109,6 +109,14 @@ def explain(q_shape, k_shape, dtype, *, impl: str = "auto", interpret=None,
             backend: Optional[str] = None):
   """``(choice, reason)`` with choice in
   ``dense | chunked | blockwise | pallas_flash | pallas_decode``."""
+  choice, reason, _ = _decide(q_shape, k_shape, dtype, impl=impl, interpret=interpret,
+                              backend=backend)
+  return choice, reason
+
+
+def _decide(q_shape, k_shape, dtype, *, impl: str, interpret, backend: Optional[str]):
+  """``(choice, reason, fell_back)``: ``fell_back`` when ``impl='auto'`` wanted Pallas and the
+  shapes or platform made it take an XLA path (the caller warns once)."""
   if impl not in IMPLS:
     raise KernelError(f"unknown attention impl {impl!r}; choose one of {IMPLS}")
   b, tq, hq, _ = q_shape
@@ -116,28 +124,30 @@ def explain(q_shape, k_shape, dtype, *, impl: str = "auto", interpret=None,
   long_seq = tq * tk > DENSE_MAX_SCORES
   xla_choice = "blockwise" if long_seq else "dense"
   if impl == "xla":
-    return "dense", "impl='xla' requested"
+    return "dense", "impl='xla' requested", False
   if impl in ("blockwise", "chunked"):
-    return impl, f"impl={impl!r} requested"
+    return impl, f"impl={impl!r} requested", False
   pallas_kind = "pallas_decode" if (hq // hkv) * tq <= decode_lib.MAX_DECODE_ROWS else "pallas_flash"
   if impl == "pallas":
     reason = pallas_unsupported_reason(q_shape, k_shape, dtype, interpret=interpret, backend=backend)
     if reason:
       raise KernelError(f"impl='pallas' cannot run: {reason}")
-    return pallas_kind, "impl='pallas' requested"
+    return pallas_kind, "impl='pallas' requested", False
   # auto
   plat = flash.platform()
   if plat == "cpu" and not interpret:
     if tq <= CHUNK_Q:
-      return "dense", f"CPU: dense for at most {CHUNK_Q} queries; Pallas needs an accelerator"
+      return "dense", (f"CPU: dense for at most {CHUNK_Q} queries; Pallas needs an "
+                       "accelerator"), False
     if b * hq * CHUNK_Q * tk <= CHUNK_MAX_SCORES:
-      return "chunked", "CPU: query-chunked dense is the fastest XLA path; Pallas needs an accelerator"
+      return "chunked", ("CPU: query-chunked dense is the fastest XLA path; Pallas needs an "
+                       "accelerator"), False
     return "blockwise", (f"CPU: blockwise, one chunked block would hold more than "
-                         f"{CHUNK_MAX_SCORES} scores; Pallas needs an accelerator")
+                         f"{CHUNK_MAX_SCORES} scores; Pallas needs an accelerator"), False
   reason = pallas_unsupported_reason(q_shape, k_shape, dtype, interpret=interpret, backend=backend)
   if reason:
-    return xla_choice, f"fell back from Pallas to {xla_choice}: {reason}"
-  return pallas_kind, f"Pallas on {plat}"
+    return xla_choice, f"fell back from Pallas to {xla_choice}: {reason}", True
+  return pallas_kind, f"Pallas on {plat}", False
 
 
 def attention(q, k, v, q_meta: TokenMeta, k_meta: TokenMeta, rule: MaskRule = MaskRule(), *,
@@ -164,9 +174,9 @@ def attention(q, k, v, q_meta: TokenMeta, k_meta: TokenMeta, rule: MaskRule = Ma
                       f"k {k.shape}, v {v.shape}")
   if q.shape[2] % k.shape[2]:
     raise KernelError(f"query heads ({q.shape[2]}) must be a multiple of KV heads ({k.shape[2]})")
-  choice, reason = explain(q.shape, k.shape, q.dtype, impl=impl, interpret=interpret,
-                           backend=pallas_backend)
-  if "fell back" in reason:
+  choice, reason, fell_back = _decide(q.shape, k.shape, q.dtype, impl=impl, interpret=interpret,
+                                      backend=pallas_backend)
+  if fell_back:
     _warn_once(f"attention impl='auto': {reason}")
   scale = q.shape[-1] ** -0.5 if scale is None else scale
   if choice == "dense":

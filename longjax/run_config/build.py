@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import types
 import typing
 from typing import Any, Optional
 
@@ -180,6 +181,30 @@ def _section_type(hint) -> Optional[type]:
   return None
 
 
+_SCALARS = (bool, int, float, str)
+
+
+def _typed(hint, v, where: str):
+  """``v`` as the scalar type its field declares (``int``, ``float``, ``bool``, ``str``, or
+  ``Optional`` of one), so that the code reading the RunConfig uses fields as typed: a command
+  line's ``--config.train.lr=1`` becomes 1.0; ``2.0`` for an int field becomes 2; anything that
+  would change its value (``2.5`` for an int, ``1`` for a bool, a string for a number) is refused.
+  Other field types (tuples, sections, unions of several types) are kept as given."""
+  args = [a for a in typing.get_args(hint) if a is not type(None)]
+  optional = typing.get_origin(hint) in (typing.Union, types.UnionType) and len(args) == 1
+  want = args[0] if optional else hint
+  if want not in _SCALARS or (v is None and optional):
+    return v
+  ok = (isinstance(v, bool) if want is bool else
+        isinstance(v, str) if want is str else
+        isinstance(v, (int, float)) and not isinstance(v, bool)
+        and (want is float or float(v).is_integer()))
+  if not ok:
+    raise ConfigError(f"config field {where} must be {want.__name__}, got "
+                      f"{type(v).__name__} {v!r}")
+  return want(v)
+
+
 def _build(cls, node: dict, prefix: str, base: Any = None):
   """``cls`` from the keys of ``node`` (already checked); the others keep ``base``'s values (a
   default instance of ``cls``), else the class defaults."""
@@ -191,7 +216,7 @@ def _build(cls, node: dict, prefix: str, base: Any = None):
     if sub is not None and isinstance(v, dict):
       kw[k] = _build(sub, v, where, getattr(base, k, None) if base is not None else None)
     else:
-      kw[k] = tuple(v) if isinstance(v, list) else v
+      kw[k] = _typed(hints[k], tuple(v) if isinstance(v, list) else v, where)
   if base is not None:
     return dataclasses.replace(base, **kw)
   try:

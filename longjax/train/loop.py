@@ -58,16 +58,16 @@ def split_params(params, method: "methods.Method"):
 
 def make_optimizer(tc, total_steps: int):
   """``tc``: the ``train`` section (``run_config.TrainSection``)."""
-  warm = int(tc.warmup_steps)
+  warm = tc.warmup_steps
   decay = max(1, total_steps - warm)
-  sched = optax.linear_schedule(float(tc.lr), float(tc.end_lr), decay)
+  sched = optax.linear_schedule(tc.lr, tc.end_lr, decay)
   if warm:
-    sched = optax.join_schedules([optax.linear_schedule(0.0, float(tc.lr), warm), sched], [warm])
+    sched = optax.join_schedules([optax.linear_schedule(0.0, tc.lr, warm), sched], [warm])
   parts = []
   if tc.max_grad_norm:
-    parts.append(optax.clip_by_global_norm(float(tc.max_grad_norm)))
-  parts.append(optax.adamw(sched, b1=float(tc.b1), b2=float(tc.b2), eps=float(tc.eps),
-                           weight_decay=float(tc.weight_decay)))
+    parts.append(optax.clip_by_global_norm(tc.max_grad_norm))
+  parts.append(optax.adamw(sched, b1=tc.b1, b2=tc.b2, eps=tc.eps,
+                           weight_decay=tc.weight_decay))
   return optax.chain(*parts), sched
 
 
@@ -98,7 +98,7 @@ def load_base(c, tokenizer, workdir: Path):
     cfg = methods.base_config(c, tokenizer)
     base_dir = workdir / "base"
     # what the base is built from besides its shape (recorded with it, compared on reuse)
-    recipe = json.loads(json.dumps(dict(pretrain=to_dict(mc.pretrain), seed=int(c.seed)),
+    recipe = json.loads(json.dumps(dict(pretrain=to_dict(mc.pretrain), seed=c.seed),
                                    default=str))
     have = ckpt.is_longjax_checkpoint(base_dir)
     # every process has looked before process 0 may write it: they all take the same branch
@@ -152,7 +152,7 @@ def _new_tiny_base(c, cfg, tokenizer, workdir: Path, base_dir: Path, recipe):
   is one run over them)."""
   from longjax.ckpts import checkpoint as ckpt
   params = None
-  if jax.process_index() == 0 or int(c.model.pretrain.steps) > 0:
+  if jax.process_index() == 0 or c.model.pretrain.steps > 0:
     params = pretrain_tiny_base(c, cfg, tokenizer, workdir)
   if jax.process_index() == 0:
     ckpt.save(base_dir, cfg, params, extra=dict(recipe=recipe), overwrite=True)
@@ -168,7 +168,7 @@ def pretrain_tiny_base(c, cfg, tokenizer, workdir: Path):
   ``model.pretrain.length`` tokens (its native window), all parameters trainable."""
   from longjax.models.decoder import init_params
   pc = c.model.pretrain
-  params = jax.tree.map(np.asarray, init_params(cfg, seed=int(c.seed)))
+  params = jax.tree.map(np.asarray, init_params(cfg, seed=c.seed))
   if int(pc.steps) <= 0:
     return params
   sub = _pretrain_config(c, workdir)
@@ -384,22 +384,22 @@ class Trainer:
       raise TrainingError(f"tokenizer {tok_spec} has {self.tokenizer.vocab_size} ids but the "
                           f"model's vocabulary is {self.cfg.vocab_size}")
     t0 = time.time()
-    self.ds = pipeline.build_dataset(c.data, self.tokenizer, int(c.seed))
+    self.ds = pipeline.build_dataset(c.data, self.tokenizer, c.seed)
     log.info("data: %s (%.1fs)", self.ds.stats, time.time() - t0)
     self.method = methods.get(c.method)
     self.settings = self.method.settings(c, self.cfg.bos_token_id)
     self.task = self.method.make_task(c, self.cfg, self.settings,
                                       max_length=int(self.ds.lengths.max()),
                                       lm_length=self.lm_length)
-    gb = int(tc.global_batch)
-    accum = int(tc.grad_accum)
+    gb = tc.global_batch
+    accum = tc.grad_accum
     if gb % accum:
       raise TrainingError(f"train.global_batch ({gb}) must be divisible by train.grad_accum ({accum})")
     self.accum = accum
-    self.batches = pipeline.GlobalBatches(self.ds.lengths, gb, int(c.seed),
+    self.batches = pipeline.GlobalBatches(self.ds.lengths, gb, c.seed,
                                           group_key=self.task.group_key
                                           if self.method.groups_by_windows else None)
-    self.num_steps = int(tc.num_steps) or self.batches.batches_per_epoch * int(tc.num_epochs)
+    self.num_steps = tc.num_steps or self.batches.batches_per_epoch * tc.num_epochs
     self.curriculum = curriculum.parse(c.data.curriculum)
     if self.curriculum and not self.method.groups_by_windows:
       raise TrainingError(f"data.curriculum is for methods whose batches group documents by "
@@ -469,15 +469,15 @@ class Trainer:
     with self._workdir_lock():
       tc = self.c.train
       self.setup()
-      ck = Checkpointer(self.workdir / "checkpoints", keep=int(tc.keep),
-                        async_save=bool(tc.async_checkpoint))
-      metrics = MetricsWriter(self.workdir, tensorboard=bool(tc.tensorboard), primary=self.primary)
+      ck = Checkpointer(self.workdir / "checkpoints", keep=tc.keep,
+                        async_save=tc.async_checkpoint)
+      metrics = MetricsWriter(self.workdir, tensorboard=tc.tensorboard, primary=self.primary)
       start = self._resume(ck, metrics)
       trainable, opt_state = self.state["params"], self.state["opt_state"]
-      save_every = int(tc.save_every)
-      kill_after = int(self.c.debug.kill_after_step)
-      bar = _progress(self.num_steps, start, self.primary and bool(tc.progress), self.c.method)
-      records = _StepRecords(metrics, bar, max(1, int(tc.log_every)), self.num_steps)
+      save_every = tc.save_every
+      kill_after = self.c.debug.kill_after_step
+      bar = _progress(self.num_steps, start, self.primary and tc.progress, self.c.method)
+      records = _StepRecords(metrics, bar, max(1, tc.log_every), self.num_steps)
       last_saved, step, t_start = start, start, time.time()
       try:
         for step in range(start + 1, self.num_steps + 1):
@@ -490,7 +490,7 @@ class Trainer:
             trainable, opt_state, m = self._accumulated_step(trainable, opt_state, preps)
           m = self._host_metrics(step, m)
           dt = time.time() - t0
-          self._judge(ck, step, m, trainable, opt_state, preps)
+          self._stop_on_nonfinite_update(ck, step, m, trainable, opt_state, preps)
           records.write(dict(step=step, loss=m["loss"], lr=m["lr"], grad_norm=m["grad_norm"],
                              label_tokens=int(m["label_tokens"]),
                              tokens=sum(p["tokens"] for p in preps), step_time_s=round(dt, 4),
@@ -574,7 +574,7 @@ class Trainer:
                                                            sort_keys=True))  # as ConfigDict wrote it
     log.info("%s: %d trainable / %d frozen parameters, %d steps, mesh %s, global batch %d",
              c.method, self.n_trainable, self.n_frozen, self.num_steps, dict(self.mesh.shape),
-             int(tc.global_batch))
+             tc.global_batch)
     return start
 
   def _prepare(self, step: int) -> list:
@@ -600,11 +600,11 @@ class Trainer:
   def _host_metrics(self, step: int, m: dict) -> dict:
     m = {k: float(v) for k, v in jax.device_get(m).items()}
     m["lr"] = float(self.schedule(step - 1))
-    if int(self.c.debug.nan_at_step) == step:
+    if self.c.debug.nan_at_step == step:
       m["loss"] = float("nan")
     return m
 
-  def _judge(self, ck, step, m, trainable, opt_state, preps):
+  def _stop_on_nonfinite_update(self, ck, step, m, trainable, opt_state, preps):
     """Stop the run on a step whose update was not applied (non-finite), and judge the last
     step's weights (no next step will)."""
     finite_in = bool(m.pop("finite_in")) and math.isfinite(m["loss"])
@@ -625,7 +625,7 @@ class Trainer:
                                     distributed.to_host(self.frozen))
       result["params"] = full
       return result
-    if bool(self.c.train.export):
+    if self.c.train.export:
       result["export"] = str(self.export())
     return result
 

@@ -1,4 +1,4 @@
-"""Reliability, round 3 (issue #26): outputs never destroy inputs, untrusted files are checked
+"""Untrusted files and outputs: an output never destroys an input, untrusted files are checked
 before anything is written, and the GGUF / asset / cache surfaces fail in one clear line.
 
 Everything runs on hand-made tiny files; the few subprocesses are there because the failure is a
