@@ -42,13 +42,13 @@ def _gguf_to_longjax(args, load_kw):
   out = Path(args.out).absolute()
   if out.exists() and not args.overwrite:  # before the (slow) conversion, not after it
     raise PathExists(f"{out} exists; pass --overwrite to replace it")
-  from longjax.ckpts.atomic_dir import _host, _partial_prefix, clean_stale_partials, make_parent
+  from longjax.ckpts.atomic_dir import host_name, _partial_prefix, clean_stale_partials, make_parent
   make_parent(out)
   clean_stale_partials(out)
   # The fp32 HF copy can be GBs: build it next to the target (same disk as the output, not /tmp),
   # and remove it whatever happens. Named as atomic_dir's partials are, so that the copy a kill -9
   # leaves behind is removed by the next write of the same output.
-  with tempfile.TemporaryDirectory(prefix=f"{_partial_prefix(out.name)}{os.getpid()}@{_host()}.",
+  with tempfile.TemporaryDirectory(prefix=f"{_partial_prefix(out.name)}{os.getpid()}@{host_name()}.",
                                    dir=out.parent) as tmp:
     hf_dir = Path(tmp) / "hf"
     try:

@@ -272,13 +272,13 @@ def test_overwrite_refuses_a_directory_that_is_not_an_asset(made, tmp_path, caps
 def test_overwrite_killed_between_its_renames_is_restored(made, tmp_path):
   """The state a kill -9 leaves between ``out -> .out.old-PID`` and ``partial -> out``: the next
   load (or export) puts the old asset back instead of deleting it."""
-  from longjax.ckpts.atomic_dir import _host
+  from longjax.ckpts.atomic_dir import host_name
   dead = _dead_pid()
   for again in ("load", "export"):
     root = tmp_path / again
     root.mkdir()
     shutil.copytree(made[1], root / f".beacon.old-{dead}")
-    shutil.copytree(made[1], root / f".beacon.partial-{dead}@{_host()}.abcd1234")
+    shutil.copytree(made[1], root / f".beacon.partial-{dead}@{host_name()}.abcd1234")
     assert not (root / "beacon").exists()
     if again == "load":
       _load(root / "beacon")  # restored, then loaded

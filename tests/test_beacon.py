@@ -186,7 +186,7 @@ def test_prefill_compiles_once_per_memory_bucket(model, scan_traces, steps, expe
                 memory_bucket_steps=steps)
   assert lm.schedule.q_slots == 20
   from longjax.beacon import model as beacon_model
-  beacon_model._scan_jit.clear_cache()  # count this case's compiles only
+  beacon_model.scan_jit.clear_cache()  # count this case's compiles only
   before = len(scan_traces)
   used = set()
   for n_windows in (2, 5, 11):  # 3, 6 and 12 calls (the last window partial)

@@ -263,8 +263,8 @@ def _dead_pid():
 
 
 def test_atomic_dir_removes_stale_partials_of_dead_writers(tmp_path):
-  from longjax.ckpts.atomic_dir import _host, atomic_dir
-  dead, host = _dead_pid(), _host()
+  from longjax.ckpts.atomic_dir import host_name, atomic_dir
+  dead, host = _dead_pid(), host_name()
   stale = tmp_path / f".out.partial-{dead}@{host}.abcd1234"
   stale_old = tmp_path / f".out.old-{dead}"
   live = tmp_path / f".out.partial-{os.getpid()}@{host}.abcd1234"      # a writer still running

@@ -31,7 +31,7 @@ from longjax.beacon.memory import BeaconState, empty_state
 from longjax.beacon.planner import stack
 from longjax.beacon.schedule import (BeaconSetupError, CapacityError, Schedule, rows_of,
                                      segments)
-from longjax.beacon.step import Carry, _loss_jit, _scan_jit, _step_jit
+from longjax.beacon.step import Carry, loss_jit, scan_jit, step_jit
 from longjax.ckpts import layout
 from longjax.kernels import MaskRule
 from longjax.models.config import ModelConfig
@@ -206,7 +206,7 @@ class BeaconLM:
     for step, need in zip(call.steps, call.needs):
       bucket = self.schedule.memory_bucket(need)
       plan = self.schedule.assemble(step, call.q_slots)
-      carry, hid = program_cache.call("beacon_step", _step_jit, dict(flags, mem_size=bucket),
+      carry, hid = program_cache.call("beacon_step", step_jit, dict(flags, mem_size=bucket),
                                       params, carry, plan)
       used.append(bucket)
       if flags["want_hidden"]:
@@ -225,7 +225,7 @@ class BeaconLM:
       plans = [self.schedule.assemble(step, call.q_slots) for step in call.steps[c0:c1]]
       plans += [self.schedule.assemble([None] * b, call.q_slots)] * (chunk - len(plans))
       plan = stack(plans, [(chunk, bucket)], capacity)
-      carry, hid = program_cache.call("beacon_scan", _scan_jit, flags, params, carry, plan)
+      carry, hid = program_cache.call("beacon_scan", scan_jit, flags, params, carry, plan)
       used.append(bucket)
       if flags["want_hidden"]:
         hidden.append(hid[:c1 - c0])
@@ -279,7 +279,7 @@ class BeaconLM:
     if training:
       params = frozen_base(params)
     k, v = (None, None) if state is None else (state.k, state.v)
-    ls, lc = _loss_jit(params, plan, k, v, frozen_head=training, **self._static)
+    ls, lc = loss_jit(params, plan, k, v, frozen_head=training, **self._static)
     return jnp.sum(ls) / jnp.maximum(jnp.sum(lc), 1)
 
   # ------------------------------------------------------------------------------------------

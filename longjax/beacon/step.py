@@ -315,22 +315,22 @@ def loss_terms(params, plan: WindowPlan, k=None, v=None, *, model: Decoder, sink
 
 
 # Compiled programs, shared by every BeaconLM over an equal decoder (so that
-# ``BeaconLM(...).loss`` built afresh in a loop does not recompile). ``_scan_jit`` calls
+# ``BeaconLM(...).loss`` built afresh in a loop does not recompile). ``scan_jit`` calls
 # ``scan_windows`` only while tracing: tests count those calls (one compile per memory-size bucket,
 # for any number of windows).
 _STATIC = ("model", "sink_cap", "want_loss", "want_hidden")
 
 
 @functools.partial(jax.jit, static_argnames=_STATIC)
-def _scan_jit(params, carry, plan, *, model, sink_cap, want_loss, want_hidden):
+def scan_jit(params, carry, plan, *, model, sink_cap, want_loss, want_hidden):
   return scan_windows(model, sink_cap, params, carry, plan, want_loss=want_loss,
                       want_hidden=want_hidden)
 
 
 @functools.partial(jax.jit, static_argnames=_STATIC + ("mem_size",))
-def _step_jit(params, carry, plan, *, model, sink_cap, want_loss, want_hidden, mem_size):
+def step_jit(params, carry, plan, *, model, sink_cap, want_loss, want_hidden, mem_size):
   return window_step(model, sink_cap, params, carry, plan, mem_size=mem_size, want_loss=want_loss,
                      want_hidden=want_hidden)
 
 
-_loss_jit = jax.jit(loss_terms, static_argnames=("model", "sink_cap", "frozen_head"))
+loss_jit = jax.jit(loss_terms, static_argnames=("model", "sink_cap", "frozen_head"))

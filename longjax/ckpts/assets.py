@@ -230,12 +230,12 @@ def shard_files(asset_dir: Path, stem: str):
   """``(weight_map or None, file names)`` of the tensors of ``stem``: one file, or the shards its
   index names (checked as HF checkpoint indexes are: an object with a ``weight_map`` of tensor
   name -> file inside the asset; symlinks leaving the asset are refused too)."""
-  from longjax.ckpts.hf import CheckpointError, _index_shards
+  from longjax.ckpts.hf import CheckpointError, index_shards
   asset_dir = Path(asset_dir)
   index = asset_dir / f"{stem}.safetensors.index.json"
   if index.exists():
     try:
-      shards = _index_shards(asset_dir, read_json(index, "index"), index.name,
+      shards = index_shards(asset_dir, read_json(index, "index"), index.name,
                              fix="export the asset again")
     except CheckpointError as e:
       raise AssetError(str(e)) from None
@@ -392,7 +392,7 @@ def restore_trained(workdir: Path, step: Optional[int] = None):
   """``(trained params, step)`` of checkpoint ``step`` of a train.py run (default: the newest
   readable one, as train.py resumes; nothing is moved)."""
   import orbax.checkpoint as ocp
-  from longjax.ckpts.orbax_noise import _quiet_unraisable, _short
+  from longjax.ckpts.orbax_noise import quiet_unraisable, short_error
   workdir = Path(workdir).absolute()
   mgr = ocp.CheckpointManager(workdir / "checkpoints")
   steps = sorted(mgr.all_steps())
@@ -406,12 +406,12 @@ def restore_trained(workdir: Path, step: Optional[int] = None):
     tries = [step]
   for s in tries:
     try:
-      with _quiet_unraisable(f"reading checkpoint step {s}"):
+      with quiet_unraisable(f"reading checkpoint step {s}"):
         state = mgr.restore(s, args=ocp.args.Composite(state=ocp.args.StandardRestore()))["state"]
       return state["params"], int(s)
     except Exception as e:  # noqa: BLE001 -- any read failure means "unreadable"
       log.warning("checkpoint step %d in %s/checkpoints is unreadable (%s: %s)%s", s, workdir,
-                  type(e).__name__, _short(e), "; trying the previous one" if s != tries[-1] else "")
+                  type(e).__name__, short_error(e), "; trying the previous one" if s != tries[-1] else "")
   raise AssetError(f"none of the checkpoints {tries} in {workdir}/checkpoints could be read "
                    "(truncated or corrupt)")
 

@@ -83,7 +83,7 @@ def pid_alive(pid: int) -> bool:
   return True
 
 
-def _host() -> str:
+def host_name() -> str:
   return re.sub(r"[^A-Za-z0-9_.-]", "_", socket.gethostname()) or "localhost"
 
 
@@ -99,7 +99,7 @@ def stale_partials(path) -> list:
     return []
   part = re.compile(re.escape(_partial_prefix(path.name)) + r"(\d+)@(.+)\.[a-z0-9_]{8}$")
   old = re.compile(re.escape(f".{path.name}.old-") + r"(\d+)$")
-  host, out = _host(), []
+  host, out = host_name(), []
   for p in path.parent.iterdir():
     m = part.match(p.name)
     if m and m.group(2) == host and not pid_alive(int(m.group(1))):
@@ -176,7 +176,7 @@ def atomic_dir(path, overwrite: bool = False):
     raise PathExists(f"{path} exists; pass overwrite=True (--overwrite) to replace it")
   make_parent(path)
   clean_stale_partials(path)
-  tmp = Path(tempfile.mkdtemp(prefix=f"{_partial_prefix(path.name)}{os.getpid()}@{_host()}.",
+  tmp = Path(tempfile.mkdtemp(prefix=f"{_partial_prefix(path.name)}{os.getpid()}@{host_name()}.",
                               dir=path.parent))
   try:
     os.chmod(tmp, 0o777 & ~current_umask())

@@ -86,7 +86,7 @@ _EXTRACT_PREFIX = "longjax-gguf-"
 def _clean_stale_extractions():
   """Remove the temporary GGUF copies of killed conversions (``longjax-gguf-PID@HOST.*`` in the
   temp directory, whose process is gone)."""
-  from longjax.ckpts.atomic_dir import _host, pid_alive
+  from longjax.ckpts.atomic_dir import host_name, pid_alive
   pat = re.compile(re.escape(_EXTRACT_PREFIX) + r"(\d+)@(.+)\.[a-z0-9_]{8}$")
   try:
     entries = list(Path(tempfile.gettempdir()).iterdir())
@@ -94,7 +94,7 @@ def _clean_stale_extractions():
     return
   for p in entries:
     m = pat.match(p.name)
-    if m and m.group(2) == _host() and not pid_alive(int(m.group(1))):
+    if m and m.group(2) == host_name() and not pid_alive(int(m.group(1))):
       shutil.rmtree(p, ignore_errors=True)
 
 
@@ -136,8 +136,8 @@ def gguf_path(path, sha256: str | None = None):
                         f"{info.file_size} bytes (more than {MAX_ZIP_RATIO}x): not a model file; "
                         "refused without extracting it")
       _clean_stale_extractions()
-      from longjax.ckpts.atomic_dir import _host
-      with tempfile.TemporaryDirectory(prefix=f"{_EXTRACT_PREFIX}{os.getpid()}@{_host()}.") as tmp:
+      from longjax.ckpts.atomic_dir import host_name
+      with tempfile.TemporaryDirectory(prefix=f"{_EXTRACT_PREFIX}{os.getpid()}@{host_name()}.") as tmp:
         out = Path(tmp) / Path(info.filename).name
         h, n = hashlib.sha256(), 0
         try:

@@ -76,7 +76,7 @@ def shard_map(hf_dir) -> dict:
   """HF tensor name -> shard file path, for single-file and sharded checkpoints."""
   hf_dir = Path(hf_dir)
   if (hf_dir / INDEX_FILE).exists():
-    return _index_shards(hf_dir, _read_json(hf_dir / INDEX_FILE))
+    return index_shards(hf_dir, _read_json(hf_dir / INDEX_FILE))
   if (hf_dir / SINGLE_FILE).exists():
     with safe_open(hf_dir / SINGLE_FILE, framework="np") as f:
       return {name: hf_dir / SINGLE_FILE for name in f.keys()}
@@ -86,7 +86,7 @@ def shard_map(hf_dir) -> dict:
   raise CheckpointError(f"no {SINGLE_FILE} or {INDEX_FILE} in {hf_dir}")
 
 
-def _index_shards(hf_dir: Path, index, index_name: str = INDEX_FILE,
+def index_shards(hf_dir: Path, index, index_name: str = INDEX_FILE,
                   fix: str = "re-save the checkpoint with save_pretrained") -> dict:
   """The index's ``weight_map`` checked: a JSON object of tensor name -> shard file name, each
   shard inside ``hf_dir`` (an absolute name or ``..`` would read files from elsewhere into the

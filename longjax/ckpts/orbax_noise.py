@@ -28,7 +28,7 @@ class _DropAsyncioNoise(logging.Filter):
 
 
 @contextlib.contextmanager
-def _quiet_unraisable(what: str):
+def quiet_unraisable(what: str):
   """Collect what Python and asyncio would print as "Exception ignored in ..." (sys.unraisablehook)
   or "Task exception was never retrieved" while ``what`` runs; log their count at debug level
   instead of printing each with its traceback."""
@@ -47,6 +47,6 @@ def _quiet_unraisable(what: str):
                 ", ".join(sorted(set(seen))))
 
 
-def _short(e, n=300):
+def short_error(e, n=300):
   s = str(e).replace("\n", " ")
   return s[:n] + ("..." if len(s) > n else "")

@@ -235,7 +235,7 @@ def load_parts(args: Args) -> Parts:
   import jax.numpy as jnp
   from longjax import methods
   from longjax.data.tokenizers import get_tokenizer
-  from longjax.eval.models import _generation_eos
+  from longjax.eval.models import generation_eos
   base = checkpoint_dir(args)
   reg = methods.get(PLAIN if args.method == TRUNCATION else args.method)
   settings = None
@@ -252,7 +252,7 @@ def load_parts(args: Args) -> Parts:
                        f"{cfg.vocab_size}: give the model's own tokenizer (tokenizer=)")
   params = jax.tree.map(jnp.asarray, params)
   model = reg.inference_model(cfg, settings)
-  return Parts(args.method, model, params, cfg, tok, settings, args.window, _generation_eos(base))
+  return Parts(args.method, model, params, cfg, tok, settings, args.window, generation_eos(base))
 
 
 # ------------------------------------------------------------------------------------------------

@@ -258,10 +258,10 @@ def build_method(config, name: Optional[str] = None) -> Built:
     limit = int(config.eval.truncate_to or 0) or cfg.max_positions
     desc = f"{desc} (middle truncation to {limit} tokens incl. output)"
   return Built(name, method.inference_model(cfg, settings), params, tok, limit, cfg, settings,
-               user_cap, f"{name} {desc}", _generation_eos(ckpt), weights)
+               user_cap, f"{name} {desc}", generation_eos(ckpt), weights)
 
 
-def _generation_eos(ckpt: str) -> tuple:
+def generation_eos(ckpt: str) -> tuple:
   """EOS ids of the checkpoint's generation_config.json (chat models list their end-of-turn
   token there), as HF ``generate`` stops on them."""
   import json

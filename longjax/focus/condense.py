@@ -30,7 +30,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from longjax.focus.config import FocusError
 from longjax.kernels import TokenMeta
 from longjax.models.decoder import Decoder, KVPrefix
-from longjax.models.head import lm_head
+from longjax.models.head import lm_head, vocab_slice
 from longjax.runtime.tree_cache import TreeCache, live_arrays
 
 
@@ -235,19 +235,11 @@ def local_next_logits(model: Decoder, params, cand_k, cand_v, gather, cand_valid
     h = jax.lax.psum(jnp.where(mine[:, None], h, jnp.zeros_like(h)), axis)
     if not split_vocab:
       return lm_head(cfg, params, h)
-    return lm_head(cfg, _vocab_slice(cfg, params, i, cfg.vocab_size // n), h)
+    return lm_head(cfg, vocab_slice(cfg, params, i, cfg.vocab_size // n), h)
 
   return jax.shard_map(fn, mesh=mesh, in_specs=(P(), P(), P(), P(), P(None, axis), P(), P()),
                        out_specs=P(None, axis) if split_vocab else P(), check_vma=False)(
                            params, mem_k, mem_v, cand_valid, tokens, lengths, n_chunks)
-
-
-def _vocab_slice(cfg, params, i, size):
-  """The parameters :func:`lm_head` reads, cut to vocabulary rows ``i*size .. (i+1)*size-1``."""
-  if cfg.tie_word_embeddings:
-    return {"embedding": jax.lax.dynamic_slice_in_dim(params["embedding"], i * size, size, 0)}
-  kernel = jax.lax.dynamic_slice_in_dim(params["lm_head"]["kernel"], i * size, size, 1)
-  return {"lm_head": {"kernel": kernel}}
 
 
 def _sequence_split(model: Decoder, mesh, axis: str, tokens) -> Decoder:

@@ -26,6 +26,15 @@ def lm_head(cfg: ModelConfig, params, h):
   return jnp.einsum("...h,hv->...v", h.astype(cfg.compute_dtype), kernel).astype(jnp.float32)
 
 
+def vocab_slice(cfg: ModelConfig, params, i, size: int):
+  """The parameters :func:`lm_head` reads, cut to vocabulary rows ``i*size .. (i+1)*size-1``
+  (``i`` may be traced): a vocabulary-split head applies :func:`lm_head` to its own slice."""
+  if cfg.tie_word_embeddings:
+    return {"embedding": jax.lax.dynamic_slice_in_dim(params["embedding"], i * size, size, 0)}
+  kernel = jax.lax.dynamic_slice_in_dim(params["lm_head"]["kernel"], i * size, size, 1)
+  return {"lm_head": {"kernel": kernel}}
+
+
 def token_nll(logits, targets):
   """``-log softmax(logits)[target]``: the NLL ``[...]`` of ids ``targets [...]`` under
   ``logits [..., V]`` (a row predicts its target; shift by one for next-token targets)."""

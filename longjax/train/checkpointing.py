@@ -20,7 +20,7 @@ import numpy as np
 
 from longjax.errors import LongjaxError
 from longjax.ckpts.fingerprint import weights_hash, weights_hash_full  # noqa: F401 (re-exported)
-from longjax.ckpts.orbax_noise import _quiet_unraisable, _short
+from longjax.ckpts.orbax_noise import quiet_unraisable, short_error
 from longjax.train.errors import TrainingError
 
 log = logging.getLogger("longjax.train")
@@ -103,7 +103,7 @@ class Checkpointer:
       log.debug("orbax reported %d errors while saving: %s", len(self._orbax_errors.held),
                 self._orbax_errors.held[:3])
     text = " ".join(str(e).split())
-    why = "No space left on device" if "No space left on device" in text else _short(e, 200)
+    why = "No space left on device" if "No space left on device" in text else short_error(e, 200)
     done = [s for s in self.all_steps() if step is None or s < step]
     return TrainingError(f"cannot save a checkpoint in {self.dir}"
                          + (f" (step {step})" if step is not None else "")
@@ -150,7 +150,7 @@ class Checkpointer:
         meta = self._restore(step, a.Composite(meta=a.JsonRestore())).meta
       except Exception as e:  # noqa: BLE001 - any read failure means "unreadable"
         log.warning("checkpoint step %d in %s is unreadable (%s: %s); falling back to the "
-                    "previous one", step, self.dir, type(e).__name__, _short(e))
+                    "previous one", step, self.dir, type(e).__name__, short_error(e))
         bad.append(step)
         continue
       _check_meta(meta, expected_meta, self.dir, step)
@@ -159,7 +159,7 @@ class Checkpointer:
                                             data=a.JsonRestore()))
       except Exception as e:  # noqa: BLE001
         log.warning("checkpoint step %d in %s is truncated or corrupt (%s: %s); falling back to "
-                    "the previous one", step, self.dir, type(e).__name__, _short(e))
+                    "the previous one", step, self.dir, type(e).__name__, short_error(e))
         bad.append(step)
         continue
       self.set_aside(bad)
@@ -174,7 +174,7 @@ class Checkpointer:
     """``mgr.restore`` with orbax's and tensorstore's background noise about a truncated step
     (hundreds of "Exception ignored in ..." lines from their abandoned tasks) kept to one
     debug log line: the caller reports the failure itself."""
-    with _quiet_unraisable(f"reading checkpoint step {step}"):
+    with quiet_unraisable(f"reading checkpoint step {step}"):
       try:
         return self.mgr.restore(step, args=args)
       finally:
