@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 
-import jax
 import ml_dtypes
 import numpy as np
 import pytest

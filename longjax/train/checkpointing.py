@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Optional
 
 import jax
-import numpy as np
 
 from longjax.errors import LongjaxError
 from longjax.ckpts.fingerprint import weights_hash, weights_hash_full  # noqa: F401 (re-exported)
