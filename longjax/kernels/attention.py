@@ -119,9 +119,11 @@ def explain(q_shape, k_shape, dtype, *, impl: str = "auto", interpret=None,
     return "dense", "impl='xla' requested"
   if impl in ("blockwise", "chunked"):
     return impl, f"impl={impl!r} requested"
-  pallas_kind = "pallas_decode" if (hq // hkv) * tq <= decode_lib.MAX_DECODE_ROWS else "pallas_flash"
+  pallas_kind = ("pallas_decode" if (hq // hkv) * tq <= decode_lib.MAX_DECODE_ROWS
+                 else "pallas_flash")
   if impl == "pallas":
-    reason = pallas_unsupported_reason(q_shape, k_shape, dtype, interpret=interpret, backend=backend)
+    reason = pallas_unsupported_reason(q_shape, k_shape, dtype, interpret=interpret,
+                                       backend=backend)
     if reason:
       raise KernelError(f"impl='pallas' cannot run: {reason}")
     return pallas_kind, "impl='pallas' requested"
@@ -131,7 +133,8 @@ def explain(q_shape, k_shape, dtype, *, impl: str = "auto", interpret=None,
     if tq <= CHUNK_Q:
       return "dense", f"CPU: dense for at most {CHUNK_Q} queries; Pallas needs an accelerator"
     if b * hq * CHUNK_Q * tk <= CHUNK_MAX_SCORES:
-      return "chunked", "CPU: query-chunked dense is the fastest XLA path; Pallas needs an accelerator"
+      return "chunked", ("CPU: query-chunked dense is the fastest XLA path; Pallas needs an "
+                         "accelerator")
     return "blockwise", (f"CPU: blockwise, one chunked block would hold more than "
                          f"{CHUNK_MAX_SCORES} scores; Pallas needs an accelerator")
   reason = pallas_unsupported_reason(q_shape, k_shape, dtype, interpret=interpret, backend=backend)
