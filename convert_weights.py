@@ -48,8 +48,8 @@ def _gguf_to_longjax(args, load_kw):
   # The fp32 HF copy can be GBs: build it next to the target (same disk as the output, not /tmp),
   # and remove it whatever happens. Named as atomic_dir's partials are, so that the copy a kill -9
   # leaves behind is removed by the next write of the same output.
-  with tempfile.TemporaryDirectory(prefix=f"{_partial_prefix(out.name)}{os.getpid()}@{host_name()}.",
-                                   dir=out.parent) as tmp:
+  prefix = f"{_partial_prefix(out.name)}{os.getpid()}@{host_name()}."
+  with tempfile.TemporaryDirectory(prefix=prefix, dir=out.parent) as tmp:
     hf_dir = Path(tmp) / "hf"
     try:
       gguf_to_hf(args.gguf, hf_dir)
@@ -74,7 +74,8 @@ def convert(args):
     else:
       cfg, params = load_hf(args.hf_dir, param_dtype=args.dtype, **kw)
       checkpoint.save(args.out, cfg, params, overwrite=args.overwrite)
-    print(f"wrote longjax checkpoint {args.out} ({cfg.family}, {cfg.num_layers} layers, {cfg.param_dtype})")
+    print(f"wrote longjax checkpoint {args.out} ({cfg.family}, {cfg.num_layers} layers, "
+          f"{cfg.param_dtype})")
   elif args.gguf:
     from longjax.ckpts.gguf import gguf_to_hf
     gguf_to_hf(args.gguf, args.hf_out, overwrite=args.overwrite)
@@ -107,7 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
   from longjax.runtime import cli
   parser = cli.parser(PROG, __doc__)
   src = parser.add_argument_group("HF -> longjax")
-  src.add_argument("--hf_dir", metavar="DIR", help="HF model directory (config.json + *.safetensors)")
+  src.add_argument("--hf_dir", metavar="DIR",
+                   help="HF model directory (config.json + *.safetensors)")
   src.add_argument("--out", metavar="DIR", help="output longjax checkpoint directory")
   src.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
                    help="parameter dtype (default: keep the checkpoint's)")
@@ -123,7 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
   dst.add_argument("--hf_out", metavar="DIR", help="output HF directory")
   dst.add_argument("--max_shard_gb", type=_shard_gb, default=5.0,
                    help="largest safetensors shard, in GiB (a positive number)")
-  parser.add_argument("--overwrite", action="store_true", help="replace an existing output directory")
+  parser.add_argument("--overwrite", action="store_true",
+                      help="replace an existing output directory")
   parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
   return parser
 

@@ -23,7 +23,8 @@ from ml_collections import config_flags
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from longjax.runtime import cli  # noqa: E402
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "ml_collections config file (configs/*.py)",
+_CONFIG = config_flags.DEFINE_config_file("config", None,
+                                          "ml_collections config file (configs/*.py)",
                                           lock_config=True)
 _DEBUG = flags.DEFINE_bool("debug", False, "show the traceback of an error")
 _COMPILE_CACHE = flags.DEFINE_string("compile_cache", "auto", cli.COMPILE_CACHE_HELP)
@@ -37,7 +38,8 @@ def main(argv):
   if "eval" not in config:
     sys.exit("eval.py: the config has no 'eval' section; add to its get_config():\n"
              "  from longjax.eval.config import eval_config\n"
-             "  c.eval = eval_config(c.method)   # official grids; preset='tiny' for CPU smoke runs")
+             "  c.eval = eval_config(c.method)   # official grids; preset='tiny' for CPU smoke "
+             "runs")
   sys.exit(cli.run("eval.py", lambda: _eval(config), debug=_DEBUG.value,
                    compile_cache=_COMPILE_CACHE.value))
 

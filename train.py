@@ -1,7 +1,8 @@
 r"""Train Activation Beacon / FocusLLM parameters on a frozen base model.
 
   python train.py --config=configs/tiny_beacon.py [--config.workdir=...] [--noresume]
-  python train.py --config=configs/beacon_qwen2.py --config.model.checkpoint=/path/to/Qwen2-7B-Instruct \
+  python train.py --config=configs/beacon_qwen2.py \
+      --config.model.checkpoint=/path/to/Qwen2-7B-Instruct \
       --config.data.sources=jsonl:/path/redpajama/train.json
 
 Everything a run writes goes under --config.workdir: checkpoints/ (orbax: trainable params,
@@ -25,7 +26,8 @@ from ml_collections import config_flags
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from longjax.runtime import cli  # noqa: E402
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "ml_collections config file (configs/*.py)",
+_CONFIG = config_flags.DEFINE_config_file("config", None,
+                                          "ml_collections config file (configs/*.py)",
                                           lock_config=True)
 _RESUME = flags.DEFINE_bool("resume", True, "resume from the latest checkpoint in the workdir")
 _DEBUG = flags.DEFINE_bool("debug", False, "show the traceback of an error")

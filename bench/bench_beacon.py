@@ -17,10 +17,11 @@ every method loads it:
 Per configuration (method x context length), in its own subprocess: warm-up (prefill + decode,
 compile included) timed separately, then the median of ``--runs`` runs of prefill and of a
 ``--decode``-token greedy decode (longjax: the compiled device loop ``generate`` uses by default,
-or ``--loop host``: one jitted step per token from Python); peak host memory (``ru_maxrss``), the state's bytes (KV cache /
-beacon memory buffers), analytic model FLOPs and MFU against a ``jnp.dot`` / ``torch.mm`` fp32
-peak measured in the same process. The next-token logits of the prefill are compared across
-methods (``plain`` vs ``hf`` should agree to ~1e-4). Results: ``bench/results/beacon.{json,md}``.
+or ``--loop host``: one jitted step per token from Python); peak host memory (``ru_maxrss``), the
+state's bytes (KV cache / beacon memory buffers), analytic model FLOPs and MFU against a
+``jnp.dot`` / ``torch.mm`` fp32 peak measured in the same process. The next-token logits of the
+prefill are compared across methods (``plain`` vs ``hf`` should agree to ~1e-4). Results:
+``bench/results/beacon.{json,md}``.
 """
 from __future__ import annotations
 
@@ -85,7 +86,8 @@ def worker_jax(spec: dict) -> dict:
   if spec["method"] == BEACON:
     cfg, bcfg, params = load_beacon(spec["ckpt"], init="official", window=WINDOW, stride=WINDOW,
                                     ratios=(RATIO,))
-    steps = {} if spec.get("bucket_steps") is None else dict(memory_bucket_steps=spec["bucket_steps"])
+    steps = ({} if spec.get("bucket_steps") is None
+             else dict(memory_bucket_steps=spec["bucket_steps"]))
     lm = BeaconLM(cfg, bcfg, max_length=round_up(t_len + n_dec + 1, WINDOW), impl=spec["impl"],
                   progress=False, **steps)
     flops_p = H.beacon_prefill_flops(cfg, t_len, WINDOW, RATIO, bcfg.sink_size)
@@ -399,7 +401,8 @@ def render(payload) -> str:
   extra = []
   for r in rows:
     if r.get("max_abs_dlogit_vs_hf") is not None:
-      extra.append(f"{r['method']}@{r['length']}: max|Δlogit| vs HF {r['max_abs_dlogit_vs_hf']:.2e}")
+      extra.append(f"{r['method']}@{r['length']}: max|Δlogit| vs HF "
+                   f"{r['max_abs_dlogit_vs_hf']:.2e}")
   s = payload.get("summary", {})
   tail = "\n\nSummary: " + json.dumps({k: (round(v, 3) if isinstance(v, float) else v)
                                        for k, v in s.items()}, default=str)

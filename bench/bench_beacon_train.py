@@ -153,10 +153,10 @@ def _task(spec):
   return _interleaved(timers, spec["runs"])
 
 
-NOTE = ("Times are medians after a warm-up of rounds that run prefill, loss forward and step back to "
-        "back (load from other processes hits all three alike); with other processes on the cores (load average "
-        "above) they vary by about 20 % from run to run, the ratios (same process) less. Peak "
-        "RSS is the whole process's (model, compile, runs).")
+NOTE = ("Times are medians after a warm-up of rounds that run prefill, loss forward and step back "
+        "to back (load from other processes hits all three alike); with other processes on the "
+        "cores (load average above) they vary by about 20 % from run to run, the ratios (same "
+        "process) less. Peak RSS is the whole process's (model, compile, runs).")
 
 
 def run_one(spec, timeout_s):

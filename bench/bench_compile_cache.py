@@ -1,4 +1,5 @@
-"""Cold vs warm start: what the persistent compilation cache (``longjax.runtime.compile_cache``) saves.
+"""Cold vs warm start: what the persistent compilation cache (``longjax.runtime.compile_cache``)
+saves.
 
 One fresh process per run, on the same random Qwen2-shaped model and prompt (built in-process,
 nothing downloaded): the first process compiles into an empty cache directory (cold), the second
@@ -68,7 +69,8 @@ def worker(spec: dict) -> dict:
 
 
 def main(argv=None):
-  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap = argparse.ArgumentParser(description=__doc__,
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
   ap.add_argument("--length", type=int, default=4096)
   ap.add_argument("--window", type=int, default=1024)

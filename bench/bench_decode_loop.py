@@ -68,7 +68,8 @@ def main(argv=None):
   prompts = [rng.integers(3, args.vocab, args.prompt - 7 * i).tolist() for i in range(args.batch)]
   print(f"backend {jax.default_backend()}, batch {args.batch}, prompt ~{args.prompt}, "
         f"decode {args.decode}, hidden {args.hidden}, layers {args.layers}")
-  print(f"{'method':8} {'host ms/step':>13} {'device ms/step':>15} {'host/device':>12}  same tokens")
+  print(f"{'method':8} {'host ms/step':>13} {'device ms/step':>15} {'host/device':>12}  "
+        "same tokens")
   all_methods = methods(cfg, args.prompt, args.decode)
   for name in args.methods.split(","):
     m = all_methods[name]

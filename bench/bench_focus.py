@@ -4,8 +4,9 @@ number of chunks, 1 vs 8 (fake) devices.
     JAX_PLATFORMS=cpu python -m bench.bench_focus            # full run (~6-8 min, 2 cores)
     JAX_PLATFORMS=cpu python -m bench.bench_focus --quick    # smoke run
     # bounded-memory condensing (bench/results/focus_bounded.md):
-    JAX_PLATFORMS=cpu python -m bench.bench_focus --chunks 8,16,32,64 --modes parallel,all,sequential \
-        --all-chunks 8,16 --decode 0 --runs 2 --budget 150 --name focus_bounded
+    JAX_PLATFORMS=cpu python -m bench.bench_focus --chunks 8,16,32,64 \
+        --modes parallel,all,sequential --all-chunks 8,16 --decode 0 --runs 2 --budget 150 \
+        --name focus_bounded
 
 The same random Qwen2-shaped checkpoint as ``bench_beacon`` (candidate projections = copies of
 q/k/v/o, ``load_focus(init_candidates="copy")``); ``FocusConfig(local_window=1024,

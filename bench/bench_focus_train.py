@@ -5,8 +5,9 @@ path it replaced, and vs a forward of the same loss.
     JAX_PLATFORMS=cpu python -m bench.bench_focus_train --batch 2 --runs 2
 
 SmolLM2-135M-Instruct (``longjax.ckpts.smollm2.get()``, cached), candidate q/k/v/o copied from the
-base, ``FocusConfig(local_window=256, chunk_stride=256, prompt_cap=128)`` (configs/smollm2_focus.py),
-``--batch`` samples of ``--chunks`` memory chunks + a 200-token local span, random ids.
+base, ``FocusConfig(local_window=256, chunk_stride=256, prompt_cap=128)``
+(configs/smollm2_focus.py), ``--batch`` samples of ``--chunks`` memory chunks + a 200-token local
+span, random ids.
 
 * ``forward``: the loss value only (``FocusLoss.loss``).
 * ``whole-row``: ``value_and_grad`` with every chunk row condensed in one forward whose candidate is

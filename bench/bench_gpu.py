@@ -1,7 +1,8 @@
 """GPU variant of the benchmarks (issue 8), for one H200 (jax 0.11 with CUDA, no network).
 
     bash scripts/bench_gpu.sh            # = python -m bench.bench_gpu --budget 400, tee'd to $OUT
-    JAX_PLATFORMS=cpu python -m bench.bench_gpu --smoke   # tiny shapes on CPU: checks the code paths
+    # tiny shapes on CPU: checks the code paths
+    JAX_PLATFORMS=cpu python -m bench.bench_gpu --smoke
 
 Qwen2-7B-shaped random weights in bf16 (hidden 3584, 28 layers, 28 query / 4 KV heads of 128, MLP
 18944, vocab 152064; beacon q/k/v and candidate q/k/v/o projections, ~8.4 B parameters, ~17 GB),
@@ -81,7 +82,8 @@ def build(args):
   params = jax.jit(lambda: init_params(cfg, 0))()
   params = jax.block_until_ready(params)
   n = sum(x.size for x in jax.tree.leaves(params))
-  log(f"params: {n / 1e9:.2f} B ({H.tree_nbytes(params) / 2**30:.1f} GiB) in {time.time() - t0:.1f}s")
+  log(f"params: {n / 1e9:.2f} B ({H.tree_nbytes(params) / 2**30:.1f} GiB) in "
+      f"{time.time() - t0:.1f}s")
   R["env"]["params_b"] = round(n / 1e9, 3)
   R["env"]["init_s"] = round(time.time() - t0, 1)
   # Beacon: q/k/v copies + the beacon embedding; FocusLLM: q/k/v/o candidates, no embedding row.
@@ -138,7 +140,8 @@ def section_beacon(args, cfg, params):
   logits, state = lm.step(params, state, np.asarray(jnp.argmax(logits, -1)))
   jax.block_until_ready(logits)
   compile_s = time.time() - t0
-  log(f"beacon warm-up (compile all memory buckets + one full prefill + one step): {compile_s:.1f}s")
+  log("beacon warm-up (compile all memory buckets + one full prefill + one step): "
+      f"{compile_s:.1f}s")
   for t_len in lengths:
     if left(args) < 40:
       R[BEACON].append(dict(length=t_len, status="skipped: budget"))
@@ -287,7 +290,8 @@ def render(args) -> str:
       ("time / parallel", "time_vs_parallel"), ("decode ms/step", "decode_step_ms"),
       ("status", "status")]))
   if R["errors"]:
-    lines += ["", "Errors: " + "; ".join(f"{e['section']}: {e['error'][:300]}" for e in R["errors"])]
+    lines += ["", "Errors: " + "; ".join(f"{e['section']}: {e['error'][:300]}"
+                                         for e in R["errors"])]
   lines += ["", f"Total wall time {time.time() - START:.0f} s."]
   return "\n".join(lines)
 

@@ -26,7 +26,6 @@ import json
 import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 if __package__ in (None, ""):
@@ -110,7 +109,8 @@ def main(argv=None):
   ap.add_argument("--rounds", type=int, default=3)
   ap.add_argument("--runs", type=int, default=3)
   ap.add_argument("--decode", type=int, default=32)
-  ap.add_argument("--budget", type=float, default=300.0, help="seconds per process (warm-up + runs)")
+  ap.add_argument("--budget", type=float, default=300.0,
+                  help="seconds per process (warm-up + runs)")
   ap.add_argument("--out", default=str(H.RESULTS_DIR))
   ap.add_argument("--name", default="official")
   args = ap.parse_args(argv)

@@ -93,7 +93,8 @@ def uptime_line() -> str:
 
 
 def machine_info(extra: Optional[dict] = None) -> dict:
-  """Description of this machine and software (no jax / torch import here: the driver stays light)."""
+  """Description of this machine and software (no jax / torch import here: the driver stays
+  light)."""
   info = {
       "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
       "host": platform.node(),

@@ -24,19 +24,23 @@ Data (offline; README "Can it read farther than its window?"): long prose (King 
 Debian Administrator's Handbook), passkey documents. Held-out evaluation text:
 pydoc_data.topics, never trained on.
 
-  python experiments/long_text_data.py --kind prose --out runs/campaign/prose.jsonl --count 3000 --min 500 --max 1100
-  python experiments/long_text_data.py --kind copy --out runs/campaign/copy.jsonl --count 1500 --min 500 --max 1100 --seed 4
+  python experiments/long_text_data.py --kind prose --out runs/campaign/prose.jsonl \
+      --count 3000 --min 500 --max 1100
+  python experiments/long_text_data.py --kind copy --out runs/campaign/copy.jsonl \
+      --count 1500 --min 500 --max 1100 --seed 4
   head -n 2000 runs/campaign/prose.jsonl > runs/campaign/prose_2k.jsonl
   head -n 1000 runs/campaign/copy.jsonl > runs/campaign/copy_1k.jsonl
-  python experiments/long_text_data.py --kind prose --out runs/campaign/prose_long.jsonl --count 1000 --min 1400 --max 3100 --seed 8
-  python experiments/passkey_data.py --out runs/campaign/pk5_short.jsonl --count 1000 --min 500 --max 1400 \
-      --digits 5 --before_last 1.0 --seed 71
-  python experiments/passkey_data.py --out runs/campaign/pk5_long.jsonl --count 1500 --min 1400 --max 4100 \
-      --digits 5 --before_last 1.0 --seed 81
+  python experiments/long_text_data.py --kind prose --out runs/campaign/prose_long.jsonl \
+      --count 1000 --min 1400 --max 3100 --seed 8
+  python experiments/passkey_data.py --out runs/campaign/pk5_short.jsonl --count 1000 \
+      --min 500 --max 1400 --digits 5 --before_last 1.0 --seed 71
+  python experiments/passkey_data.py --out runs/campaign/pk5_long.jsonl --count 1500 \
+      --min 1400 --max 4100 --digits 5 --before_last 1.0 --seed 81
   # continue from the committed asset on a fresh machine (fresh optimizer; rerun to resume), then
   # export a checkpoint to read keys as the asset does:
   python train.py --config=configs/smollm2_beacon.py --config.train.init_from=assets/smollm2_beacon
-  python -m longjax.beacon.asset --workdir runs/smollm2_beacon/run --out runs/smollm2_beacon/candidate --stride 256 --ratios 8
+  python -m longjax.beacon.asset --workdir runs/smollm2_beacon/run \
+      --out runs/smollm2_beacon/candidate --stride 256 --ratios 8
 """
 import ml_collections
 

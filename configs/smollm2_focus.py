@@ -13,7 +13,8 @@ of the copied continuation. Data: the beacon campaign's offline prose, copy and 
   python train.py --config=configs/smollm2_focus.py          # rerun the same command to resume
   # continue from the committed asset on a fresh machine (fresh optimizer):
   python train.py --config=configs/smollm2_focus.py --config.train.init_from=assets/smollm2_focus
-  python -m longjax.focus.asset --workdir runs/focus_campaign/run --out assets/smollm2_focus --overwrite
+  python -m longjax.focus.asset --workdir runs/focus_campaign/run --out assets/smollm2_focus \
+      --overwrite
 """
 import ml_collections
 

@@ -72,7 +72,8 @@ def digit_nll(lm, params, state, rest, ans, first: int, digits) -> list:
 
 
 def main(argv=None):
-  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap = argparse.ArgumentParser(description=__doc__,
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
   src = ap.add_mutually_exclusive_group()
   src.add_argument("--asset", default=str(lpr.ROOT / "assets" / "smollm2_beacon"))
   src.add_argument("--workdir", default="")

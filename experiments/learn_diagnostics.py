@@ -22,7 +22,8 @@ a real model, round 2). Every number lands in results/learn_smollm2.json (atomic
   python train.py --config=configs/smollm2_beacon.py --config.workdir=runs/overfit/run \\
       --config.data.sources=jsonl:runs/overfit/train.jsonl --config.data.loss_on=all \\
       --config.train.layout=inference --config.train.num_steps=200 --config.train.lr=5e-4
-  python experiments/learn_diagnostics.py overfit --data runs/overfit/train.jsonl --workdir runs/overfit/run
+  python experiments/learn_diagnostics.py overfit --data runs/overfit/train.jsonl \\
+      --workdir runs/overfit/run
 """
 import argparse
 import json
@@ -100,8 +101,8 @@ def cmd_start(args, res, out):
     cfg, bcfg, params = load_beacon(hf, init="official", beacon=_bcfg(**kw), param_dtype="float32")
     params = jax.tree.map(jnp.asarray, params)
     lm = BeaconLM(cfg, bcfg, max_length=args.doc_tokens + W, progress=False)
-    table[name] = dict(ppl=prose_ppl(lm, params, docs), **{k: (list(v) if isinstance(v, tuple) else v)
-                                                   for k, v in kw.items()})
+    table[name] = dict(ppl=prose_ppl(lm, params, docs),
+                       **{k: (list(v) if isinstance(v, tuple) else v) for k, v in kw.items()})
     lpr.save(out, res, ("start_point", name), ("start_point_protocol",))
     print(f"{name:45s} ppl {table[name]['ppl']:9.2f} ({time.time() - t0:.0f} s)", flush=True)
 
@@ -324,7 +325,8 @@ def main(argv=None):
   ap.add_argument("--out", default=None, help="results JSON (data: the jsonl to write)")
   ap.add_argument("--docs", type=int, default=1)
   ap.add_argument("--doc_tokens", type=int, default=1024)
-  ap.add_argument("--ratios", type=lambda s: tuple(int(x) for x in s.split(",")), default=(2, 8, 32))
+  ap.add_argument("--ratios", type=lambda s: tuple(int(x) for x in s.split(",")),
+                  default=(2, 8, 32))
   ap.add_argument("--count", type=int, default=8)
   ap.add_argument("--min", type=int, default=420)
   ap.add_argument("--max", type=int, default=500)

@@ -17,7 +17,8 @@ earlier tokens appended to the dynamic prompt (``FocusLLM.forward(prompt, genera
   python train.py --config=configs/smollm2_focus.py --config.workdir=runs/focus_overfit/run \\
       --config.data.sources=jsonl:runs/overfit2/train.jsonl --config.train.num_steps=200 \\
       --config.train.lr=3e-4
-  python experiments/learn_focus.py overfit --data runs/overfit2/train.jsonl --workdir runs/focus_overfit/run
+  python experiments/learn_focus.py overfit --data runs/overfit2/train.jsonl \\
+      --workdir runs/focus_overfit/run
 """
 import argparse
 import json
@@ -118,7 +119,8 @@ def cmd_overfit(args, res):
       text, pred = model.answer(tok, _ids(tok, r)[0])
       hits += pred == str(r["key"])
       outs.append(text)
-    cell = dict(correct=hits, n=len(recs), outputs=outs, model=model.desc, **probe(model, tok, recs))
+    cell = dict(correct=hits, n=len(recs), outputs=outs, model=model.desc,
+                **probe(model, tok, recs))
     res.setdefault("overfit", {})[cond] = cell
     lpr.save(args.out, res, ("overfit", cond), ("overfit_protocol",))
     print(f"{cond:10s} {hits}/{len(recs)}; digit NLL {cell['digit_nll']:.3f}, swapped "

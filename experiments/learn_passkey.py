@@ -55,8 +55,9 @@ def base_config(method, workdir, a):
   from longjax.run_config.files import load_config_file
   configs = Path(__file__).resolve().parents[1] / "configs"
   # each method's tiny config and this experiment's settings of its section
-  tiny, method_settings = {methods.Beacon: ("tiny_beacon.py", _beacon_settings),
-                           methods.Focus: ("tiny_focus.py", _focus_settings)}[type(methods.get(method))]
+  tiny, method_settings = {
+      methods.Beacon: ("tiny_beacon.py", _beacon_settings),
+      methods.Focus: ("tiny_focus.py", _focus_settings)}[type(methods.get(method))]
   c = load_config_file(configs / tiny)
   c.workdir = str(Path(workdir) / method)
   c.seed = a.seed
@@ -68,8 +69,8 @@ def base_config(method, workdir, a):
   p.steps, p.batch, p.lr, p.length, p.warmup_steps = a.pretrain_steps, 16, 2e-3, W, 50
   p.min_length = 32
   p.loss_on = "answer"  # CPU budget: the copy skill emerges in ~1K steps only with this signal
-  p.synthetic = ml_collections.ConfigDict(dict(count=4096, min_chars=70, max_chars=128, digits=DIGITS,
-                                                style="marker"))
+  p.synthetic = ml_collections.ConfigDict(dict(count=4096, min_chars=70, max_chars=128,
+                                                digits=DIGITS, style="marker"))
   lo, hi = a.min_windows, a.max_windows  # training documents of lo..hi windows
   c.data.synthetic = ml_collections.ConfigDict(dict(count=2048, min_chars=lo * W, max_chars=hi * W,
                                                     digits=DIGITS, style="marker"))
@@ -118,8 +119,9 @@ def evaluate(method, trainer, samples, seed):
   tok, docs = eval_docs(samples, seed)
   answers = [a for _, a in docs]
   score = lambda outs: float(np.mean([tok.decode(o)[:len(a)] == a for o, a in zip(outs, answers)]))
-  sym = lambda outs: float(np.mean([np.mean([x == y for x, y in zip(tok.decode(o)[:len(a)].ljust(len(a)), a)])
-                                    for o, a in zip(outs, answers)]))
+  sym = lambda outs: float(np.mean([
+      np.mean([x == y for x, y in zip(tok.decode(o)[:len(a)].ljust(len(a)), a)])
+      for o, a in zip(outs, answers)]))
   t0 = time.time()
   trunc = greedy(longjax.PlainLM(cfg), params, [ids[-W:] for ids, _ in docs])
   # in-window sanity check of the base: the same documents cut to W tokens around the needle
@@ -149,13 +151,15 @@ def base_in_window(trainer, n=50, seed=7):
   params = jax.tree.map(jax.numpy.asarray, trainer.trained_params())
   outs = greedy(longjax.PlainLM(trainer.cfg.replace(dtype="float32")), params, [d for d, _ in docs])
   exact = float(np.mean([tok.decode(o)[:len(a)] == a for o, (_, a) in zip(outs, docs)]))
-  symbols = float(np.mean([np.mean([x == y for x, y in zip(tok.decode(o)[:len(a)].ljust(len(a)), a)])
-                           for o, (_, a) in zip(outs, docs)]))
+  symbols = float(np.mean([
+      np.mean([x == y for x, y in zip(tok.decode(o)[:len(a)].ljust(len(a)), a)])
+      for o, (_, a) in zip(outs, docs)]))
   return exact, symbols
 
 
 def main():
-  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap = argparse.ArgumentParser(description=__doc__,
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--method", default="beacon,focus")
   ap.add_argument("--workdir", default="runs/learn")
   ap.add_argument("--samples", type=int, default=100)
@@ -169,7 +173,8 @@ def main():
   ap.add_argument("--ratio", type=int, default=16, help="beacon compression ratio")
   ap.add_argument("--min_windows", type=int, default=2, help="shortest training document (x W)")
   ap.add_argument("--max_windows", type=int, default=4, help="longest training document (x W)")
-  ap.add_argument("--base_from", default="", help="reuse this pretrained base (a <workdir>/<method>/base)")
+  ap.add_argument("--base_from", default="",
+                  help="reuse this pretrained base (a <workdir>/<method>/base)")
   a = ap.parse_args()
   logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
   for noisy in ("absl", "orbax", "jax._src", "etils"):

@@ -24,7 +24,8 @@ atomically after every sample, so an interrupted run resumes where it stopped):
            key digits right in place (chance 10 %)
 
   python experiments/learn_passkey_real.py curve --workdir runs/smollm2_beacon
-  python experiments/learn_passkey_real.py passkey --asset assets/smollm2_beacon --conditions trained
+  python experiments/learn_passkey_real.py passkey --asset assets/smollm2_beacon \\
+      --conditions trained
   python experiments/learn_passkey_real.py ppl --asset assets/smollm2_beacon
 """
 import argparse
@@ -171,7 +172,9 @@ class Models:
         reading["attn"] = a.attn
       bcfg = dataclasses.replace(bcfg, **reading)
       attn = f" {bcfg.attn}" if "attn" in reading else ""
-      desc = (f"beacon W={bcfg.window}{f' S={bcfg.stride}' if bcfg.stride != bcfg.window else ''} ratio {'/'.join(map(str, bcfg.ratios))}{attn} "
+      desc = (f"beacon W={bcfg.window}"
+              f"{f' S={bcfg.stride}' if bcfg.stride != bcfg.window else ''} "
+              f"ratio {'/'.join(map(str, bcfg.ratios))}{attn} "
               f"({'+'.join(bcfg.param)}), {which} ({src})")
       lm = BeaconLM(cfg, bcfg, max_length=16 * bcfg.window + 512, progress=False)
       self._beacon = {key: (lm, jax.tree.map(jnp.asarray, params), desc, bcfg)}  # one at a time
@@ -294,8 +297,9 @@ def cmd_curve(args, models: Models, res: dict, out: Path):
     t0 = time.time()
     outs = [models.answer("trained" if step else "untrained", d["ids"], step or None)
             for d in docs]
-    curve[str(step)] = dict(accuracy=float(np.mean([p == d["key"] for (_, p), d in zip(outs, docs)])),
-                            example=outs[0][0])
+    curve[str(step)] = dict(
+        accuracy=float(np.mean([p == d["key"] for (_, p), d in zip(outs, docs)])),
+        example=outs[0][0])
     save(out, res, ("curve", str(step)), ("curve_protocol",))
     print(f"step {step:5d}: {curve[str(step)]['accuracy']:6.1%} at {args.length} "
           f"({time.time() - t0:.0f} s; e.g. {outs[0][0]!r} for {docs[0]['key']})", flush=True)
@@ -423,7 +427,8 @@ def cmd_plot(args, res: dict, out: Path):
 
 
 def main(argv=None):
-  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap = argparse.ArgumentParser(description=__doc__,
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("command", choices=("passkey", "ppl", "curve", "layout", "plot",
                                           "report"))
   ap.add_argument("--out", default=str(ROOT / "results" / "learn_smollm2.json"))
@@ -438,12 +443,14 @@ def main(argv=None):
   ap.add_argument("--seed", type=int, default=99, help="passkey keys (training used 7 and 11)")
   ap.add_argument("--curve_seed", type=int, default=98)
   ap.add_argument("--length", type=int, default=2048, help="curve: document length")
-  ap.add_argument("--every", type=int, default=50, help="curve: checkpoints whose step divides by it")
+  ap.add_argument("--every", type=int, default=50,
+                  help="curve: checkpoints whose step divides by it")
   ap.add_argument("--max_new_tokens", type=int, default=16)
   ap.add_argument("--window", type=int, default=256, help="W: what truncation keeps")
   ap.add_argument("--ratios", default="", help="beacon ratios to evaluate at (default: as trained)")
   ap.add_argument("--stride", type=int, default=0,
-                  help="beacon stride S to evaluate at (default: as trained; S < W keeps W - S raw)")
+                  help="beacon stride S to evaluate at (default: as trained; S < W keeps W - S "
+                       "raw)")
   ap.add_argument("--attn", default="", choices=("", "step-expansion", "full-coverage"),
                   help="beacon attention pattern to evaluate at (default: as trained)")
   ap.add_argument("--text", default="pydoc", choices=("pydoc", "handbook", "kjv"),

@@ -14,7 +14,8 @@ The filler is the official noise sentence for half of the documents and shuffled
 plain English prose (``FILLER`` below) for the other half, so the beacons do not learn one template.
 Keys come from ``--seed``; evaluation uses other seeds (experiments/learn_passkey_real.py).
 
-  python experiments/passkey_data.py --out runs/passkey_train.jsonl --count 4000 --min 768 --max 1536
+  python experiments/passkey_data.py --out runs/passkey_train.jsonl --count 4000 --min 768 \\
+      --max 1536
 """
 import argparse
 import json
@@ -62,7 +63,8 @@ def make(tok, rng, length: int, key: int, depth: float, real_filler: bool) -> di
 
 
 def main(argv=None):
-  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap = argparse.ArgumentParser(description=__doc__,
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--out", required=True)
   ap.add_argument("--count", type=int, default=4000)
   ap.add_argument("--min", type=int, default=768, help="shortest document (tokens)")

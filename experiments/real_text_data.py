@@ -58,7 +58,8 @@ def docstrings():
 
 
 def main(argv=None):
-  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap = argparse.ArgumentParser(description=__doc__,
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--out", required=True)
   ap.add_argument("--count", type=int, default=1500)
   ap.add_argument("--chars", type=int, default=3200, help="characters per chunk (~800 tokens)")

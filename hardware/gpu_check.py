@@ -67,7 +67,8 @@ def guarded(name, fn, *a, **kw):
     tb = traceback.format_exc()
     log(f"ERROR in {name}: {type(e).__name__}: {e}")
     print(tb, flush=True)
-    RESULTS["errors"].append({"where": name, "error": f"{type(e).__name__}: {e}", "trace": tb[-3000:]})
+    RESULTS["errors"].append({"where": name, "error": f"{type(e).__name__}: {e}",
+                              "trace": tb[-3000:]})
     return None
 
 
@@ -109,8 +110,8 @@ def section_correctness():
            ("decode", jnp.bfloat16, 28, 4)]
   for name, dtype, hq, hkv in cases:
     for kind in ("flash", "decode") if name == "decode" else ("flash",):
-      guarded(f"correctness {name} {jnp.dtype(dtype).name} {kind}", _check_case, tk, name, dtype, hq,
-              hkv, kind)
+      guarded(f"correctness {name} {jnp.dtype(dtype).name} {kind}", _check_case, tk, name, dtype,
+              hq, hkv, kind)
 
 
 def _check_case(tk, name, dtype, hq, hkv, kind):
@@ -258,11 +259,12 @@ def bench_gpu_configs():
 def section_bench():
   for ctx in SIZES["ctx"]:
     qm, km, tq, tk, pairs = _beacon_layout(ctx)
-    guarded(f"bench beacon {ctx}", bench, f"beacon_step ctx={ctx // 1024}K", qm, km, 1, tq, tk, pairs)
+    guarded(f"bench beacon {ctx}", bench, f"beacon_step ctx={ctx // 1024}K", qm, km, 1, tq, tk,
+            pairs)
   for chunks in SIZES["chunks"]:
     qm, km, tq, tk, pairs = _condense_layout(chunks)
-    guarded(f"bench condense {chunks}", bench, f"condense {chunks}x{tq} (ctx={chunks * tq // 1024}K)",
-            qm, km, chunks, tq, tk, pairs)
+    guarded(f"bench condense {chunks}", bench,
+            f"condense {chunks}x{tq} (ctx={chunks * tq // 1024}K)", qm, km, chunks, tq, tk, pairs)
   for ctx in SIZES["ctx"]:
     qm, km, tq, tk, pairs = _decode_layout(ctx)
     guarded(f"bench decode {ctx}", bench, f"decode 1 tok ctx={ctx // 1024}K", qm, km, 1, tq, tk,

@@ -1,4 +1,5 @@
-"""longjax: long-context LLM methods (Activation Beacon, FocusLLM) on frozen decoders in JAX/Flax."""
+"""longjax: long-context LLM methods (Activation Beacon, FocusLLM) on frozen decoders in
+JAX/Flax."""
 import logging as _logging
 
 
@@ -24,6 +25,6 @@ from longjax.beacon import BeaconConfig, BeaconLM, load_beacon, save_beacon  # n
 from longjax.focus import FocusConfig, FocusLLM, load_focus, save_focus  # noqa: E402
 from longjax.plain import PlainLM  # noqa: E402
 
-__all__ = ["LongjaxError", "ModelConfig", "Decoder", "KVPrefix", "init_params", "PlainLM", "generate",
-           "GenerateOutput", "load", "save", "load_any", "BeaconConfig", "BeaconLM",
+__all__ = ["LongjaxError", "ModelConfig", "Decoder", "KVPrefix", "init_params", "PlainLM",
+           "generate", "GenerateOutput", "load", "save", "load_any", "BeaconConfig", "BeaconLM",
            "load_beacon", "save_beacon", "FocusConfig", "FocusLLM", "load_focus", "save_focus"]

@@ -54,7 +54,8 @@ class MissingDependency(LongjaxError, ImportError):
 
 
 # import name -> (pip package, the requirements file that pins it). Runtime packages are all in
-# requirements.txt; torch and accelerate are test-only references, libtpu the compile-only TPU extra.
+# requirements.txt; torch and accelerate are test-only references, libtpu the compile-only TPU
+# extra.
 PACKAGES = {
     "torch": ("torch", "requirements-test.txt"),
     "accelerate": ("accelerate", "requirements-test.txt"),

@@ -117,7 +117,8 @@ class Beacon:
     """``(most input + output tokens, why)``: positions left after the window, times the
     largest compression ratio, plus the window."""
     pos = settings.positive_ratios
-    cap = cfg.max_positions if not pos else (cfg.max_positions - settings.window) * max(pos) + settings.window
+    cap = (cfg.max_positions if not pos
+           else (cfg.max_positions - settings.window) * max(pos) + settings.window)
     return cap, (f"(max positions {cfg.max_positions} - window {settings.window}) x largest ratio "
                  f"{max(pos or (1,))} + window")
 

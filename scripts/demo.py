@@ -69,15 +69,17 @@ def _demo(args):
     longjax.save(work / "tiny_longjax", cfg, params, overwrite=True)
     save_hf(work / "tiny_hf", cfg, params, overwrite=True)
     cfg2, params2 = load_hf(work / "tiny_hf")
-    same = all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(params2)))
+    same = all(np.array_equal(a, b)
+               for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(params2)))
     print(f"saved {work / 'tiny_longjax'} and exported {work / 'tiny_hf'}; HF re-import bit-exact: "
-          f"{same} ({time.time() - t0:.1f}s, {longjax.models.decoder.count_params(params):,} params)")
+          f"{same} ({time.time() - t0:.1f}s, "
+          f"{longjax.models.decoder.count_params(params):,} params)")
     if not same:
       sys.exit("round trip mismatch")
 
   t0 = time.time()
-  out = longjax.generate(longjax.PlainLM(cfg), params, args.prompt, max_new_tokens=args.max_new_tokens,
-                         tokenizer=tokenizer)
+  out = longjax.generate(longjax.PlainLM(cfg), params, args.prompt,
+                         max_new_tokens=args.max_new_tokens, tokenizer=tokenizer)
   print(f"prompt: {args.prompt!r}")
   print(f"generated {len(out.tokens[0])} tokens in {time.time() - t0:.1f}s (incl. compile): "
         f"{out.text[0]!r}" + ("" if args.hf_dir else "  (random weights: gibberish is expected)"))

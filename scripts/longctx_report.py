@@ -45,7 +45,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from longjax.eval import harness  # noqa: E402
 
-RULER = ("niah_single_1", "niah_multikey_2", "niah_multikey_3", "ruler_vt", "ruler_cwe", "ruler_fwe")
+RULER = ("niah_single_1", "niah_multikey_2", "niah_multikey_3", "ruler_vt", "ruler_cwe",
+         "ruler_fwe")
 TASKS = RULER + ("passkey", "perplexity")
 # the lm-eval model_args of each method (names from the registry, through the adapter)
 METHODS = {
@@ -203,7 +204,8 @@ def figure(out: Path, cells, methods):
 
 # ------------------------------------------------------------------------------------------------
 def parse(argv):
-  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap = argparse.ArgumentParser(description=__doc__,
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--out", default="results", help="directory of the table, figure and cells")
   ap.add_argument("--methods", default=",".join(METHODS))
   ap.add_argument("--tasks", default=",".join(TASKS))

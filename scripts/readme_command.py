@@ -2,7 +2,8 @@
 
 CI runs README command 1 through this script (.ci/run), so the command CI checks is the one a
 reader copies: the two cannot drift apart. The block is the first ```bash fence after the
-"## Set-up" heading; its commands are its lines that are neither blank nor comments, numbered from 1.
+"## Set-up" heading; its commands are its lines that are neither blank nor comments, numbered
+from 1.
 
   python scripts/readme_command.py 1            # prints command 1
   python scripts/readme_command.py 2 --readme OTHER.md

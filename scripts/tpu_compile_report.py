@@ -1,11 +1,14 @@
 #!/usr/bin/env python
-"""Compile longjax's programs for TPU slices on this CPU host and print memory / FLOPs (nothing runs).
+"""Compile longjax's programs for TPU slices on this CPU host and print memory / FLOPs (nothing
+runs).
 
 Needs ``libtpu`` (``pip install -r requirements-tpu.txt``). From the repository root:
 
     JAX_PLATFORMS=cpu python scripts/tpu_compile_report.py --kernels v4,v5e,v5p,v6e
-    JAX_PLATFORMS=cpu python scripts/tpu_compile_report.py --train v5p-8 --length 4096 --impl blockwise
-    JAX_PLATFORMS=cpu python scripts/tpu_compile_report.py --train v5p-8 --config beacon_llama3 --length 4096 --impl blockwise
+    JAX_PLATFORMS=cpu python scripts/tpu_compile_report.py --train v5p-8 --length 4096 \\
+        --impl blockwise
+    JAX_PLATFORMS=cpu python scripts/tpu_compile_report.py --train v5p-8 --config beacon_llama3 \\
+        --length 4096 --impl blockwise
     JAX_PLATFORMS=cpu python scripts/tpu_compile_report.py --infer v5p-8,v5e-16
 
 Per program and slice: per-device bytes at the peak (arguments + outputs + temporaries - donated
@@ -33,13 +36,13 @@ def row(r: co.Result) -> str:
   gib = lambda b: f"{b / 2**30:.2f}"  # noqa: E731
   hbm = r.hbm()
   if not r.ok:
-    return (f"| {r.program} | {r.slice} | {r.devices} | FAILED | {gib(hbm)} | | | {r.compile_s:.0f} s "
-            f"| {r.error} |")
+    return (f"| {r.program} | {r.slice} | {r.devices} | FAILED | {gib(hbm)} | | | "
+            f"{r.compile_s:.0f} s | {r.error} |")
   fit = "yes" if r.fits() else "**no**"
   kernels = f"; {r.pallas_calls} Pallas calls" if r.pallas_calls else ""
-  return (f"| {r.program} | {r.slice} | {r.devices} | {gib(r.peak_bytes)} (temp {gib(r.temp_bytes)}) "
-          f"| {gib(hbm)} ({fit}) | {r.flops / 1e12:.3g} | {1e3 * r.seconds_at_peak():.3g} ms "
-          f"| {r.compile_s:.0f} s | {r.note}{kernels} |")
+  return (f"| {r.program} | {r.slice} | {r.devices} | {gib(r.peak_bytes)} "
+          f"(temp {gib(r.temp_bytes)}) | {gib(hbm)} ({fit}) | {r.flops / 1e12:.3g} | "
+          f"{1e3 * r.seconds_at_peak():.3g} ms | {r.compile_s:.0f} s | {r.note}{kernels} |")
 
 
 HEADER = ("| program | slice | devices | per-device GiB at peak | HBM GiB (fits) | TFLOP / device "

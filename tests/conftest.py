@@ -21,8 +21,9 @@ jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 @pytest.fixture(autouse=True)
 def _program_cache_left_as_found():
   """A test that calls an entry point's main() in-process goes through ``cli.run``, which turns
-  on the traced-program cache (``longjax.runtime.program_cache``) for the whole process; later tests that
-  count traces (one per compile) would then load exported programs instead of tracing them."""
+  on the traced-program cache (``longjax.runtime.program_cache``) for the whole process; later
+  tests that count traces (one per compile) would then load exported programs instead of tracing
+  them."""
   from longjax.runtime import program_cache
   before = program_cache.directory()
   yield

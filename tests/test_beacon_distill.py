@@ -247,7 +247,8 @@ def test_campaign_record_carries_the_started_from_asset(tmp_path):
       data=dict(sources="jsonl:/x/prose.jsonl@distill"),
       train=dict(init_from=str(prev), layout="inference", lr=1e-4))))
   (run / "metrics.jsonl").write_text(
-      "".join(json.dumps(dict(step=s, tokens=10 * s)) + "\n" for s in (1, 2, 3)) + '{"step": 4, "tok')
+      "".join(json.dumps(dict(step=s, tokens=10 * s)) + "\n" for s in (1, 2, 3))
+      + '{"step": 4, "tok')
   rec = campaign.record(run, 2)
   assert rec["steps"] == 102 and rec["tokens"] == 5000 + 10 + 20
   assert len(rec["runs"]) == 2 and rec["runs"][-1]["recipe"]["data"] == ["prose.jsonl@distill"]

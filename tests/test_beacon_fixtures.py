@@ -84,7 +84,8 @@ def test_fixture_case(hf_dir, case):
 
 
 def _pallas_cases():
-  """``main`` with the Pallas kernels (interpret mode) in the default run, the others marked slow."""
+  """``main`` with the Pallas kernels (interpret mode) in the default run, the others marked
+  slow."""
   if not CASES:
     return [pytest.param("none", marks=pytest.mark.skip(NO_CASES))]
   first = "main" if "main" in CASES else CASES[0]

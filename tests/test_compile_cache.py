@@ -1,5 +1,5 @@
-"""The persistent compilation cache of the CLIs (``longjax.runtime.compile_cache``): where it goes, how it
-is turned off, and that a second process finds what the first compiled."""
+"""The persistent compilation cache of the CLIs (``longjax.runtime.compile_cache``): where it goes,
+how it is turned off, and that a second process finds what the first compiled."""
 from conftest import run_python
 
 from longjax.runtime import compile_cache as cc

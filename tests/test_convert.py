@@ -35,7 +35,8 @@ def test_round_trip_is_bit_exact_and_loads_in_transformers(family, tmp_path):
   assert sorted(original) == sorted(exported)
   for name, value in original.items():
     assert exported[name].dtype == value.dtype and np.array_equal(exported[name], value), name
-  reloaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "back", attn_implementation="eager")
+  reloaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "back",
+                                                               attn_implementation="eager")
   ids = np.random.default_rng(0).integers(3, 320, (1, 40))
   np.testing.assert_array_equal(hf_logits(reloaded, ids), hf_logits(model, ids))
 
@@ -150,7 +151,8 @@ def test_shape_mismatches_are_listed(tmp_path):
   (bad / "config.json").write_text(json.dumps(config))
   with pytest.raises(CheckpointError, match=r"shape mismatches .*\(9\)") as e:
     load_hf(bad)
-  assert "model.layers.0.mlp.gate_proj.weight: checkpoint (96, 64), config expects (80, 64)" in str(e.value)
+  assert ("model.layers.0.mlp.gate_proj.weight: checkpoint (96, 64), config expects (80, 64)"
+          in str(e.value))
 
 
 def test_unsupported_model_type(tmp_path):

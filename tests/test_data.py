@@ -17,7 +17,8 @@ def dc(**kw):
   """A run's data section (run_config.DataSection): the byte tokenizer, small synthetic sizes."""
   d = dict(sources="", tokenizer="byte", text_field="text", tfds_data_dir="", tfds_split="train",
            min_length=0, max_length=1 << 30, append_eos=True, add_bos="auto", max_per_source=0,
-           loss_on="all", synthetic=SyntheticSection(count=16, min_chars=50, max_chars=90, digits=5))
+           loss_on="all",
+           synthetic=SyntheticSection(count=16, min_chars=50, max_chars=90, digits=5))
   d.update(kw)
   return DataSection(**d)
 
@@ -29,7 +30,8 @@ def test_jsonl_text_filter_truncate_eos(tmp_path):
   d = tmp_path / "docs"
   d.mkdir()
   (d / "a.txt").write_text("hello world")
-  ds = pipeline.build_dataset(dc(sources=f"jsonl:{f},text:{d}", min_length=8, max_length=20), TOK, 0)
+  ds = pipeline.build_dataset(dc(sources=f"jsonl:{f},text:{d}", min_length=8, max_length=20),
+                              TOK, 0)
   # 3 chars + BOS + EOS = 5 < 8 dropped; 40 chars truncated to 20 (no EOS); the rest get EOS
   assert ds.stats["too_short"] == 1 and ds.stats["truncated"] == 1
   lens = sorted(len(x) for x in ds.ids)
@@ -65,7 +67,8 @@ def test_bad_inputs(tmp_path):
     pipeline.build_dataset(dc(sources="tfds:whatever"), TOK, 0)
   # an @answer source must give every record an answer span, also after truncation (a record
   # without one would be scored on every token: another objective than the one asked for)
-  f.write_text(json.dumps({"input": "q?", "output": "ans"}) + "\n" + json.dumps({"text": "abc"}) + "\n")
+  f.write_text(json.dumps({"input": "q?", "output": "ans"}) + "\n" + json.dumps({"text": "abc"})
+               + "\n")
   with pytest.raises(DataError, match=r"t.json'@answer, record 1: no answer span.*it has none"):
     pipeline.build_dataset(dc(sources=f"jsonl:{f}@answer"), TOK, 0)
   f.write_text(json.dumps({"input": "question " * 5, "output": "ans"}) + "\n")

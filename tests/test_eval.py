@@ -108,8 +108,10 @@ def test_focus_passkey_generator():
     key = rs.randint(1, 50000)
     garbage = " ".join([P.NOISE] * 1000)
     lines = s["text"].split("\n")
-    assert lines == [garbage[:prefix], f"The pass key is {key}. Remember it. {key} is the pass key.",
-                     garbage[:n - prefix], P.FOCUS_DESCRIPTION, "What is the pass key? The pass key is"]
+    assert lines == [garbage[:prefix],
+                     f"The pass key is {key}. Remember it. {key} is the pass key.",
+                     garbage[:n - prefix], P.FOCUS_DESCRIPTION,
+                     "What is the pass key? The pass key is"]
     assert s["key"] == key and s["prefix_len"] == prefix
   tok = Tokenizer(ByteTokenizer())
   assert tok.decode(tok.answer_ids("123")) == " 123"
@@ -219,9 +221,11 @@ def test_plain_truncation_baseline(data, tmp_path):
   c.eval.longbench.tasks = "qasper,trec"
   out = run(from_config(c), "passkey,longbench", log=lambda s: None)
   assert out["passkey"]["method"] == "plain"
-  recs = [json.loads(x) for x in (tmp_path / "plain_passkey.samples.jsonl").read_text().splitlines()[1:]]
+  recs = [json.loads(x) for x in
+          (tmp_path / "plain_passkey.samples.jsonl").read_text().splitlines()[1:]]
   assert all(r["n_tokens"] <= 200 - 24 for r in recs)
-  recs = [json.loads(x) for x in (tmp_path / "plain_longbench.samples.jsonl").read_text().splitlines()[1:]]
+  recs = [json.loads(x) for x in
+          (tmp_path / "plain_longbench.samples.jsonl").read_text().splitlines()[1:]]
   assert all(r["n_tokens"] <= 200 - {"qasper": 128, "trec": 64}[r["task"]] for r in recs)
 
 
@@ -247,7 +251,8 @@ def test_bad_data(beacon, data, tmp_path):
     run(from_config(c), "longbench", **quiet)
   bad = tmp_path / "lb"
   bad.mkdir()
-  (bad / "qasper.jsonl").write_text(json.dumps({"context": "x", "input": "y", "answer": "z"}) + "\n")
+  (bad / "qasper.jsonl").write_text(
+      json.dumps({"context": "x", "input": "y", "answer": "z"}) + "\n")
   c.eval.longbench.data_dir = str(bad)
   c.eval.longbench.tasks = "qasper"
   with pytest.raises(EvalError, match=r"qasper.jsonl:1: missing field\(s\) \['answers'\]"):

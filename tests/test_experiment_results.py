@@ -19,7 +19,8 @@ def test_perplexity_of_a_stopped_run_is_marked_partial_not_reported():
 
 def test_a_finished_cell_replaces_its_stopped_version_in_the_file(tmp_path):
   """save() replaces an owned cell whole: the "partial" mark of a stopped run does not survive
-  the run finishing (a merge kept it beside the final perplexity), and cells it does not own stay."""
+  the run finishing (a merge kept it beside the final perplexity), and cells it does not own
+  stay."""
   out = tmp_path / "r.json"
   lpr.save(out, {"other": {"x": 1}}, ("other",))
   res = lpr.load(out)

@@ -44,9 +44,11 @@ def test_config_rejects_bad_sizes(kw, match):
 
 def test_config_defaults_and_hf_fields():
   f = FocusConfig()
-  assert (f.local_window, f.chunk_stride, f.prompt_cap, f.min_len_threshold) == (1024, 1024, 512, 4096)
+  assert (f.local_window, f.chunk_stride, f.prompt_cap, f.min_len_threshold) == (
+      1024, 1024, 512, 4096)
   assert FocusConfig(local_window=128, chunk_stride=64).prompt_len == 64
-  g = FocusConfig.from_hf({"local_window": 3500, "memory_stride": [1024], "beacon_param": ["q", "k"]})
+  g = FocusConfig.from_hf({"local_window": 3500, "memory_stride": [1024],
+                           "beacon_param": ["q", "k"]})
   assert (g.local_window, g.chunk_stride, g.candidate_projections, g.prompt_len) == (
       3500, 1024, ("q", "k"), 512)
   with pytest.raises(FocusError, match="memory_stride"):
@@ -281,9 +283,11 @@ def test_checkpoint_roundtrip(tiny, tmp_path):
   save_focus(tmp_path / "ckpt", cfg, f, params)
   names = set(load_file(tmp_path / "ckpt" / "model.safetensors"))
   assert "model.beacon_embed_tokens.weight" in names
-  assert {f"model.layers.{i}.self_attn.beacon_{p}_proj.weight" for i in (0, 1) for p in "qkvo"} <= names
+  assert {f"model.layers.{i}.self_attn.beacon_{p}_proj.weight"
+          for i in (0, 1) for p in "qkvo"} <= names
   hf = json.loads((tmp_path / "ckpt" / "config.json").read_text())
-  assert hf["local_window"] == 24 and hf["memory_stride"] == [16] and hf["beacon_param"] == list("qkvo")
+  assert (hf["local_window"] == 24 and hf["memory_stride"] == [16]
+          and hf["beacon_param"] == list("qkvo"))
   cfg2, f2, params2 = load_focus(tmp_path / "ckpt", prompt_cap=8, min_len_threshold=0)
   assert f2 == f and "alt_embedding" not in params2 and cfg2.num_alt_embeddings == 0
   jax.tree.map(np.testing.assert_array_equal, params, params2)

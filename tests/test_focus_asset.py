@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 
-import jax
 import ml_dtypes
 import numpy as np
 import pytest
@@ -83,5 +82,6 @@ def test_missing_shard_is_named(tmp_path, base):
 
 def test_one_tensor_larger_than_a_file_is_refused(tmp_path):
   with pytest.raises(AssetError, match="more than one file may hold"):
-    assets.write_tensors(tmp_path, "x", {"a": np.zeros(100, np.float32), "b": np.zeros(3, np.float32)},
+    assets.write_tensors(tmp_path, "x",
+                         {"a": np.zeros(100, np.float32), "b": np.zeros(3, np.float32)},
                          max_bytes=200)

@@ -24,18 +24,18 @@ WORDS = ["Ġthe", "Ġand", "Ġhello", "Ġworld", "ing", "Ġto", "Ġof", "er", "�
 QUANT = {
     "token_embd.weight": "Q8_0", "output.weight": "F16",
     "blk.0.attn_q.weight": "Q4_0", "blk.0.attn_k.weight": "Q4_1", "blk.0.attn_v.weight": "Q8_0",
-    "blk.0.attn_output.weight": "F16", "blk.0.ffn_gate.weight": "Q4_1", "blk.0.ffn_up.weight": "Q4_0",
-    "blk.0.ffn_down.weight": "Q4_K",
+    "blk.0.attn_output.weight": "F16", "blk.0.ffn_gate.weight": "Q4_1",
+    "blk.0.ffn_up.weight": "Q4_0", "blk.0.ffn_down.weight": "Q4_K",
     "blk.1.attn_q.weight": "Q8_0", "blk.1.attn_k.weight": "F16", "blk.1.attn_v.weight": "Q4_1",
-    "blk.1.attn_output.weight": "Q4_0", "blk.1.ffn_gate.weight": "BF16", "blk.1.ffn_up.weight": "Q8_0",
-    "blk.1.ffn_down.weight": "Q6_K",
+    "blk.1.attn_output.weight": "Q4_0", "blk.1.ffn_gate.weight": "BF16",
+    "blk.1.ffn_up.weight": "Q8_0", "blk.1.ffn_down.weight": "Q6_K",
 }
 # GGUF -> HF names, written out here rather than taken from longjax (an independent check).
 HF_NAMES = {"token_embd": "model.embed_tokens", "output": "lm_head", "output_norm": "model.norm",
             "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-            "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-            "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-            "ffn_down": "mlp.down_proj"}
+            "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+            "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
+            "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
 
 
 def _hf(gguf_name):
@@ -47,7 +47,8 @@ def _hf(gguf_name):
 
 def permute(w, n_head):
   """llama.cpp convert_hf_to_gguf.py's LlamaModel.permute (HF rotate-half -> GGML pairs)."""
-  return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+  return (w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+          .swapaxes(1, 2).reshape(w.shape))
 
 
 def tiny_vocab():
@@ -252,8 +253,9 @@ def test_tokenizer_matches_the_gguf_one(tiny):
 # --- the tokenizer, built from the GGUF's metadata without torch ----------------------------------
 # Text that exercises what differs between pre-tokenizers and vocabularies: digits runs,
 # contractions, runs of spaces / newlines / tabs, accents, CJK, emoji, a control token in the text.
-TOKENIZER_TEXTS = ["hello world", "Don't stop: 1234567 and 3.14159!", "  two  spaces\n\n\tand tabs  ",
-                   "héllo naïve café — 東京 🙂", "<|im_start|>user\nhi there<|im_end|>\n", ""]
+TOKENIZER_TEXTS = ["hello world", "Don't stop: 1234567 and 3.14159!",
+                   "  two  spaces\n\n\tand tabs  ", "héllo naïve café — 東京 🙂",
+                   "<|im_start|>user\nhi there<|im_end|>\n", ""]
 
 
 def tokenizer_gguf(path, model="gpt2", pre="default", extra=(), add_bos=False):
@@ -320,7 +322,8 @@ def _same_as_transformers(tok, ref, texts=TOKENIZER_TEXTS, chat=True):
   assert ((tok.bos_token, tok.eos_token, tok.unk_token, tok.pad_token)
           == (ref.bos_token, ref.eos_token, ref.unk_token, ref.pad_token))
   if chat:
-    msgs = [{"role": "user", "content": "Où est 東京? 42"}, {"role": "assistant", "content": " ok "},
+    msgs = [{"role": "user", "content": "Où est 東京? 42"},
+            {"role": "assistant", "content": " ok "},
             {"role": "user", "content": "and\n\nthen"}]
     for gen in (True, False):
       assert (tok.apply_chat_template(msgs, add_generation_prompt=gen, tokenize=False)
@@ -437,7 +440,7 @@ def test_cli_gguf_to_longjax(tiny, tmp_path):
   assert sorted(p.name for p in tmp_path.iterdir()) == ["b", "hf", "lj"]
 
 
-# --- bad input: one line on stderr naming the problem and the file, exit status 1 ------------------
+# --- bad input: one line on stderr naming the problem and the file, exit status 1 -----------------
 
 def _other_arch(path, arch, tensor="token_embd.weight"):
   """A minimal GGUF: an architecture, one metadata key and one tensor."""
@@ -464,7 +467,8 @@ def _bad_inputs(tiny, d):
   return {
       "gpt2": (["--gguf", str(_other_arch(d / "gpt2.gguf", "gpt2")), "--out", str(d / "o")],
                ["gpt2.gguf", "architecture 'gpt2' is not supported"]),
-      "qwen2moe": (["--gguf", str(_other_arch(d / "moe.gguf", "qwen2moe")), "--hf_out", str(d / "o")],
+      "qwen2moe": (["--gguf", str(_other_arch(d / "moe.gguf", "qwen2moe")),
+                    "--hf_out", str(d / "o")],
                    ["moe.gguf", "architecture 'qwen2moe' is not supported"]),
       "no_embedding": (["--gguf", str(_other_arch(d / "lora.gguf", "llama", "output_norm.weight")),
                         "--out", str(d / "o")], ["lora.gguf", "no token_embd.weight"]),
@@ -473,7 +477,8 @@ def _bad_inputs(tiny, d):
       "quant_type": (["--gguf", str(tq), "--out", str(d / "o")],
                      ["tq.gguf", "blk.1.ffn_down.weight", "quant type TQ1_0"]),
       "truncated": (["--gguf", str(cut), "--out", str(d / "o")], ["cut.gguf", "truncated"]),
-      "not_gguf": (["--gguf", str(text), "--hf_out", str(d / "o")], ["notes.gguf", "not a GGUF file"]),
+      "not_gguf": (["--gguf", str(text), "--hf_out", str(d / "o")],
+                   ["notes.gguf", "not a GGUF file"]),
       "zip_without_gguf": (["--gguf", str(no_gguf), "--out", str(d / "o")],
                            ["nogguf.whl", "no .gguf file"]),
       "missing": (["--gguf", str(d / "nope.gguf"), "--out", str(d / "o")],

@@ -251,7 +251,8 @@ def test_report_resumes_cell_by_cell(tmp_path, capsys):
   rep = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(rep)
   argv = ["--out", str(tmp_path), "--methods", "plain,beacon", "--tasks", "perplexity,ruler_vt",
-          "--ppl_data", "", "--lengths", "4096", "--skip", "plain:ruler_vt:4096,beacon:ruler_vt:4096"]
+          "--ppl_data", "", "--lengths", "4096", "--skip",
+          "plain:ruler_vt:4096,beacon:ruler_vt:4096"]
   assert rep.main(argv) == 0
   assert "4 cells, 0 already done" in capsys.readouterr().out
   cells = sorted(p.name for p in (tmp_path / "longctx_cells").glob("*.json"))

@@ -3,9 +3,9 @@
 Shapes are small and lengths are never multiples of the block sizes (the kernels use 16 x 16
 blocks here so that several blocks, padding and block skipping are all exercised; interpret mode
 has no TPU tiling rules, and ``test_flash_tpu_production_blocks`` runs the TPU kernel at its
-production 128 x 128 blocks; ``test_kernel_lowering.py`` lowers every kernel for TPU and GPU). Every case has
-at least one query that may see nothing (its output must be exactly 0, never NaN). Forward tests
-of every kernel run by default; gradient tests are marked ``slow``.
+production 128 x 128 blocks; ``test_kernel_lowering.py`` lowers every kernel for TPU and GPU).
+Every case has at least one query that may see nothing (its output must be exactly 0, never NaN).
+Forward tests of every kernel run by default; gradient tests are marked ``slow``.
 """
 from __future__ import annotations
 
@@ -108,8 +108,8 @@ XLA_CASES = [
 @pytest.mark.parametrize("name,dtype,hq,hkv", XLA_CASES)
 def test_blockwise_forward(name, dtype, hq, hkv):
   q, k, v, qm, km, rule, window = make_case(name, dtype, hq, hkv)
-  out, lse = blockwise_attention(q, k, v, kernel_meta(qm, km, rule, window), scale=q.shape[-1] ** -0.5,
-                                 kind_sees=rule.kind_sees, **BLOCKS)
+  out, lse = blockwise_attention(q, k, v, kernel_meta(qm, km, rule, window),
+                                 scale=q.shape[-1] ** -0.5, kind_sees=rule.kind_sees, **BLOCKS)
   check_forward(out, lse, q, k, v, qm, km, rule, window)
 
 
@@ -319,8 +319,10 @@ def test_dispatch_choices_and_errors(monkeypatch):
     explain((1, 128, 4, 32), (1, 128, 2, 32), f32, impl="cuda")
   with pytest.raises(ValueError, match="head_dim"):
     explain((1, 128, 4, 24), (1, 128, 2, 24), f32, impl="pallas", interpret=True, backend="gpu")
-  assert explain((1, 128, 4, 32), (1, 128, 2, 32), f32, impl="pallas", interpret=True)[0] == "pallas_flash"
-  assert explain((1, 2, 4, 32), (1, 999, 2, 32), f32, impl="pallas", interpret=True)[0] == "pallas_decode"
+  assert explain((1, 128, 4, 32), (1, 128, 2, 32), f32, impl="pallas",
+                 interpret=True)[0] == "pallas_flash"
+  assert explain((1, 2, 4, 32), (1, 999, 2, 32), f32, impl="pallas",
+                 interpret=True)[0] == "pallas_decode"
   choice, reason = explain((1, 128, 4, 24), (1, 128, 2, 24), f32, interpret=True, backend="gpu")
   assert choice == "dense" and "fell back" in reason and "head_dim" in reason
   monkeypatch.setenv("LONGJAX_PALLAS_INTERPRET", "1")

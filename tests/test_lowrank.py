@@ -101,7 +101,8 @@ def test_low_rank_and_full_assets_load_the_same(tmp_path):
   meta = json.loads((small / "beacon.json").read_text())
   assert meta["lowrank"]["rank"] == 4 and "lowrank" not in json.loads(
       (full / "beacon.json").read_text())
-  assert (small / "beacon.safetensors").stat().st_size < (full / "beacon.safetensors").stat().st_size
+  assert ((small / "beacon.safetensors").stat().st_size
+          < (full / "beacon.safetensors").stat().st_size)
   _, _, a = load_beacon_asset(small)
   _, _, b = load_beacon_asset(full)
   for p in "qkvo":

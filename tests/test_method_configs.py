@@ -82,7 +82,8 @@ def test_config_check_asks_the_registry(tmp_path):
     with c.unlocked():
       c.method = name
     assert from_config(c).method == name
-  with pytest.raises(methods.UnknownMethodError, match="unknown method 'llm'; valid: beacon, focus, plain"):
+  with pytest.raises(methods.UnknownMethodError,
+                     match="unknown method 'llm'; valid: beacon, focus, plain"):
     methods.get("llm")
   with c.unlocked():
     c.method = "focus"

@@ -1,4 +1,5 @@
-"""Decoder parity with HF transformers (torch) for every supported family, KV cache, alt projections."""
+"""Decoder parity with HF transformers (torch) for every supported family, KV cache, alt
+projections."""
 import functools
 
 import jax
@@ -14,7 +15,8 @@ from longjax.plain import PlainLM
 from longjax.models import CacheFullError, Decoder, KVCache, ModelConfig, cache_forward, init_params
 
 FAMILIES = ["llama2", "llama3", "llama_linear", "llama_dynamic", "qwen2", "qwen2_tied", "mistral"]
-SEQ = 130  # > the tiny models' llama3 original length (64), dynamic-NTK length (64), Mistral window (48)
+# > the tiny models' llama3 original length (64), dynamic-NTK length (64), Mistral window (48)
+SEQ = 130
 
 
 @functools.lru_cache(maxsize=None)
@@ -159,8 +161,10 @@ def test_generate_matches_hf_greedy(tmp_root):
 def test_sampling_is_seeded_and_stops(tmp_root):
   _, cfg, params = converted("llama2", tmp_root)
   method = PlainLM(cfg)
-  a = generate(method, params, [5, 6, 7], max_new_tokens=10, temperature=1.0, top_k=20, top_p=0.9, seed=3)
-  b = generate(method, params, [5, 6, 7], max_new_tokens=10, temperature=1.0, top_k=20, top_p=0.9, seed=3)
+  a = generate(method, params, [5, 6, 7], max_new_tokens=10, temperature=1.0, top_k=20, top_p=0.9,
+               seed=3)
+  b = generate(method, params, [5, 6, 7], max_new_tokens=10, temperature=1.0, top_k=20, top_p=0.9,
+               seed=3)
   assert a.tokens == b.tokens and len(a.tokens[0]) == 10
   stop = a.tokens[0][2]
   c = generate(method, params, [5, 6, 7], max_new_tokens=10, temperature=1.0, top_k=20, top_p=0.9,
@@ -176,7 +180,8 @@ def test_alternative_projections_follow_the_flag():
                     num_layers=1, num_heads=4, num_kv_heads=2, head_dim=8, attention_bias=True,
                     alt_projections=("q", "k", "v", "o"), num_alt_embeddings=1)
   params = init_params(cfg, seed=1)
-  params = jax.tree.map(lambda x: x + 0.05 * jax.random.normal(jax.random.PRNGKey(x.size), x.shape), params)
+  params = jax.tree.map(
+      lambda x: x + 0.05 * jax.random.normal(jax.random.PRNGKey(x.size), x.shape), params)
   tokens = jnp.asarray([[3, 7, 50, 9, 11, 50]])  # 50 = vocab_size -> the alt embedding row
   alt = tokens == 50
   pos = jnp.arange(6)[None]
@@ -192,7 +197,8 @@ def test_alternative_projections_follow_the_flag():
   for name, got in (("k", k), ("v", v)):
     for row in range(6):
       proj = f"alt_{name}_proj" if bool(alt[0, row]) else f"{name}_proj"
-      want = np.einsum("h,hnd->nd", h[row], np.asarray(a[proj]["kernel"][0])) + np.asarray(a[proj]["bias"][0])
+      want = (np.einsum("h,hnd->nd", h[row], np.asarray(a[proj]["kernel"][0]))
+              + np.asarray(a[proj]["bias"][0]))
       np.testing.assert_allclose(np.asarray(got[0, 0, row]), want, rtol=1e-5, atol=1e-5)
 
   # Every row flagged == the base projections replaced by the alternative ones.
@@ -221,7 +227,8 @@ def test_remat_and_bf16_compute(tmp_root):
 
   g_plain = jax.grad(loss)(params, cfg)
   g_remat = jax.grad(loss)(params, cfg.replace(remat=True))
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), g_plain, g_remat)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
+               g_plain, g_remat)
   ref = forward(cfg, params, np.asarray(ids))
   bf16 = forward(cfg.replace(dtype="bfloat16"), params, np.asarray(ids))
   scale = np.abs(ref).max()

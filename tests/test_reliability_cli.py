@@ -111,9 +111,11 @@ def test_convert_weights_bad_sources_one_line(tmp_path, capsys):
                       ["nope", "no such directory"]),
       ".bin only": (["--hf_dir", str(bin_only), "--out", str(tmp_path / "o")],
                     ["bin_only", "safetensors only"]),
-      "a file as --hf_dir": (["--hf_dir", str(bin_only / "config.json"), "--out", str(tmp_path / "o")],
+      "a file as --hf_dir": (["--hf_dir", str(bin_only / "config.json"),
+                              "--out", str(tmp_path / "o")],
                              ["config.json", "not a directory"]),
-      "missing longjax dir": (["--longjax_dir", str(tmp_path / "nope"), "--hf_out", str(tmp_path / "o")],
+      "missing longjax dir": (["--longjax_dir", str(tmp_path / "nope"),
+                               "--hf_out", str(tmp_path / "o")],
                               ["nope", "no such directory"]),
   }
   for case, (argv, words) in cases.items():
@@ -204,8 +206,10 @@ def test_config_problems_in_process():
   assert config_problem(cfg + ["--config.trian.lr=1"]) == "unknown key trian; did you mean train?"
   assert "did you mean" in config_problem(cfg + ["--config.lr=1"]) and "train.lr" in (
       config_problem(cfg + ["--config.lr=1"]))
-  assert config_problem(cfg + ["--config.zzzzqq=1"]).startswith("unknown key zzzzqq; the config's keys")
-  assert config_problem(["--config=configs/nope.py"]) == "--config=configs/nope.py: no such config file"
+  assert config_problem(cfg + ["--config.zzzzqq=1"]).startswith(
+      "unknown key zzzzqq; the config's keys")
+  assert (config_problem(["--config=configs/nope.py"])
+          == "--config=configs/nope.py: no such config file")
   assert suggestions("learning_rate", ["lr", "warmup_steps"]) == ["lr"]
   assert suggestions("num_step", ["num_steps", "lr"]) == ["num_steps"]
 
@@ -326,7 +330,8 @@ def test_convert_weights_broken_checkpoint_files_one_line(tmp_path, capsys):
   cases = {
       "header cut": (variant("hdr", lambda d: (d / "model.safetensors").write_bytes(data[:100])),
                      ["model.safetensors", "truncated or corrupt"]),
-      "data cut": (variant("dat", lambda d: (d / "model.safetensors").write_bytes(data[:header + 64])),
+      "data cut": (variant("dat",
+                           lambda d: (d / "model.safetensors").write_bytes(data[:header + 64])),
                    ["model.safetensors", "truncated"]),
       "bad config": (variant("cfg", lambda d: (d / "config.json").write_text("{bad")),
                      ["config.json", "not valid JSON"]),

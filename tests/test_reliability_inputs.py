@@ -1,6 +1,7 @@
 """Bad inputs are refused with one clear message instead of being used silently (the reliability
 issue, items 5, 6, 8, 9, 10): non-text data records, out-of-range / float token ids, a checkpoint
-loaded as the other method, NaN sampling settings, exported config.json that transformers refuses."""
+loaded as the other method, NaN sampling settings, exported config.json that transformers
+refuses."""
 from __future__ import annotations
 
 import json
@@ -115,8 +116,10 @@ def test_focus_prefill_max_new_tokens(focus):
 # ------------------------------------------------------------------------------------------------
 # 9. sampling settings
 @pytest.mark.parametrize("kw, msg", [
-    (dict(temperature=float("nan")), "temperature must be a finite number >= 0 (0 = greedy), got nan"),
-    (dict(temperature=float("inf")), "temperature must be a finite number >= 0 (0 = greedy), got inf"),
+    (dict(temperature=float("nan")),
+     "temperature must be a finite number >= 0 (0 = greedy), got nan"),
+    (dict(temperature=float("inf")),
+     "temperature must be a finite number >= 0 (0 = greedy), got inf"),
     (dict(temperature=-0.5), "temperature must be a finite number >= 0 (0 = greedy), got -0.5"),
     (dict(temperature=1.0, top_p=float("nan")), "top_p must be in (0, 1] (or None), got nan"),
     (dict(temperature=1.0, top_p=0.0), "top_p must be in (0, 1] (or None), got 0.0"),
@@ -194,7 +197,8 @@ def test_official_checkpoints_are_told_apart_by_their_fields(tmp_path):
 def _fixture_configs():
   paths = sorted(FIXTURES.glob("**/config.json"))
   if not paths:
-    pytest.skip(f"no fixture config.json under {FIXTURES} (set LONGJAX_FIXTURES to a fixtures root)")
+    pytest.skip(f"no fixture config.json under {FIXTURES} (set LONGJAX_FIXTURES to a fixtures "
+                "root)")
   return paths
 
 
@@ -246,7 +250,8 @@ def test_transformers_configs_round_trip_and_reload(tmp_path, cls, kw):
   assert changed["rope_theta"] == 5000.0
   (tmp_path / "out").mkdir()
   (tmp_path / "out" / "config.json").write_text(json.dumps(cfg.to_hf()))
-  reloaded = [transformers.AutoConfig.from_pretrained(tmp_path / d).to_dict() for d in ("src", "out")]
+  reloaded = [transformers.AutoConfig.from_pretrained(tmp_path / d).to_dict()
+              for d in ("src", "out")]
   for d in reloaded:
     d.pop("_name_or_path")
   assert reloaded[0] == reloaded[1]
@@ -264,7 +269,8 @@ def test_old_longjax_checkpoint_config_still_loads():
       "num_alt_embeddings": 0, "dtype": "float32", "param_dtype": "float32", "remat": False,
       "hf_extra": [["architectures", None], ["hidden_act", "silu"],
                    ["id2label", [["0", "LABEL_0"], ["1", "LABEL_1"]]], ["local_window", 128],
-                   ["memory_stride", [64]], ["pruned_heads", []], ["transformers_version", "4.36.2"]]}}
+                   ["memory_stride", [64]], ["pruned_heads", []],
+                   ["transformers_version", "4.36.2"]]}}
   cfg = checkpoint.config_from_json(old)
   assert cfg.vocab_size == 1000 and cfg.max_position_embeddings == 4096
   hf = cfg.to_hf()

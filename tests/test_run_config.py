@@ -1,7 +1,7 @@
-"""The typed run config (``longjax.run_config``): train.py and eval.py turn the ml_collections config
-into one frozen RunConfig, once, at the edge; nothing below reads a ConfigDict; unknown keys and bad
-values stop there with one line that names the key and its near miss; a run's config.json reads
-back as the same RunConfig."""
+"""The typed run config (``longjax.run_config``): train.py and eval.py turn the ml_collections
+config into one frozen RunConfig, once, at the edge; nothing below reads a ConfigDict; unknown keys
+and bad values stop there with one line that names the key and its near miss; a run's config.json
+reads back as the same RunConfig."""
 import ast
 import dataclasses
 import importlib
@@ -68,7 +68,8 @@ def test_defaults_have_one_home():
 
 
 @pytest.mark.parametrize("key, value, message", [
-    ("train.lrr", 1.0, "unknown config key 'train.lrr' (did you mean 'lr'?); known keys of train: "),
+    ("train.lrr", 1.0,
+     "unknown config key 'train.lrr' (did you mean 'lr'?); known keys of train: "),
     ("beacon.windw", 64, "unknown config key 'beacon.windw' (did you mean 'window'?)"),
     ("eval.passkey.lenghts", (1, 2),
      "unknown config key 'eval.passkey.lenghts' (did you mean 'lengths'?)"),

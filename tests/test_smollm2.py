@@ -33,7 +33,8 @@ def real(smollm2_dir):
 
 
 def _nll(logits, ids):
-  """Per-token negative log-likelihood of ids[1:] (float64, so the comparison measures the models)."""
+  """Per-token negative log-likelihood of ids[1:] (float64, so the comparison measures the
+  models)."""
   lg = logits[0, :-1].astype(np.float64)
   lse = np.log(np.exp(lg - lg.max(-1, keepdims=True)).sum(-1)) + lg.max(-1)
   return lse - lg[np.arange(len(lg)), ids[0, 1:]]

@@ -92,7 +92,8 @@ def test_resume_after_kill_is_bit_identical(tmp_path):
   assert la == lb and len(la) == 5
   # trained tensors equal too
   from safetensors.numpy import load_file
-  ta, tb = load_file(str(a / "export_hf/model.safetensors")), load_file(str(b / "export_hf/model.safetensors"))
+  ta, tb = (load_file(str(a / "export_hf/model.safetensors")),
+            load_file(str(b / "export_hf/model.safetensors")))
   for k in ta:
     np.testing.assert_array_equal(ta[k], tb[k], err_msg=k)
 
@@ -184,7 +185,8 @@ def test_workdir_lock(tmp_path):
   finally:
     holder.kill()
     holder.wait()
-  out = loop.Trainer(from_config(c)).run()  # the same lock, its pid now dead (as after kill -9): stale
+  # the same lock, its pid now dead (as after kill -9): stale
+  out = loop.Trainer(from_config(c)).run()
   assert out["final_step"] == 1 and not lock.exists()
 
 
@@ -257,7 +259,8 @@ def test_config_errors(tmp_path):
   c = micro_config("beacon", tmp_path / "w")
   with c.unlocked():
     c.train.lrr = 1.0
-  with pytest.raises(ConfigError, match="unknown config key 'train.lrr' \\(did you mean 'lr'\\?\\)"):
+  with pytest.raises(ConfigError,
+                     match="unknown config key 'train.lrr' \\(did you mean 'lr'\\?\\)"):
     loop.Trainer(from_config(c))
   p = _run_cli(tmp_path / "x", "--config.train.no_such_key=1", check=False)
   assert p.returncode != 0 and "no_such_key" in p.stderr
@@ -265,7 +268,8 @@ def test_config_errors(tmp_path):
                  f"--config.workdir={tmp_path / 'q'}", env=ENV, timeout=300)
   assert p.returncode == 1 and "--config.model.checkpoint" in p.stderr
   p = run_python(ROOT / "train.py", "--config=" + str(ROOT / "configs/beacon_qwen2.py"),
-                 f"--config.workdir={tmp_path / 'q'}", f"--config.model.checkpoint={tmp_path / 'nope'}",
+                 f"--config.workdir={tmp_path / 'q'}",
+                 f"--config.model.checkpoint={tmp_path / 'nope'}",
                  env=ENV, timeout=300)
   assert p.returncode == 1 and "no such directory" in p.stderr
 
@@ -325,7 +329,8 @@ def test_beacon_task_loss_equals_beaconlm_loss(tmp_path):
   cfg, params = loop.load_base(from_config(c), tok, Path(c.workdir))
   params = jax.tree.map(jnp.asarray, params)
   ids = np.random.default_rng(0).integers(3, 200, size=100)
-  task = beacon_task.BeaconTask(cfg, methods.get("beacon").settings(from_config(c)), max_length=128, seed=0, step_bucket=4)
+  task = beacon_task.BeaconTask(cfg, methods.get("beacon").settings(from_config(c)),
+                                max_length=128, seed=0, step_bucket=4)
 
   class DS:
     pass

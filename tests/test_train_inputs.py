@@ -5,7 +5,6 @@ import json
 import logging
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 
 from longjax.beacon import load_beacon

@@ -70,7 +70,8 @@ def _start(workdir: Path, num_steps: int, *, processes: int, devices: int, extra
 
 
 def _tails(runs, n=2500) -> str:
-  return "\n".join(f"--- {log.name} (rc {p.returncode}):\n{log.read_text()[-n:]}" for p, log in runs)
+  return "\n".join(f"--- {log.name} (rc {p.returncode}):\n{log.read_text()[-n:]}"
+                   for p, log in runs)
 
 
 def _wait(*launches, timeout=LAUNCH_TIMEOUT):

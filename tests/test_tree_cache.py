@@ -1,4 +1,5 @@
-"""longjax.runtime.tree_cache.TreeCache: one derived value per tree of live jax arrays, dropped with it."""
+"""longjax.runtime.tree_cache.TreeCache: one derived value per tree of live jax arrays, dropped
+with it."""
 import gc
 
 import jax.numpy as jnp

@@ -97,8 +97,8 @@ def _gguf_state(tokens, **shapes):
   from test_gguf import FFN, HEADS, HIDDEN, KV_HEADS, LAYERS
   rng = np.random.default_rng(0)
   hd = HIDDEN // HEADS
-  state = {"model.embed_tokens.weight": (len(tokens), HIDDEN), "lm_head.weight": (len(tokens), HIDDEN),
-           "model.norm.weight": (HIDDEN,)}
+  state = {"model.embed_tokens.weight": (len(tokens), HIDDEN),
+           "lm_head.weight": (len(tokens), HIDDEN), "model.norm.weight": (HIDDEN,)}
   for i in range(LAYERS):
     p = f"model.layers.{i}."
     state.update({p + "input_layernorm.weight": (HIDDEN,),
@@ -107,7 +107,8 @@ def _gguf_state(tokens, **shapes):
                   p + "self_attn.k_proj.weight": (KV_HEADS * hd, HIDDEN),
                   p + "self_attn.v_proj.weight": (KV_HEADS * hd, HIDDEN),
                   p + "self_attn.o_proj.weight": (HIDDEN, HEADS * hd),
-                  p + "mlp.gate_proj.weight": (FFN, HIDDEN), p + "mlp.up_proj.weight": (FFN, HIDDEN),
+                  p + "mlp.gate_proj.weight": (FFN, HIDDEN),
+                  p + "mlp.up_proj.weight": (FFN, HIDDEN),
                   p + "mlp.down_proj.weight": (HIDDEN, FFN)})
   state.update(shapes)
   return {k: rng.normal(0, 0.1, s).astype(np.float32) for k, s in state.items()}
@@ -437,7 +438,8 @@ def test_main_job_does_not_open_with_the_pytorch_warning():
 
 
 # ------------------------------------------------------------------------------------------------
-# Atomic outputs: what a kill -9 leaves is removed by the next write; a parent that is a file says so
+# Atomic outputs: what a kill -9 leaves is removed by the next write; a parent that is a file
+# says so
 _KILL_DURING = textwrap.dedent("""
     import os, signal, sys
     sys.path.insert(0, os.getcwd())
@@ -542,13 +544,15 @@ def test_bad_longjax_checkpoints_are_one_line(tmp_path, capsys):
     shutil.copytree(good, d)
     edit(d)
     return d
-  big = max((p for p in (good / "params").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+  big = max((p for p in (good / "params").rglob("*") if p.is_file()),
+            key=lambda p: p.stat().st_size)
   cases = {
       "garbage": (lambda d: (d / "config.json").write_text("{oops"), "not valid JSON"),
       "unknown_field": (lambda d: (d / "config.json").write_text(json.dumps(
           {"longjax_model_config": dict(meta["longjax_model_config"], flux_capacitor=3)})),
           "unknown fields flux_capacitor"),
-      "list": (lambda d: (d / "config.json").write_text("[1, 2]"), "not a longjax checkpoint config"),
+      "list": (lambda d: (d / "config.json").write_text("[1, 2]"),
+               "not a longjax checkpoint config"),
       "cut_params": (lambda d: (d / big.relative_to(good)).write_bytes(big.read_bytes()[:20]),
                      "truncated or damaged"),
   }

@@ -1,7 +1,8 @@
 r"""Ask a question about a long text file with Activation Beacon.
 
   python -m longjax.beacon --asset smollm2_beacon --text book.txt --question "Who is the narrator?"
-  python -m longjax.beacon --asset assets/smollm2_beacon --text notes.txt --question "What is the pass key?"
+  python -m longjax.beacon --asset assets/smollm2_beacon --text notes.txt \
+      --question "What is the pass key?"
   python -m longjax.beacon --hf_dir /path/to/beacon-qwen-2-7b-instruct --text book.txt \
       --question "Who is the narrator?" --max_new_tokens 256
 

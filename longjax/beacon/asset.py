@@ -179,7 +179,8 @@ def main(argv=None):
       try:
         ratios = tuple(int(r) for r in args.ratios.split(","))
       except ValueError:
-        raise AssetError(f"--ratios must be a comma list of integers, got {args.ratios!r}") from None
+        raise AssetError("--ratios must be a comma list of integers, "
+                         f"got {args.ratios!r}") from None
     if args.stride < 0:
       raise AssetError(f"--stride must be positive (0: the run's), got {args.stride}")
     cfg, bcfg, params, step, base = params_from_workdir(args.workdir, args.step)

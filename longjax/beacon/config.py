@@ -68,7 +68,8 @@ class BeaconConfig(BeaconSection):
   * ``window`` (W) raw tokens per window; ``stride`` (S) advance after a full window.
   * ``ratios``: candidate compression ratios (raw tokens per beacon); ``0`` keeps the window raw.
   * ``ratio_mix``: ``step-random`` | ``instance-random`` | ``sequence`` | ``adapt-N``.
-  * ``pos``: ``interleave`` (a beacon after every r raw tokens) | ``append`` (beacons after the window).
+  * ``pos``: ``interleave`` (a beacon after every r raw tokens) | ``append`` (beacons after the
+    window).
   * ``attn``: ``full-coverage`` | ``step-expansion`` (append only).
   * ``param``: attention projections with beacon copies (subset of q/k/v/o).
   * ``sink_size``: leading KV entries kept forever (with the official quirk, spec §4.4).
@@ -182,8 +183,9 @@ class BeaconConfig(BeaconSection):
 
   def check_ratio(self, ratio: int):
     if ratio not in self.ratios:
-      raise BeaconConfigError(f"beacon ratio {ratio} is not in the configured ratios {self.ratios}; "
-                              "configure it (BeaconConfig(ratios=...)) before using it")
+      raise BeaconConfigError(f"beacon ratio {ratio} is not in the configured ratios "
+                              f"{self.ratios}; configure it (BeaconConfig(ratios=...)) before "
+                              "using it")
 
   # ----------------------------------------------------------------------------------------
   @classmethod

@@ -24,8 +24,8 @@ def load_beacon(hf_dir, *, init: Optional[str] = None, param_dtype: Optional[str
   """Load an HF checkpoint for Activation Beacon: ``(ModelConfig, BeaconConfig, params)``.
 
   Args:
-    hf_dir: HF directory (config.json + safetensors), e.g. ``namespace-Pt/beacon-qwen-2-7b-instruct``
-      or a plain Qwen2 / LLaMA / Mistral checkpoint.
+    hf_dir: HF directory (config.json + safetensors), e.g.
+      ``namespace-Pt/beacon-qwen-2-7b-instruct`` or a plain Qwen2 / LLaMA / Mistral checkpoint.
     init: ``"official"`` initialises beacon tensors the checkpoint lacks as the official
       ``from_pretrained`` does (``beacon_{p}_proj`` = copy of ``{p}_proj`` incl. bias, beacon
       embedding = ``embed_tokens[eos]`` or ``[bos]`` per ``embed_init``). ``None``: missing beacon
@@ -59,6 +59,7 @@ def save_beacon(out_dir, cfg, bcfg: BeaconConfig, params, **kw) -> Path:
   """Export with the official tensor names and ``beacon_*`` config fields (and ``longjax_method``,
   so that load_focus refuses it)."""
   if tuple(sorted(cfg.alt_projections)) != tuple(sorted(bcfg.param)):
-    raise BeaconConfigError(f"model alt projections {cfg.alt_projections} != beacon param {bcfg.param}")
+    raise BeaconConfigError(f"model alt projections {cfg.alt_projections} != beacon param "
+                            f"{bcfg.param}")
   return save_hf(out_dir, cfg, params, extra_config={**bcfg.to_hf(),
                                                   **method_stamp(method_names.BEACON)}, **kw)

@@ -61,7 +61,8 @@ PLAN_BLOCK = 128
 
 
 def device_plan(lm, state: BeaconState, n_feeds: int) -> DevicePlan:
-  """(``lm``: the ``BeaconLM``; not imported here, which imports this module.) The decode steps after ``state`` for the device loop (host side), planned lazily."""
+  """(``lm``: the ``BeaconLM``; not imported here, which imports this module.) The decode steps
+  after ``state`` for the device loop (host side), planned lazily."""
   b = state.batch
   carry = Carry(state.k, state.v, np.zeros((b, lm.cfg.vocab_size), np.float32),
                 np.zeros((b,), np.float32), np.zeros((b,), np.int32))

@@ -76,9 +76,9 @@ class Schedule:
         or max_length < 1):  # int() below would truncate 100.5 silently
       raise CapacityError(f"max_length must be an integer >= 1, got {max_length!r}")
     if int(memory_bucket_steps) < 1:
-      raise BeaconSetupError(f"memory_bucket_steps must be >= 1 (buckets per octave of memory size), "
-                       f"got {memory_bucket_steps}: pass 1 for powers of two, 4 (the default) "
-                       f"for finer buckets")
+      raise BeaconSetupError("memory_bucket_steps must be >= 1 (buckets per octave of memory "
+                             f"size), got {memory_bucket_steps}: pass 1 for powers of two, 4 "
+                             "(the default) for finer buckets")
     self.bcfg = bcfg
     self.max_length = int(max_length)
     self.training = training

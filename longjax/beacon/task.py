@@ -66,7 +66,8 @@ class BeaconTask:
     return pipeline.beacon_windows(length, self.bcfg.window, self.bcfg.stride)
 
   def prepare(self, ds, idx, step: int, row_offset: int = 0) -> dict:
-    """Host side: plan every row's official calls: a stacked ``WindowPlan`` ``[n_steps, B, ...]``."""
+    """Host side: plan every row's official calls: a stacked ``WindowPlan``
+    ``[n_steps, B, ...]``."""
     rows_ids, rows_labels, starts = [], [], []
     objectives = [self._objective(ds, int(i)) for i in idx]
     for row, i in enumerate(idx):

@@ -411,7 +411,8 @@ def restore_trained(workdir: Path, step: Optional[int] = None):
       return state["params"], int(s)
     except Exception as e:  # noqa: BLE001 -- any read failure means "unreadable"
       log.warning("checkpoint step %d in %s/checkpoints is unreadable (%s: %s)%s", s, workdir,
-                  type(e).__name__, short_error(e), "; trying the previous one" if s != tries[-1] else "")
+                  type(e).__name__, short_error(e),
+                  "; trying the previous one" if s != tries[-1] else "")
   raise AssetError(f"none of the checkpoints {tries} in {workdir}/checkpoints could be read "
                    "(truncated or corrupt)")
 

@@ -16,7 +16,8 @@ from longjax.method_names import BEACON, FOCUS
 METAS = ("beacon.json", "focus.json")
 # The method section fields that say how the tensors were trained.
 SECTION_FIELDS = {
-    BEACON.name: ("window", "stride", "ratios", "ratio_mix", "pos", "attn", "param", "sink_size", "embed_init"),
+    BEACON.name: ("window", "stride", "ratios", "ratio_mix", "pos", "attn", "param", "sink_size",
+                  "embed_init"),
     FOCUS.name: ("local_window", "stride", "strides", "prompt_cap", "param", "objective"),
 }
 

@@ -53,7 +53,8 @@ def config_from_json(d: dict) -> ModelConfig:
   return ModelConfig(**fields, hf_extra=extra)
 
 
-# HF config fields that are dicts; old checkpoints wrote an empty one as [] (transformers refuses it).
+# HF config fields that are dicts; old checkpoints wrote an empty one as [] (transformers refuses
+# it).
 _DICT_FIELDS = ("pruned_heads", "id2label", "label2id", "task_specific_params")
 
 
@@ -89,7 +90,8 @@ def save(path, cfg: ModelConfig, params, *, extra: dict | None = None, overwrite
   """Save ``params`` (any pytree of arrays) and ``cfg`` under ``path``.
 
   ``files`` (name -> source path) are copied in as well, e.g. the tokenizer files, so that
-  ``AutoTokenizer.from_pretrained(path)`` works on the checkpoint; they are part of the atomic write.
+  ``AutoTokenizer.from_pretrained(path)`` works on the checkpoint; they are part of the atomic
+  write.
 
   In a multi-process run one process calls it and writes alone (the others would race it on
   the same path); :func:`load` is called by all of them.
@@ -152,7 +154,8 @@ def load(path):
     unknown = sorted(set(meta[FORMAT_KEY]) - set(known))
     raise ModelConfigError(f"{path / CONFIG_FILE} does not fit this version's model config "
                            f"({'unknown fields ' + ', '.join(unknown) if unknown else e}); it was "
-                           "written by another longjax version or edited: convert it again") from None
+                           "written by another longjax version or edited: "
+                           "convert it again") from None
   try:
     with ocp.StandardCheckpointer() as ckptr:
       params = ckptr.restore(path / PARAMS_DIR)

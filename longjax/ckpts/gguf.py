@@ -137,7 +137,8 @@ def gguf_path(path, sha256: str | None = None):
                         "refused without extracting it")
       _clean_stale_extractions()
       from longjax.ckpts.atomic_dir import host_name
-      with tempfile.TemporaryDirectory(prefix=f"{_EXTRACT_PREFIX}{os.getpid()}@{host_name()}.") as tmp:
+      prefix = f"{_EXTRACT_PREFIX}{os.getpid()}@{host_name()}."
+      with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
         out = Path(tmp) / Path(info.filename).name
         h, n = hashlib.sha256(), 0
         try:
@@ -274,8 +275,9 @@ def _hf_shape(name: str, cfg: dict) -> tuple:
   q = cfg["num_attention_heads"] * cfg["head_dim"]
   kv = cfg["num_key_value_heads"] * cfg["head_dim"]
   for suffix, shape in (("embed_tokens.weight", (vocab, h)), ("lm_head.weight", (vocab, h)),
-                        ("norm.weight", (h,)), ("q_proj.weight", (q, h)), ("k_proj.weight", (kv, h)),
-                        ("v_proj.weight", (kv, h)), ("o_proj.weight", (h, q)), ("q_proj.bias", (q,)),
+                        ("norm.weight", (h,)), ("q_proj.weight", (q, h)),
+                        ("k_proj.weight", (kv, h)), ("v_proj.weight", (kv, h)),
+                        ("o_proj.weight", (h, q)), ("q_proj.bias", (q,)),
                         ("k_proj.bias", (kv,)), ("v_proj.bias", (kv,)),
                         ("gate_proj.weight", (inter, h)), ("up_proj.weight", (inter, h)),
                         ("down_proj.weight", (h, inter))):

@@ -82,7 +82,8 @@ def shard_map(hf_dir) -> dict:
       return {name: hf_dir / SINGLE_FILE for name in f.keys()}
   if list(hf_dir.glob("*.bin")) or list(hf_dir.glob("*.pt")):
     raise CheckpointError(f"{hf_dir} holds only pickle checkpoints (.bin/.pt); longjax loads "
-                          "safetensors only. Re-save it with save_pretrained(safe_serialization=True).")
+                          "safetensors only. Re-save it with "
+                          "save_pretrained(safe_serialization=True).")
   raise CheckpointError(f"no {SINGLE_FILE} or {INDEX_FILE} in {hf_dir}")
 
 
@@ -98,8 +99,8 @@ def index_shards(hf_dir: Path, index, index_name: str = INDEX_FILE,
     got = (f"a JSON {type(index).__name__}" if not isinstance(index, dict) else
            "no 'weight_map'" if "weight_map" not in index else
            f"a 'weight_map' that is a JSON {type(weight_map).__name__}")
-    raise CheckpointError(f"{path} holds {got}, not an object with a 'weight_map' of tensor name -> "
-                          f"shard file; {fix}")
+    raise CheckpointError(f"{path} holds {got}, not an object with a 'weight_map' of tensor "
+                          f"name -> shard file; {fix}")
   out = {}
   for name, f in weight_map.items():
     if not isinstance(f, str) or not f:
@@ -173,7 +174,8 @@ def load_hf(hf_dir, *, param_dtype: Optional[str] = None, alt_init: Optional[str
   """Load a HF checkpoint as ``(ModelConfig, params)`` with numpy leaves.
 
   Args:
-    param_dtype: convert parameters to this dtype (default: the checkpoint's own, so bf16 stays bf16).
+    param_dtype: convert parameters to this dtype (default: the checkpoint's own, so bf16 stays
+      bf16).
     alt_init: ``"copy"`` fills alternative (beacon / candidate) projections that the config asks for
       but the checkpoint lacks with copies of the base q/k/v/o, as the official ``from_pretrained``
       does. ``None`` makes their absence an error.
@@ -224,7 +226,8 @@ def _check_names(hf_dir, cfg, expected, names, initialisable):
       lines.append(f"  missing tensors ({len(missing)}): {_listing(missing)}")
       if any(is_alt(expected[n][0].path) for n in missing):
         lines.append("  (beacon/candidate tensors missing: pass alt_init='copy' / "
-                     "alt_embed_init='eos' to initialise them as the official from_pretrained does)")
+                     "alt_embed_init='eos' to initialise them as the official from_pretrained "
+                     "does)")
     if extra:
       lines.append(f"  unexpected tensors ({len(extra)}): {_listing(extra)}")
     raise CheckpointError("\n".join(lines))
@@ -289,7 +292,8 @@ def hf_tensors(cfg: ModelConfig, params):
     value = get_path(params, row.path)
     if row.per_layer:
       for i in range(cfg.num_layers):
-        yield row.hf.format(i=i), np.ascontiguousarray(row.transform.to_hf(np.asarray(value[i]), cfg))
+        yield (row.hf.format(i=i),
+               np.ascontiguousarray(row.transform.to_hf(np.asarray(value[i]), cfg)))
     else:
       yield row.hf, np.ascontiguousarray(row.transform.to_hf(np.asarray(value), cfg))
 
@@ -338,7 +342,8 @@ def _write_hf(out_dir, cfg, params, max_shard_bytes, extra_config, overwrite):
       os.rename(tmp / "model-00001.safetensors", tmp / SINGLE_FILE)
     else:
       for i in range(1, total + 1):
-        os.rename(tmp / f"model-{i:05d}.safetensors", tmp / f"model-{i:05d}-of-{total:05d}.safetensors")
+        os.rename(tmp / f"model-{i:05d}.safetensors",
+                  tmp / f"model-{i:05d}-of-{total:05d}.safetensors")
       weight_map = {k: v.replace(".safetensors", f"-of-{total:05d}.safetensors")
                     for k, v in weight_map.items()}
       index = {"metadata": {"total_size": total_bytes}, "weight_map": weight_map}

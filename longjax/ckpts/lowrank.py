@@ -201,8 +201,8 @@ def _asset_kind(asset_dir: Path) -> str:
 
 def compress_asset(asset_dir, out_dir, rank: int = DEFAULT_RANK, overwrite: bool = False,
                    base_dir: Optional[str] = None) -> dict:
-  """Write the asset at ``asset_dir`` again at ``out_dir`` with its trained matrices as rank-``rank``
-  deltas from its base; returns the ``"lowrank"`` entry written."""
+  """Write the asset at ``asset_dir`` again at ``out_dir`` with its trained matrices as
+  rank-``rank`` deltas from its base; returns the ``"lowrank"`` entry written."""
   from longjax.ckpts.atomic_dir import atomic_dir, check_output_apart
   from longjax.ckpts import assets
   asset_dir = Path(asset_dir)
@@ -216,7 +216,8 @@ def compress_asset(asset_dir, out_dir, rank: int = DEFAULT_RANK, overwrite: bool
   stored, entry = compress(assets.read_tensors(asset_dir, stem), base_reader(base), rank,
                            meta.get("dtype", "bfloat16"))
   if entry is None:
-    raise AssetError(f"no matrix of {asset_dir} is smaller as rank-{rank} factors: keep it as it is")
+    raise AssetError(f"no matrix of {asset_dir} is smaller as rank-{rank} factors: "
+                     "keep it as it is")
   with atomic_dir(out_dir, overwrite) as tmp:
     if meta.get("base_embedded"):
       import shutil

@@ -161,7 +161,8 @@ def _main(args):
   if out is not None:  # a copy inside (or around) the cache would be replaced with it
     from longjax.ckpts.atomic_dir import check_output_apart
     check_output_apart(out, "--out", {"--cache": args.cache or cache_dir()})
-  hf_dir = get(Path(args.cache) if args.cache else None, progress=lambda m: print(m, file=sys.stderr))
+  hf_dir = get(Path(args.cache) if args.cache else None,
+               progress=lambda m: print(m, file=sys.stderr))
   if out is not None:  # all or nothing: a killed copy leaves a hidden partial, removed next time
     from longjax.ckpts.atomic_dir import atomic_dir
     with atomic_dir(out) as tmp:

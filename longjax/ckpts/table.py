@@ -91,11 +91,12 @@ ROWS = (
     Row(ALT_EMBEDDING_NAME, ("alt_embedding",), IDENTITY, ("alt_rows", "embed"),
         lambda cfg: cfg.num_alt_embeddings > 0),
     Row(_L + "input_layernorm.weight", ("layers", "input_norm", "scale"), IDENTITY, ("norm",)),
-    Row(_L + "post_attention_layernorm.weight", ("layers", "post_attention_norm", "scale"), IDENTITY,
-        ("norm",)),
+    Row(_L + "post_attention_layernorm.weight", ("layers", "post_attention_norm", "scale"),
+        IDENTITY, ("norm",)),
     Row(_L + "mlp.gate_proj.weight", ("layers", "mlp", "gate_proj", "kernel"), LINEAR,
         ("embed", "mlp")),
-    Row(_L + "mlp.up_proj.weight", ("layers", "mlp", "up_proj", "kernel"), LINEAR, ("embed", "mlp")),
+    Row(_L + "mlp.up_proj.weight", ("layers", "mlp", "up_proj", "kernel"), LINEAR,
+        ("embed", "mlp")),
     Row(_L + "mlp.down_proj.weight", ("layers", "mlp", "down_proj", "kernel"), LINEAR,
         ("mlp", "embed")),
     Row(_L + "self_attn.o_proj.weight", ("layers", "attn", "o_proj", "kernel"), O_HEADS,
@@ -115,8 +116,8 @@ ROWS = (
             (h, "head_dim"), _bias),
         Row(_L + f"self_attn.beacon_{p}_proj.weight", ("layers", "attn", f"alt_{p}_proj", "kernel"),
             heads, ("embed", h, "head_dim"), _alt(p)),
-        Row(_L + f"self_attn.beacon_{p}_proj.bias", ("layers", "attn", f"alt_{p}_proj", "bias"), bias,
-            (h, "head_dim"), _alt_bias(p)),
+        Row(_L + f"self_attn.beacon_{p}_proj.bias", ("layers", "attn", f"alt_{p}_proj", "bias"),
+            bias, (h, "head_dim"), _alt_bias(p)),
     ))
 
 

@@ -14,7 +14,8 @@ OFFICIAL_STRIDES = (64, 128, 256, 512, 1024, 2048)
 
 
 def sample_indices(rng: np.random.Generator, length: int, *, window: int = 3072,
-                   strides=OFFICIAL_STRIDES, min_local: int = 30, objective: str = "random") -> dict:
+                   strides=OFFICIAL_STRIDES, min_local: int = 30,
+                   objective: str = "random") -> dict:
   """Draw one sample's indices as the official training does (``train.sh``: W=3072).
 
   * objective: ``"continuation"`` / ``"repetition"`` / ``"random"`` (each with probability 1/2);

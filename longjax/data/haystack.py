@@ -20,9 +20,10 @@ it has one; the reader adds the newline), ``output`` the answer span. ``output``
 ``target`` string; a teacher-labelling step (the full-attention base's greedy answer while the
 whole document fits its context) stores its answer in ``teacher_output`` and, when that answer
 is correct (:func:`score`), in ``output`` too (:func:`label`), so training learns the base's own
-words and never one fixed answer sentence. ``n_tokens``: the tokens of ``input`` (train.py then adds the
-newline, the answer and EOS), at most the drawn budget and within a few tokens of it. ``--kind
-prose`` writes ``{"text": ...}`` windows of real prose for a dense LM / distillation signal.
+words and never one fixed answer sentence. ``n_tokens``: the tokens of ``input`` (train.py then
+adds the newline, the answer and EOS), at most the drawn budget and within a few tokens of it.
+``--kind prose`` writes ``{"text": ...}`` windows of real prose for a dense LM / distillation
+signal.
 
 Same arguments, same file, byte for byte (every document draws from its own ``(seed, split,
 index)`` generator). Sources: ``apt-get install -y bible-kjv bible-kjv-text debian-handbook
@@ -72,7 +73,8 @@ LICENSES_DIR = Path("/usr/share/common-licenses")
 FORTUNES_DIR = Path("/usr/share/games/fortunes")
 BIBLE_EXE = "bible"
 APT = {"kjv": "bible-kjv bible-kjv-text", "handbook": "debian-handbook", "licenses": "base-files",
-       "fortunes": "fortunes", "pydoc": "libpython3-stdlib"}  # pydoc_data: Debian's Python standard library package
+       "fortunes": "fortunes",
+       "pydoc": "libpython3-stdlib"}  # pydoc_data: Debian's Python standard library package
 
 
 class _HtmlText(html.parser.HTMLParser):

@@ -147,8 +147,8 @@ def check_model_args(kwargs: dict) -> Args:
   if not method:
     raise HarnessError(f"model_args needs method=, one of {', '.join(METHODS)}")
   if method not in METHODS:
-    raise HarnessError(f"model_args method={method!r} is not a longjax method{_near(method, METHODS)}"
-                       f"; use one of {', '.join(METHODS)}")
+    raise HarnessError(f"model_args method={method!r} is not a longjax method"
+                       f"{_near(method, METHODS)}; use one of {', '.join(METHODS)}")
   window = kw.get("window")
   if method == TRUNCATION:
     if window is None:

@@ -118,9 +118,9 @@ class Built:
     cap = self.token_limit
     if cap is not None and total > cap:
       raise EvalError(
-          f"{what} needs {total} tokens (input + output), more than this {self.name} model can hold "
-          f"({cap} tokens: {self._limit_reason()}); shorten the grid / max_length, or raise the "
-          "limit in the model config")
+          f"{what} needs {total} tokens (input + output), more than this {self.name} model can "
+          f"hold ({cap} tokens: {self._limit_reason()}); shorten the grid / max_length, or raise "
+          "the limit in the model config")
 
   def _limit_reason(self) -> str:
     if self.user_cap and self.token_limit == self.user_cap:

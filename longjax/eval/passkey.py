@@ -20,8 +20,8 @@ numpy seeds:
   ``randint(1, 50000)``; the garbage is the noise sentence repeated (joined by spaces) and cut by
   characters, the suffix (``n_garbage - prefix`` characters) again from the start of it;
 * lines ``[prefix, "The pass key is {k}. Remember it. {k} is the pass key.", suffix,
-  FOCUS_DESCRIPTION, "What is the pass key? The pass key is"]`` joined by ``"\\n"``, encoded with the
-  default special tokens, no chat template;
+  FOCUS_DESCRIPTION, "What is the pass key? The pass key is"]`` joined by ``"\\n"``, encoded with
+  the default special tokens, no chat template;
 * greedy with ``max_new_tokens = len(answer_ids)``, ``answer_ids = tokenize(str(k))[1:]`` (the
   official rule, BOS dropped; :meth:`Tokenizer.answer_ids`: the byte tokenizer spells out the
   leading space); correct (``acc_official``) when ``decode(generated) == decode(answer_ids)`` (both
@@ -223,7 +223,8 @@ def summarize(ctx, recs: list) -> dict:
     per_length.append(row)
   unit = "characters of garbage" if focus else "tokens"
   fig = heatmap(acc, lengths, depths, f"{ctx.out_prefix}.png",
-                title=f"Passkey ({ctx.built.name}, {p.protocol} protocol): acc {mean(recs, 'acc'):.3f}",
+                title=f"Passkey ({ctx.built.name}, {p.protocol} protocol): "
+                      f"acc {mean(recs, 'acc'):.3f}",
                 xlabel=f"Context length ({unit})",
                 ylabel="Depth (%)" + (" (binned)" if focus else ""))
   out = dict(task="passkey", protocol=p.protocol, n_samples=len(recs), acc=mean(recs, "acc"),

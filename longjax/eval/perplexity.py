@@ -11,7 +11,8 @@ Protocols:
 * ``sliding`` (beacon ``eval_lm.py``): chunks of ``max_length`` tokens starting every ``stride``;
   in each chunk only the tokens no earlier chunk scored are labelled (the first chunk: all but its
   first token). Each chunk is one independent forward (fresh memory). Per document: mean NLL over
-  its labelled tokens; overall perplexity = ``exp(mean over documents of the per-document mean NLL)``.
+  its labelled tokens; overall perplexity = ``exp(mean over documents of the per-document mean
+  NLL)``.
 * ``last`` (FocusLLM ``eval_lm.py`` / CEPE): windows of ``max_length`` tokens every ``stride``, only
   the last ``last_n`` tokens of each window scored (the FocusLLM ``inference_ppl_forward`` path:
   prefill on the rest, then teacher-forced decode steps, one per held-out token; beacon and the
@@ -65,7 +66,8 @@ def _prepared_dir(root: Path, name: str):
   if (root / "dataset_info.json").exists():
     return root
   found = sorted((root / name).glob("**/dataset_info.json"),
-                 key=lambda f: tuple(int(x) if x.isdigit() else 0 for x in f.parent.name.split(".")))
+                 key=lambda f: tuple(int(x) if x.isdigit() else 0
+                                     for x in f.parent.name.split(".")))
   return found[-1].parent if found else None
 
 

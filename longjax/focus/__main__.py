@@ -1,7 +1,8 @@
 r"""Ask a question about a long text file with FocusLLM.
 
   python -m longjax.focus --asset smollm2_focus --text book.txt --question "Who is the narrator?"
-  python -m longjax.focus --asset assets/smollm2_focus --text notes.txt --question "What is the pass key?"
+  python -m longjax.focus --asset assets/smollm2_focus --text notes.txt \
+      --question "What is the pass key?"
 
 --asset takes a trained FocusLLM asset: a directory, or the name of one in the repository's
 assets/ (smollm2_focus: candidate projections trained on SmolLM2-135M-Instruct). The text before

@@ -323,7 +323,8 @@ def condense_candidates_sharded(model: Decoder, mesh, axis: str):
 
 def chunk_step_sharded(model: Decoder, mesh, axis: str):
   """:func:`chunk_step` with the chunk caches sharded along chunk rows."""
-  fn = lambda params, ck, cv, cl, prev, new, rv: chunk_step(model, params, ck, cv, cl, prev, new, rv)
+  fn = lambda params, ck, cv, cl, prev, new, rv: chunk_step(
+      model, params, ck, cv, cl, prev, new, rv)
   row, kv = P(axis), P(None, axis)
   return jax.shard_map(fn, mesh=mesh, in_specs=(P(), kv, kv, row, row, row, row),
                        out_specs=(kv, kv, row, kv, kv), check_vma=False)

@@ -123,7 +123,8 @@ def check_model(cfg, fcfg: FocusConfig, params: Optional[dict] = None):
   if set(cfg.alt_projections) != set(fcfg.candidate_projections):
     raise FocusError(f"model has alternative projections {cfg.alt_projections or '()'} but "
                      f"FocusConfig.candidate_projections is {fcfg.candidate_projections}; load the "
-                     "checkpoint with longjax.focus.load_focus (init_candidates='copy' for a plain LLM)")
+                     "checkpoint with longjax.focus.load_focus (init_candidates='copy' for a "
+                     "plain LLM)")
   if params is not None:
     present = alt_projections_of(params)
     missing = [p for p in fcfg.candidate_projections if p not in present]

@@ -54,7 +54,8 @@ def load_focus(path, fcfg: Optional[FocusConfig] = None, *, init_candidates: Opt
     fcfg: settings; default read from config.json (``local_window``, ``memory_stride``,
       ``beacon_param``), with ``focus_overrides`` (FocusConfig fields) applied.
     init_candidates: ``"copy"`` fills candidate projections missing from the checkpoint with copies
-      of the layer's q/k/v/o (the official ``from_pretrained``); ``None``: missing ones are an error.
+      of the layer's q/k/v/o (the official ``from_pretrained``); ``None``: missing ones are an
+      error.
     keep_unused_embedding: keep ``beacon_embed_tokens`` as ``params["alt_embedding"]`` (no forward
       reads it); by default it is dropped.
   """

@@ -5,8 +5,8 @@ whole sample) are one next-token cross-entropy at the last local position, given
 
     memory_len, local_start (a), local_size (ls), stride (S)   ->   target x[a + ls]
 
-The random draws of these indices belong to the data pipeline (:mod:`longjax.data.focus_spans`), not the
-model. Gradients reach only the candidate projections: every other parameter goes through
+The random draws of these indices belong to the data pipeline (:mod:`longjax.data.focus_spans`),
+not the model. Gradients reach only the candidate projections: every other parameter goes through
 ``stop_gradient`` (:func:`freeze_base`), as the official training freezes every non-``beacon``
 parameter.
 """
@@ -74,7 +74,8 @@ class FocusLoss:
     self.value_and_grad = jax.jit(jax.value_and_grad(self._loss))
 
   def plan(self, tokens: Sequence, indices: Sequence[Mapping]) -> TrainBatch:
-    """``tokens[b]`` a sample's ids; ``indices[b]`` its ``memory_len/local_start/local_size/stride``."""
+    """``tokens[b]`` a sample's ids; ``indices[b]`` its
+    ``memory_len/local_start/local_size/stride``."""
     rows = [split_training(x, prompt_cap=self.fcfg.prompt_cap, bos_id=self.fcfg.bos_id,
                            max_chunks=self.fcfg.max_chunks, **{k: int(ix[k]) for k in INDEX_KEYS})
             for x, ix in zip(tokens, indices)]

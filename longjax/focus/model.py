@@ -1,7 +1,8 @@
 """FocusLLM as a generation method: prefill / cached decode step / closed-form recompute.
 
-``FocusLLM(cfg, fcfg)`` plugs into :func:`longjax.inference.generate.generate` (``cfg``, ``prefill``,
-``step``). Its state (:class:`FocusState`) is a pytree of fixed-capacity device buffers:
+``FocusLLM(cfg, fcfg)`` plugs into :func:`longjax.inference.generate.generate` (``cfg``,
+``prefill``, ``step``). Its state (:class:`FocusState`) is a pytree of fixed-capacity device
+buffers:
 
 * the per-chunk KV caches ``[L, N, cap, Hkv, D]`` (pre-RoPE, everything but each row's current
   candidate) with lengths ``[N]``; on a mesh they are sharded along the chunk rows ``N``;
@@ -74,7 +75,8 @@ class FocusOutput:
 
 
 def check_chunk_batch_size(value) -> int:
-  """``value`` as an int >= 1, else one :class:`FocusError` saying what is wrong and what to pass."""
+  """``value`` as an int >= 1, else one :class:`FocusError` saying what is wrong and what to
+  pass."""
   if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
     raise FocusError(f"chunk_batch_size must be a positive integer (chunk rows condensed per "
                      f"forward), got {value!r} of type {type(value).__name__}; pass e.g. "

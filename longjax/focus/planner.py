@@ -8,7 +8,8 @@ Everything here is decided from static sizes before any device code runs (spec �
 * ``split_training`` does the same from the explicit indices of a training sample (spec §5).
 * ``pack_chunks`` / ``pack_local`` lay a batch of such rows out as fixed-shape, right-padded arrays:
   every chunk of every prompt becomes one row ``c_i ⊕ d`` of the chunk batch (candidate = the last
-  real token), and a per-prompt gather table says which chunk rows feed which prompt's local forward.
+  real token), and a per-prompt gather table says which chunk rows feed which prompt's local
+  forward.
 """
 from __future__ import annotations
 

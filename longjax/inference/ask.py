@@ -25,8 +25,8 @@ def ask_parser(prog: str, doc: Optional[str], method, known: List[str], assets_e
                        f"the repository's assets/ (${assets_env} names another directory)"
                        + (f"; here: {', '.join(known)}" if known else ""))
   ap.add_argument("--base", metavar="DIR",
-                  help=f"the base model the asset loads on (default: the one its {method.name}.json "
-                       "names; 'smollm2' is fetched and converted once)")
+                  help=f"the base model the asset loads on (default: the one its "
+                       f"{method.name}.json names; 'smollm2' is fetched and converted once)")
   ap.add_argument("--text", required=True, metavar="FILE",
                   help="the (long) UTF-8 text file the question is about")
   ap.add_argument("--question", default="Summarise the text above.",

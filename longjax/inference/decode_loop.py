@@ -1,4 +1,5 @@
-"""The decode loop on device: sampling, stop ids and the method's step inside one ``lax.while_loop``.
+"""The decode loop on device: sampling, stop ids and the method's step inside one
+``lax.while_loop``.
 
 A method opts in by exposing ``device_plan(state, n_feeds) -> DevicePlan`` (host side, after
 ``prefill``): the fixed-shape device state to carry (``carry``), and segments of feeds, each
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import jax
 import jax.numpy as jnp

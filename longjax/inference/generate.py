@@ -2,7 +2,8 @@
 it shares with the methods are in ``longjax.models.inputs``.
 
 A *method* is any object implementing the protocol of ``longjax.models.protocol`` (``cfg``,
-``prefill``, ``step``, optionally ``device_plan``). ``generate`` handles prompts (ids or text), batching, sampling, stop ids and streaming once for all of them.
+``prefill``, ``step``, optionally ``device_plan``). ``generate`` handles prompts (ids or text),
+batching, sampling, stop ids and streaming once for all of them.
 """
 from __future__ import annotations
 
@@ -141,8 +142,8 @@ def generate(method, params, prompts, max_new_tokens: int = 32, *, tokenizer=Non
     method: ``PlainLM``, a beacon model or a FocusLLM model (see module docstring).
     prompts: text (with ``tokenizer``), a list of ids, or a list of id lists / a 2-D array.
     temperature / top_k / top_p / seed: sampling; ``temperature=0`` is greedy. A temperature or
-      top_p below ``longjax.inference.sampling.MIN_TEMPERATURE`` / ``MIN_TOP_P`` (1e-6; 0 excepted) is
-      refused: it means greedy, but would overflow / round to 0 in float32. ``seed``: an integer
+      top_p below ``longjax.inference.sampling.MIN_TEMPERATURE`` / ``MIN_TOP_P`` (1e-6; 0 excepted)
+      is refused: it means greedy, but would overflow / round to 0 in float32. ``seed``: an integer
       that fits 64 bits.
     return_logits: also return every step's logits; their ``[B, max_new_tokens, V]`` float32
       buffer is size-checked before the prefill, as the KV cache is.

@@ -8,8 +8,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from longjax.inference.decode_loop import (DevicePlan, DevicePlanError, check_covered, check_segment,
-                                 step_params)
+from longjax.inference.decode_loop import (DevicePlan, DevicePlanError, check_covered,
+                                           check_segment, step_params)
 from longjax.models.head import token_nll
 
 
@@ -49,8 +49,8 @@ def teacher_forced_nll(plan: DevicePlan, params, logits, targets) -> np.ndarray:
   for g in plan.segments:  # may be a generator: drawn as the feeds reach it
     check_segment(g, end, n_feeds)
     xs = None if g.xs is None else jax.device_put(g.xs)
-    carry, nll = _forced_jit(step_params(g.step, params), carry, nll, xs, np.int32(g.first), dev_targets,
-                             np.int32(end), np.int32(g.end), step=g.step)
+    carry, nll = _forced_jit(step_params(g.step, params), carry, nll, xs, np.int32(g.first),
+                             dev_targets, np.int32(end), np.int32(g.end), step=g.step)
     end = g.end
     if end == n_feeds:
       break

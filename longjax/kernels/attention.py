@@ -127,9 +127,11 @@ def _decide(q_shape, k_shape, dtype, *, impl: str, interpret, backend: Optional[
     return "dense", "impl='xla' requested", False
   if impl in ("blockwise", "chunked"):
     return impl, f"impl={impl!r} requested", False
-  pallas_kind = "pallas_decode" if (hq // hkv) * tq <= decode_lib.MAX_DECODE_ROWS else "pallas_flash"
+  pallas_kind = ("pallas_decode" if (hq // hkv) * tq <= decode_lib.MAX_DECODE_ROWS
+                 else "pallas_flash")
   if impl == "pallas":
-    reason = pallas_unsupported_reason(q_shape, k_shape, dtype, interpret=interpret, backend=backend)
+    reason = pallas_unsupported_reason(q_shape, k_shape, dtype, interpret=interpret,
+                                       backend=backend)
     if reason:
       raise KernelError(f"impl='pallas' cannot run: {reason}")
     return pallas_kind, "impl='pallas' requested", False
@@ -141,7 +143,7 @@ def _decide(q_shape, k_shape, dtype, *, impl: str, interpret, backend: Optional[
                        "accelerator"), False
     if b * hq * CHUNK_Q * tk <= CHUNK_MAX_SCORES:
       return "chunked", ("CPU: query-chunked dense is the fastest XLA path; Pallas needs an "
-                       "accelerator"), False
+                         "accelerator"), False
     return "blockwise", (f"CPU: blockwise, one chunked block would hold more than "
                          f"{CHUNK_MAX_SCORES} scores; Pallas needs an accelerator"), False
   reason = pallas_unsupported_reason(q_shape, k_shape, dtype, interpret=interpret, backend=backend)

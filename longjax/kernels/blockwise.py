@@ -78,14 +78,16 @@ def blockwise_fwd(q, k, v, km: KernelMeta, *, scale: float, kind_sees=None, bloc
       alpha = jnp.exp(m - m_safe)
       p = jnp.exp(s - m_safe[..., None])
       l = l * alpha + jnp.sum(p, axis=-1)
-      pv = jnp.einsum("bhgqk,bkhd->bhgqd", p.astype(v.dtype), vj, preferred_element_type=jnp.float32)
+      pv = jnp.einsum("bhgqk,bkhd->bhgqd", p.astype(v.dtype), vj,
+                      preferred_element_type=jnp.float32)
       return m_new, l, acc * alpha[..., None] + pv
 
     def step(carry, j):
       carry = jax.lax.cond(jnp.any(visits[:, i, j]), compute, lambda c, _: c, carry, j)
       return carry, None
 
-    init = (jnp.full((b, hkv, g, bq), -jnp.inf, jnp.float32), jnp.zeros((b, hkv, g, bq), jnp.float32),
+    init = (jnp.full((b, hkv, g, bq), -jnp.inf, jnp.float32),
+            jnp.zeros((b, hkv, g, bq), jnp.float32),
             jnp.zeros((b, hkv, g, bq, d), jnp.float32))
     (m, l, acc), _ = jax.lax.scan(step, init, jnp.arange(nk))
     pos = l > 0
@@ -147,8 +149,10 @@ def blockwise_bwd(q, k, v, km: KernelMeta, out, lse, dout, dlse=None, *, scale: 
       def compute(acc):
         dk, dv = acc
         qi, doi, _, p, ds = tile(i, j)
-        dv = dv + jnp.einsum("bhgqk,bqhgd->bkhd", p.astype(cdt), doi, preferred_element_type=jnp.float32)
-        dk = dk + jnp.einsum("bhgqk,bqhgd->bkhd", ds.astype(cdt), qi, preferred_element_type=jnp.float32)
+        dv = dv + jnp.einsum("bhgqk,bqhgd->bkhd", p.astype(cdt), doi,
+                             preferred_element_type=jnp.float32)
+        dk = dk + jnp.einsum("bhgqk,bqhgd->bkhd", ds.astype(cdt), qi,
+                             preferred_element_type=jnp.float32)
         return dk, dv
       return jax.lax.cond(jnp.any(visits[:, i, j]), compute, lambda a: a, acc), None
     zeros = jnp.zeros((b, bk, hkv, d), jnp.float32)

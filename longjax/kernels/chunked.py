@@ -158,7 +158,7 @@ def chunked_attention(q, k, v, q_meta: TokenMeta, k_meta: TokenMeta, rule: MaskR
   Returns ``(out [B, Tq, Hq, D] in q.dtype, lse [B, Hq, Tq] fp32)``.
   """
   b, tq, hq, d = q.shape
-  tk, hkv = k.shape[1], k.shape[2]
+  tk = k.shape[1]
   scale = d ** -0.5 if scale is None else scale
   whole = (causal_offset is None
            and b * hq * min(WHOLE_Q, round_up(tq, 8)) * round_up(tk, 8) * 4 <= WHOLE_TILE_BYTES)

@@ -67,12 +67,15 @@ def cuda_unavailable_reason() -> Optional[str]:
   return None
 
 
-def lower(fn: Callable, args: Sequence, platform: str, *, device_kind: str = TPU_KINDS["v5e"]) -> str:
-  """Lower ``jax.jit(fn)(*args)`` (``args``: arrays or ``ShapeDtypeStruct`` pytrees) for ``platform``
-  (``"tpu"`` or ``"cuda"``); returns the StableHLO text. Raises whatever the lowering raises."""
+def lower(fn: Callable, args: Sequence, platform: str, *,
+          device_kind: str = TPU_KINDS["v5e"]) -> str:
+  """Lower ``jax.jit(fn)(*args)`` (``args``: arrays or ``ShapeDtypeStruct`` pytrees) for
+  ``platform`` (``"tpu"`` or ``"cuda"``); returns the StableHLO text. Raises whatever the lowering
+  raises."""
   if platform == "tpu":
     from jax import export
-    with flash.target_platform("tpu"), jax.sharding.use_abstract_mesh(abstract_tpu_mesh(device_kind)):
+    with (flash.target_platform("tpu"),
+          jax.sharding.use_abstract_mesh(abstract_tpu_mesh(device_kind))):
       return export.export(jax.jit(fn), platforms=("tpu",))(*args).mlir_module()
   if platform == "cuda":
     with flash.target_platform("gpu"):
@@ -176,20 +179,20 @@ def kernel_cases(backends=("tpu", "gpu")) -> list:
   for be in backends:
     # Qwen2-7B heads (28 q / 4 kv, D 128) and Llama-2-7B (32 / 32); lengths not block multiples.
     cases += [
-        Case("flash_fwd_bf16_gqa7_padded", be, _flash(be), (*qkv_avals(2, 1000, 3000, 28, 4, 128, bf16),
-                                                             meta_avals(2, 1000, 3000))),
+        Case("flash_fwd_bf16_gqa7_padded", be, _flash(be),
+             (*qkv_avals(2, 1000, 3000, 28, 4, 128, bf16), meta_avals(2, 1000, 3000))),
         Case("flash_fwd_fp32_mha_padded", be, _flash(be), (*qkv_avals(1, 700, 700, 8, 8, 128, f32),
                                                            meta_avals(1, 700, 700))),
         Case("flash_fwd_bf16_kind_table", be, _flash(be, kind_sees=(0b01, 0b11)),
              (*qkv_avals(1, 1152, 5248, 28, 4, 128, bf16), meta_avals(1, 1152, 5248))),
         Case("flash_fwd_bf16_d64_short", be, _flash(be), (*qkv_avals(2, 40, 100, 9, 3, 64, bf16),
                                                           meta_avals(2, 40, 100))),
-        Case("flash_bwd_bf16_gqa", be, _grad(_flash(be)), (*qkv_avals(1, 1000, 3000, 28, 4, 128, bf16),
-                                                           meta_avals(1, 1000, 3000))),
+        Case("flash_bwd_bf16_gqa", be, _grad(_flash(be)),
+             (*qkv_avals(1, 1000, 3000, 28, 4, 128, bf16), meta_avals(1, 1000, 3000))),
         Case("flash_bwd_fp32_kind_table", be, _grad(_flash(be, kind_sees=(0b01, 0b11))),
              (*qkv_avals(1, 300, 900, 4, 2, 128, f32), meta_avals(1, 300, 900))),
-        Case("decode_bf16_gqa7_splitk", be, _decode(be), (*qkv_avals(1, 1, 131_072 + 77, 28, 4, 128, bf16),
-                                                          meta_avals(1, 1, 131_072 + 77))),
+        Case("decode_bf16_gqa7_splitk", be, _decode(be),
+             (*qkv_avals(1, 1, 131_072 + 77, 28, 4, 128, bf16), meta_avals(1, 1, 131_072 + 77))),
         Case("decode_fp32_2tok_mha", be, _decode(be), (*qkv_avals(2, 2, 5000, 32, 32, 128, f32),
                                                        meta_avals(2, 2, 5000))),
         Case("decode_bwd_bf16", be, _grad(_decode(be)), (*qkv_avals(1, 2, 3000, 8, 2, 128, bf16),
@@ -198,7 +201,8 @@ def kernel_cases(backends=("tpu", "gpu")) -> list:
     # Concrete metadata: block lists built on the host (grid as long as the longest list).
     km, rule = beacon_meta(2, 2048, 1152)
     cases.append(Case("flash_fwd_bf16_host_lists", be,
-                      lambda q, k, v, _be=be, _km=km, _r=rule: _flash(_be, kind_sees=_r.kind_sees)(q, k, v, _km),
+                      lambda q, k, v, _be=be, _km=km, _r=rule:
+                          _flash(_be, kind_sees=_r.kind_sees)(q, k, v, _km),
                       qkv_avals(2, 1152, 2048 + 1152, 28, 4, 128, bf16)))
     # The entry point (dispatch by target platform): flash and decode, traced window.
     rule = MaskRule(True)

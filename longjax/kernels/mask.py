@@ -156,7 +156,8 @@ class KernelMeta:
   k_kind: jax.Array
 
 
-def kernel_meta(q: TokenMeta, k: TokenMeta, rule: MaskRule = MaskRule(), window=NO_WINDOW) -> KernelMeta:
+def kernel_meta(q: TokenMeta, k: TokenMeta, rule: MaskRule = MaskRule(),
+                window=NO_WINDOW) -> KernelMeta:
   qo = q.order.astype(jnp.int32)
   window = jnp.asarray(window, jnp.int32)
   lo = jnp.where(window >= NO_WINDOW, jnp.int32(INT_MIN), qo - window + 1)

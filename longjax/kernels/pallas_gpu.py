@@ -118,7 +118,8 @@ def flash_fwd(q, k, v, q_fields, k_fields, blocks, counts, *, scale: float, kind
   Returns ``(out [B, Hq, Tq, D], lse [B, Hq, Tq])``.
   """
   if not available():
-    raise KernelUnavailable("the Pallas Triton backend (jax.experimental.pallas.triton) is not available")
+    raise KernelUnavailable("the Pallas Triton backend (jax.experimental.pallas.triton) is not "
+                            "available")
   bsz, hq, tq, d = q.shape
   hkv, tk = k.shape[1], k.shape[2]
   reason = supported(d, block_q, block_k)

@@ -120,7 +120,8 @@ def flash_fwd(q, k, v, q_fields, k_fields, blocks, counts, *, n_steps: int, scal
 
   Args:
     q: ``[B, Hq, Tq, D]``; k, v: ``[B, Hkv, Tk, D]`` (Tq, Tk multiples of the block sizes).
-    q_fields: ``[B, Tq, 4]`` int32 (lo, hi, seg, kind); k_fields: ``[B, 4, Tk]`` (order, seg, kind, 0).
+    q_fields: ``[B, Tq, 4]`` int32 (lo, hi, seg, kind); k_fields: ``[B, 4, Tk]``
+      (order, seg, kind, 0).
     blocks: ``[B, nQ, W]`` int32 KV block lists; counts: ``[B, nQ]`` int32.
     n_steps: grid extent along the list (``<= W``).
   Returns ``(out [B, Hq, Tq, D], lse [B, Hq, Tq, 1])``.

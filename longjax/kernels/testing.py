@@ -33,7 +33,8 @@ def case_meta(name: str, rng):
     mem_valid = np.arange(cap)[None] < m[:, None]
     k_order = np.concatenate([np.arange(sink), sink + np.arange(cap), sink + cap + np.arange(raw),
                               sink + cap + raw + np.arange(win)])[None].repeat(b, 0)
-    k_valid = np.concatenate([np.ones((b, sink), bool), mem_valid, np.ones((b, raw + win), bool)], 1)
+    k_valid = np.concatenate(
+        [np.ones((b, sink), bool), mem_valid, np.ones((b, raw + win), bool)], 1)
     q_order = k_order[:, -win:]
     q_valid = np.ones((b, win), bool)
     q_valid[1, -2:] = False  # padding at the end of the last window
@@ -120,4 +121,5 @@ def grad_loss(fn, q, k, v):
   element with a different weight (and the finite log-sum-exps)."""
   out, lse = fn(q, k, v)
   w = jnp.cos(jnp.arange(out.size, dtype=jnp.float32).reshape(out.shape))
-  return jnp.sum(out.astype(jnp.float32) * w) + 0.1 * jnp.sum(jnp.where(jnp.isfinite(lse), lse, 0.0))
+  return (jnp.sum(out.astype(jnp.float32) * w)
+          + 0.1 * jnp.sum(jnp.where(jnp.isfinite(lse), lse, 0.0)))

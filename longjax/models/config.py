@@ -27,7 +27,8 @@ class ModelConfigError(LongjaxError, ValueError):
 
 
 def remat_mode(value):
-  """A config's ``train.remat`` / ``model.remat`` as ``ModelConfig.remat``: a bool, or ``"dots"``."""
+  """A config's ``train.remat`` / ``model.remat`` as ``ModelConfig.remat``: a bool, or
+  ``"dots"``."""
   if isinstance(value, str) and value != "dots":
     raise ModelConfigError(f"remat={value!r}: use True (least memory), 'dots' (keep matmul "
                            "outputs: faster, more memory) or False")
@@ -44,7 +45,8 @@ def dtype_of(name: str):
 _SIZE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
                 "num_kv_heads", "head_dim", "max_position_embeddings")
 _HF_SIZE_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                 "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings")
+                 "num_attention_heads", "num_key_value_heads", "head_dim",
+                 "max_position_embeddings")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,7 +101,8 @@ class ModelConfig:
     if self.family not in FAMILIES:
       raise ModelConfigError(f"unsupported family {self.family!r}; supported: {FAMILIES}")
     if self.num_heads % self.num_kv_heads:
-      raise ModelConfigError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
+      raise ModelConfigError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads "
+                             f"({self.num_kv_heads})")
     bad = [p for p in self.alt_projections if p not in ALT_PROJECTIONS]
     if bad:
       raise ModelConfigError(f"alt_projections {bad} not in {ALT_PROJECTIONS}")
@@ -121,7 +124,8 @@ class ModelConfig:
       return "default"
     kind = rs.get("rope_type", rs.get("type", "default"))
     if kind not in ROPE_TYPES:
-      raise ModelConfigError(f"rope_scaling type {kind!r} is not supported; supported: {ROPE_TYPES}")
+      raise ModelConfigError(f"rope_scaling type {kind!r} is not supported; "
+                             f"supported: {ROPE_TYPES}")
     return kind
 
   @property
@@ -165,8 +169,8 @@ class ModelConfig:
     source = hf_json(hf)
     model_type = hf.get("model_type")
     if model_type not in FAMILIES:
-      raise ModelConfigError(f"unsupported model_type {model_type!r} in config.json; longjax supports "
-                       f"{FAMILIES} (LLaMA-2/3, Qwen2, Mistral)")
+      raise ModelConfigError(f"unsupported model_type {model_type!r} in config.json; longjax "
+                             f"supports {FAMILIES} (LLaMA-2/3, Qwen2, Mistral)")
     n_layers = hf["num_hidden_layers"]
     heads = hf["num_attention_heads"]
     head_dim = hf.get("head_dim") or hf["hidden_size"] // heads
@@ -186,12 +190,14 @@ class ModelConfig:
       types = hf.get("layer_types") or [
           "sliding_attention" if i >= hf.get("max_window_layers", n_layers) else "full_attention"
           for i in range(n_layers)]
-      windows = tuple(int(hf["sliding_window"]) if t == "sliding_attention" else None for t in types)
+      windows = tuple(int(hf["sliding_window"]) if t == "sliding_attention" else None
+                      for t in types)
       if not any(windows):
         windows = None
     bias = hf.get("attention_bias", model_type == "qwen2")
     if hf.get("mlp_bias"):
-      raise ModelConfigError("mlp_bias=True is not supported (no LLaMA/Qwen2/Mistral release uses it)")
+      raise ModelConfigError("mlp_bias=True is not supported (no LLaMA/Qwen2/Mistral release "
+                             "uses it)")
     dtype = hf.get("dtype") or hf.get("torch_dtype") or "float32"
     kw = dict(
         family=model_type, vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],

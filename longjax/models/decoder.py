@@ -169,9 +169,10 @@ LAYER_LOOPS = ("scan", "unrolled")
 def unstack_layers(params):
   """The stacked ``params["layers"]`` (leading layer axis) as ``layers_0 .. layers_{L-1}``: the
   parameter layout of ``Decoder(layer_loop="unrolled")``. It is a copy of the layer weights, made
-  once per parameter tree of jax arrays (``_UNSTACKED``, a :class:`~longjax.runtime.tree_cache.TreeCache`),
-  so repeated generations do not copy (and page in) the weights again. Other leaves (numpy
-  arrays, which may change in place; tracers) are copied at every call."""
+  once per parameter tree of jax arrays (``_UNSTACKED``, a
+  :class:`~longjax.runtime.tree_cache.TreeCache`), so repeated generations do not copy (and page
+  in) the weights again. Other leaves (numpy arrays, which may change in place; tracers) are
+  copied at every call."""
   if "layers" not in params:
     return params  # already unstacked
   return _UNSTACKED.get(params, _unstack_jit)

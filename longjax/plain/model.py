@@ -18,12 +18,14 @@ from longjax.runtime.rounding import round_up
 
 
 class PlainLM:
-  """The base decoder with a fixed-capacity KV cache (no compression): the full-attention baseline."""
+  """The base decoder with a fixed-capacity KV cache (no compression): the full-attention
+  baseline."""
 
   def __init__(self, cfg: ModelConfig, impl: str = "auto"):
     self.cfg = cfg
     self.model = Decoder(cfg, rule=CAUSAL_PREFILL, impl=impl)
-    self._prefill = jax.jit(functools.partial(cache_forward, self.model, fresh=True, last_only=True))
+    self._prefill = jax.jit(functools.partial(cache_forward, self.model, fresh=True,
+                                              last_only=True))
     self._step = jax.jit(functools.partial(cache_forward, self.model, last_only=True))
 
   def prefill(self, params, tokens, lengths, max_new_tokens):

@@ -1,5 +1,5 @@
-"""The run config, typed: :func:`from_config` turns a config file's ml_collections ConfigDict (or the
-dict of a run's ``config.json``) into one frozen :class:`RunConfig`, once, at the entry points
+"""The run config, typed: :func:`from_config` turns a config file's ml_collections ConfigDict (or
+the dict of a run's ``config.json``) into one frozen :class:`RunConfig`, once, at the entry points
 (train.py, eval.py, the asset exporters). Everything below them reads its typed sections.
 
 Unknown keys and impossible values are refused here, each with one line that names the key (and
@@ -145,7 +145,8 @@ def _check_values(rc: RunConfig, entry: method_names.MethodName):
                       f"method {rc.method!r} does not: leave data.curriculum empty")
   if rc.train.layout not in LAYOUTS:
     raise ConfigError(f"train.layout={rc.train.layout!r}: use one of {LAYOUTS} (official: the "
-                      "last window without beacons; inference: every window as generation plans it)")
+                      "last window without beacons; inference: every window as generation plans "
+                      "it)")
 
 
 def _check_sources(rc: RunConfig, section):

@@ -82,7 +82,8 @@ class InfBenchSection:
 
 @dataclasses.dataclass(frozen=True)
 class EvalSection:
-  """``eval``: what eval.py runs (``task``), on which model, where it writes; one section per task."""
+  """``eval``: what eval.py runs (``task``), on which model, where it writes; one section per
+  task."""
   task: str = "passkey"  # one of TASKS, a comma-separated list, or "all"
   method: str = ""  # "" = config.method; plain = the base model (truncation baseline)
   checkpoint: str = ""  # "" = config.model.checkpoint, else {workdir}/export_hf, else tiny random
@@ -90,7 +91,8 @@ class EvalSection:
   tag: str = ""  # file name prefix; "" = the method name
   resume: bool = True  # skip samples already in the output files (same settings only)
   max_samples: int = 0  # per task (per LongBench/InfiniteBench sub-task); 0 = all
-  chat_template: str = "auto"  # auto: the tokenizer's chat template where the protocol uses one; none
+  # auto: the tokenizer's chat template where the protocol uses one; none
+  chat_template: str = "auto"
   truncate_to: int = 0  # plain baseline: input tokens kept (0 = max positions - max_new_tokens)
   model_max_length: int = 0  # cap on input + output tokens for beacon / focus (0 = what it holds)
   passkey: PasskeySection = PasskeySection()

@@ -11,7 +11,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar, Optional, Tuple
 
-# train.layout (beacon): where the last window's beacons go in training (longjax.beacon.task.BeaconTask)
+# train.layout (beacon): where the last window's beacons go in training
+# (longjax.beacon.task.BeaconTask)
 LAYOUTS = ("official", "inference")
 # data.loss_on: which tokens the loss is on
 LOSS_ON = ("all", "answer", "distill")
@@ -177,14 +178,16 @@ class BeaconSection:
   sink_size: int = 0
   embed_init: str = "eos"
   attend_prev: bool = True
-  distills: ClassVar[bool] = True  # data.loss_on="distill" (KL to the full-attention base) is for it
+  # data.loss_on="distill" (KL to the full-attention base) is for it
+  distills: ClassVar[bool] = True
   windowed: ClassVar[bool] = True  # documents count in windows: data.curriculum is for it
 
 
 @dataclasses.dataclass(frozen=True)
 class FocusSection:
   """``focus``: FocusLLM's settings (``longjax.focus.config.FocusConfig.from_config``) and its
-  training sampler's (``strides``, ``min_local``, ``objective``: ``longjax.focus.task.FocusTask``)."""
+  training sampler's (``strides``, ``min_local``, ``objective``:
+  ``longjax.focus.task.FocusTask``)."""
   local_window: int = 1024
   stride: int = 1024  # the chunk stride at inference
   strides: Tuple[int, ...] = (1024,)  # training: one drawn per sample

@@ -31,8 +31,8 @@ def error_line(prog: str, e: BaseException) -> str:
   return f"{prog}: error: {one_line(e)}"
 
 
-COMPILE_CACHE_HELP = ("JAX's persistent compilation cache: a directory, 'auto' ($LONGJAX_COMPILE_CACHE "
-                      "or <cache home>/jax_compile) or 'off'")
+COMPILE_CACHE_HELP = ("JAX's persistent compilation cache: a directory, 'auto' "
+                      "($LONGJAX_COMPILE_CACHE or <cache home>/jax_compile) or 'off'")
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -63,8 +63,8 @@ def parser(prog: str, doc: Optional[str]) -> argparse.ArgumentParser:
 def run(prog: str, fn: Callable[[], Optional[int]], *, debug: bool = False,
         errors=KNOWN, compile_cache: Optional[str] = "auto") -> int:
   """``fn()`` (its return value, ``None`` = 0) with the persistent compilation cache at
-  ``compile_cache`` (``longjax.runtime.compile_cache``); a known failure prints one line and gives 1,
-  or re-raises when ``debug``."""
+  ``compile_cache`` (``longjax.runtime.compile_cache``); a known failure prints one line and gives
+  1, or re-raises when ``debug``."""
   try:
     from longjax.runtime import compile_cache as cc
     cc.enable(compile_cache)

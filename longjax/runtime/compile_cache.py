@@ -9,7 +9,8 @@ Where: ``--compile_cache=<dir>`` on the CLIs, else ``$LONGJAX_COMPILE_CACHE``, e
 :func:`enable` themselves; importing longjax changes no JAX setting.
 
 The compilation cache still leaves tracing and lowering to every process; :func:`enable` also
-turns on :mod:`longjax.runtime.program_cache`, which keeps the Beacon window programs already lowered.
+turns on :mod:`longjax.runtime.program_cache`, which keeps the Beacon window programs already
+lowered.
 """
 from __future__ import annotations
 

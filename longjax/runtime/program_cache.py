@@ -1,7 +1,7 @@
 """Traced programs kept across processes (``jax.export``), next to the compilation cache.
 
-JAX's persistent compilation cache (:mod:`longjax.runtime.compile_cache`) skips XLA's compile, but every
-process still traces and lowers each program first: for a Beacon prefill that is ~1 s per
+JAX's persistent compilation cache (:mod:`longjax.runtime.compile_cache`) skips XLA's compile,
+but every process still traces and lowers each program first: for a Beacon prefill that is ~1 s per
 memory-size bucket (the layer stack under ``nn.scan``, the window scan), about as long as loading
 the compiled programs. This module keeps the lowered program itself: the first process exports it
 (``jax.export``: StableHLO, no pickle) to ``<compile cache>/programs``; later processes
@@ -67,7 +67,8 @@ def _code_version() -> str:
 def _environment() -> list:
   devs = jax.devices()
   from importlib import metadata
-  return [jax.__version__, metadata.version("jaxlib"), jax.default_backend(), len(devs), sorted({d.device_kind for d in devs}),
+  return [jax.__version__, metadata.version("jaxlib"), jax.default_backend(), len(devs),
+          sorted({d.device_kind for d in devs}),
           os.environ.get("XLA_FLAGS", ""), jax.config.jax_enable_x64,
           str(jax.config.jax_default_matmul_precision), _code_version()]
 

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Optional
 
 import jax
-import numpy as np
 
 from longjax.errors import LongjaxError
 from longjax.ckpts.fingerprint import weights_hash, weights_hash_full  # noqa: F401 (re-exported)
@@ -55,7 +54,8 @@ def fingerprint(method: str, cfg, trainable, *, method_config=None, frozen=None)
 class _HoldOrbaxErrors(logging.Filter):
   """Keeps orbax's own error records (each failed background write thread logs its exception
   with a traceback: dozens for one full disk) off the console while a Checkpointer lives; the
-  failure itself reaches the trainer as one :class:`TrainingError` line (:meth:`Checkpointer._failed`)."""
+  failure itself reaches the trainer as one :class:`TrainingError` line
+  (:meth:`Checkpointer._failed`)."""
 
   def __init__(self):
     super().__init__()

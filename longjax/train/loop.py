@@ -394,7 +394,8 @@ class Trainer:
     gb = tc.global_batch
     accum = tc.grad_accum
     if gb % accum:
-      raise TrainingError(f"train.global_batch ({gb}) must be divisible by train.grad_accum ({accum})")
+      raise TrainingError(f"train.global_batch ({gb}) must be divisible by train.grad_accum "
+                          f"({accum})")
     self.accum = accum
     self.batches = pipeline.GlobalBatches(self.ds.lengths, gb, c.seed,
                                           group_key=self.task.group_key
@@ -570,8 +571,8 @@ class Trainer:
     elif self.primary:
       metrics.reset()
     if self.primary:
-      (self.workdir / "config.json").write_text(json.dumps(to_dict(c), indent=2, default=str,
-                                                           sort_keys=True))  # as ConfigDict wrote it
+      (self.workdir / "config.json").write_text(
+          json.dumps(to_dict(c), indent=2, default=str, sort_keys=True))  # as ConfigDict wrote it
     log.info("%s: %d trainable / %d frozen parameters, %d steps, mesh %s, global batch %d",
              c.method, self.n_trainable, self.n_frozen, self.num_steps, dict(self.mesh.shape),
              tc.global_batch)
