@@ -1,4 +1,4 @@
-"""Activation Beacon recipe on Llama-3-8B-Instruct (spec beacon.md §7: W = S = 1024 and an
+"""Activation Beacon recipe on Llama-3-8B-Instruct (docs/beacon.md §7: W = S = 1024 and an
 attention sink of 1 -- "Llama-3 requires attention sink"; otherwise as the Qwen-2 pretrain, so
 this config is ``beacon_qwen2.py`` with those fields changed).
 

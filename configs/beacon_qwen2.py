@@ -1,4 +1,4 @@
-"""Activation Beacon pretraining recipe on Qwen2-7B-Instruct (spec beacon.md §7, "Qwen-2 pretrain").
+"""Activation Beacon pretraining recipe on Qwen2-7B-Instruct (docs/beacon.md §7, "Qwen-2 pretrain").
 
 W = S = 2048, ratios [2,4,8,16,32] step-random, interleave + full-coverage, beacon q/k/v, sink 0,
 lr 5e-5 linear decay to 0 (HF default), no warmup, no weight decay, grad-norm clip 1.0, global

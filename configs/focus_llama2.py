@@ -1,4 +1,4 @@
-"""FocusLLM training recipe (spec focusllm.md §5, ``train.sh``) on Llama-2-7b-chat.
+"""FocusLLM training recipe (docs/focusllm.md §5, ``train.sh``) on Llama-2-7b-chat.
 
 local_window W = 3072 (continuation region / local-span bounds), per-sample strides
 {64,128,256,512,1024,2048}, candidate q/k/v/o, one of continuation / repetition per sample,

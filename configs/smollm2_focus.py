@@ -3,7 +3,7 @@
 Local window and chunk size 256 (the beacon campaign's W, so the two methods compare at the same
 window), candidate q/k/v/o trained from the official init (copies of the base projections),
 frozen base, fp32 master weights. The last <= 128 local tokens (the dynamic prompt) are appended
-to every chunk. Objectives (official, spec focusllm.md §5): continuation or repetition with the
+to every chunk. Objectives (official, docs/focusllm.md §5): continuation or repetition with the
 loss on one target token per sample; passkey documents (input/output records) take the answer
 objective instead: the target is a digit of the answer, the local context ends just before it
 (longjax.data.pipeline.focus_indices); copy-task records (input/output) likewise target a token

@@ -89,7 +89,7 @@ def test_config_validation():
 
 
 def test_adapt_ratio_spec_numbers():
-  # spec §1: Qwen2-7B, P = 32768, W = 2048: r=2 covers 63,488, r=4 124,928, r=8 247,808.
+  # docs/beacon.md §1: Qwen2-7B, P = 32768, W = 2048: r=2 covers 63,488, r=4 124,928, r=8 247,808.
   pick = lambda n: adapt_ratio([2, 4, 8], n + 1024, 2048, 32768)  # noqa: E731
   assert pick(62464) == 2 and pick(62465) == 4
   assert pick(124928 - 1024) == 4 and pick(124928 - 1023) == 8
@@ -104,7 +104,7 @@ def test_adapt_ratio_spec_numbers():
 
 
 def test_planner_spec_example():
-  """spec §2.1: interleave, W = 8, r = 4, 10 prompt tokens, then one token per call."""
+  """docs/beacon.md §2.1: interleave, W = 8, r = 4, 10 prompt tokens, then one token per call."""
   planner = Planner(BeaconConfig(window=8, stride=8, ratios=(4,)), VOCAB, 512, 1000)
   steps, st = planner.plan_row(RowState(), np.arange(10) + 3)
   assert [s.alt.astype(int).tolist() for s in steps] == [[0, 0, 0, 0, 1, 0, 0, 0, 0, 1], [0, 0]]
@@ -128,8 +128,8 @@ def test_ratio_mix_step_random_rng():
 
 
 def test_step_expansion_layout_and_run(model):
-  """spec §3.4: append + step-expansion, m = 0, r = 4: beacons at positions 4 and 9; raw tokens
-  never see the window's beacons, so window 0's raw logits equal append + full-coverage's."""
+  """docs/beacon.md §3.4: append + step-expansion, m = 0, r = 4: beacons at positions 4 and 9; raw
+  tokens never see the window's beacons, so window 0's raw logits equal append + full-coverage's."""
   bcfg = BeaconConfig(window=8, stride=8, ratios=(4,), pos="append", attn="step-expansion")
   steps, _ = Planner(bcfg, VOCAB, 512, 1000).plan_row(RowState(), np.arange(8) + 3)
   assert steps[0].pos[8:].tolist() == [4, 9]
@@ -424,8 +424,8 @@ def test_gradient_reaches_first_window(model):
 
 
 def test_sink_quirk_short_prompt():
-  """spec §4.4: with sink 1 and a prompt < W the sink is re-captured from every call's first entry
-  until the first window completes (the official quirk, kept for parity)."""
+  """docs/beacon.md §4.4: with sink 1 and a prompt < W the sink is re-captured from every call's
+  first entry until the first window completes (the official quirk, kept for parity)."""
   planner = Planner(BeaconConfig(window=8, stride=8, ratios=(4,), sink_size=1), VOCAB, 512, 1000)
   steps, st = planner.plan_row(RowState(), [5, 6, 7, 8, 9])
   captures = [steps[0].capture]

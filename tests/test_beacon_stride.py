@@ -1,9 +1,9 @@
 """Activation Beacon with stride < window (append): overlapping windows, a longjax extension.
 
 After a full window the ``S / r`` beacons cover its first ``S`` raw tokens and its last ``W - S``
-raw tokens stay raw for the next window (spec §2.1, ``raw_size_to_cache = W - S``; the official
-code raises NameError there, so no official output exists). Pinned here: the layout by hand,
-the first window against the plain decoder, and every way of feeding the same tokens (one
+raw tokens stay raw for the next window (docs/beacon.md §2.1, ``raw_size_to_cache = W - S``; the
+official code raises NameError there, so no official output exists). Pinned here: the layout by
+hand, the first window against the plain decoder, and every way of feeding the same tokens (one
 call, step by step, in pieces, token-by-token generation) against each other.
 """
 from __future__ import annotations

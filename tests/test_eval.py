@@ -64,7 +64,7 @@ def beacon(tiny_beacon):
 # ------------------------------------------------------------------------------------------------
 # Generators.
 def test_beacon_passkey_strings_and_key_placement():
-  # the exact strings of beacon.md §8 (typo "infomation" included)
+  # the exact strings of docs/beacon.md §8 (typo "infomation" included)
   assert P.DESCRIPTION == ("There is an important infomation hidden in the following context. "
                            "Find the information and memorize it. I will quiz you about the "
                            "important information there.\n")

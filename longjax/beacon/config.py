@@ -1,15 +1,15 @@
 """Activation Beacon settings: ``BeaconConfig``, validated on construction.
 
-Field names follow the official ``beacon_*`` config fields (spec §1) without the prefix. The
-defaults are the official defaults. Combinations the official code cannot run (spec §1, §3.5) are
-refused here with an explanation, instead of being approximated:
+Field names follow the official ``beacon_*`` config fields (docs/beacon.md §1) without the prefix.
+The defaults are the official defaults. Combinations the official code cannot run (docs/beacon.md
+§1, §3.5) are refused here with an explanation, instead of being approximated:
 
 * ``pos="interleave"`` needs ``stride == window`` (official assert).
 * ``pos="append"`` with ``stride < window`` raises ``NameError`` in the official code
-  (``raw_size_to_cache`` undefined). longjax runs what that code means to do (spec §2.1: after a
-  full window ``S / r`` beacons cover its first ``S`` tokens and its last ``W - S`` raw tokens
-  stay raw for the next window), so every token reads at least ``W - S`` raw tokens besides the
-  memory. A longjax extension with no official output to compare with; ratio 0 is refused with
+  (``raw_size_to_cache`` undefined). longjax runs what that code means to do (docs/beacon.md §2.1:
+  after a full window ``S / r`` beacons cover its first ``S`` tokens and its last ``W - S`` raw
+  tokens stay raw for the next window), so every token reads at least ``W - S`` raw tokens besides
+  the memory. A longjax extension with no official output to compare with; ratio 0 is refused with
   it (which raw tokens would become memory is undefined).
 * ``attn="step-expansion"`` with ``pos="interleave"`` is broken in the official code (indexes a
   mask with a 0/1 LongTensor); refused.
@@ -72,7 +72,7 @@ class BeaconConfig(BeaconSection):
     window).
   * ``attn``: ``full-coverage`` | ``step-expansion`` (append only).
   * ``param``: attention projections with beacon copies (subset of q/k/v/o).
-  * ``sink_size``: leading KV entries kept forever (with the official quirk, spec §4.4).
+  * ``sink_size``: leading KV entries kept forever (with the official quirk, docs/beacon.md §4.4).
   * ``embed_init``: ``eos`` | ``bos``: source row of a missing beacon embedding.
   * ``attend_prev``: step-expansion only: beacons see earlier beacons of the window.
   * ``parallel_window``: official speed feature; only 1 is supported (it does not change results).
@@ -116,7 +116,7 @@ class BeaconConfig(BeaconSection):
                 "NotImplementedError with interleave); use 'full-coverage'")
     if self.attn == "step-expansion" and self.pos == "interleave":
       raise err("attn='step-expansion' with pos='interleave' is broken in the official code "
-                "(spec §3.5); use 'full-coverage', or pos='append'")
+                "(docs/beacon.md §3.5); use 'full-coverage', or pos='append'")
     if self.attn == "step-expansion" and not self.attend_prev:
       raise err("attn='step-expansion' with attend_prev=False is not supported by longjax "
                 "(needs a per-beacon mask kind); use attend_prev=True")

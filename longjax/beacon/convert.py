@@ -1,6 +1,6 @@
 """Official Activation Beacon checkpoints <-> longjax.
 
-Tensor names (spec §6.4): ``model.beacon_embed_tokens.weight`` and
+Tensor names (docs/beacon.md §6.4): ``model.beacon_embed_tokens.weight`` and
 ``model.layers.{i}.self_attn.beacon_{q,k,v,o}_proj.{weight,bias}`` are rows of the shared
 conversion table (``longjax.ckpts.table``), mapped to the decoder's ``alt_*`` parameters. The
 ``beacon_*`` fields of config.json become a ``BeaconConfig``.

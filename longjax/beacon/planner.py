@@ -1,7 +1,7 @@
 """Host-side (numpy) window planning for Activation Beacon.
 
 The planner replays the official ``Memory.prepare`` / ``_step`` / ``update_memory`` bookkeeping
-(spec §2.1, §3, §4) on plain integers, one batch row at a time, and emits for every call
+(docs/beacon.md §2.1, §3, §4) on plain integers, one batch row at a time, and emits for every call
 ("step") of the official model the layout the device step needs: input ids with beacon ids
 inserted, alternative-projection flags, RoPE positions, mask orders/kinds, labels, and the
 gather indices that say which KV entries the memory keeps. No KV values are involved, so a whole
@@ -133,7 +133,7 @@ class Planner:
 
   # ------------------------------------------------------------------------------------------
   def _choose_ratio(self, st: RowState, total: int, training: bool, force: Optional[int]):
-    """Returns ``(ratio, st)``; follows ``Memory.set_compression_ratio`` (spec §1)."""
+    """Returns ``(ratio, st)``; follows ``Memory.set_compression_ratio`` (docs/beacon.md §1)."""
     c = self.bcfg
     if force is not None:
       return force, st
@@ -189,7 +189,8 @@ class Planner:
       raw = slice(st.fed - base, end - base)
       raw_lab = lab[raw].copy()
       if training and st.start == 0 and not (c.pos == "interleave" and c.attn == "full-coverage"):
-        raw_lab[:] = IGNORE  # spec §6.5: first window unlabelled outside interleave+full-coverage
+        # docs/beacon.md §6.5: first window unlabelled outside interleave+full-coverage
+        raw_lab[:] = IGNORE
       train_last = training and end == total
       isb, ratio, rem, st = self._beacons(st, n, full, train_last, total, training, force_ratio)
       keep = isb.copy()
@@ -256,7 +257,7 @@ class Planner:
     p = np.arange(length)
     if self.bcfg.attn != "step-expansion":
       return m + p, 2 * (st.raw_len + p)
-    # append only (config): spec §3.4, attend_prev=True
+    # append only (config): docs/beacon.md §3.4, attend_prev=True
     pos = np.empty(length, np.int64)
     order = np.empty(length, np.int64)
     pos[:n] = m + p[:n]

@@ -1,5 +1,5 @@
-"""Random FocusLLM training indices (spec §5), for the data pipeline; host-side numpy only. It
-knows no method package: the data pipeline below the methods draws them.
+"""Random FocusLLM training indices (docs/focusllm.md §5), for the data pipeline; host-side numpy
+only. It knows no method package: the data pipeline below the methods draws them.
 
 The model never draws anything: :class:`longjax.focus.losses.FocusLoss` takes the indices this
 module samples (or any others, e.g. recorded ones).

@@ -230,7 +230,7 @@ def row_rng(seed: int, step: int, row: int, salt: int = 0) -> np.random.Generato
 
 
 def focus_indices(rng: np.random.Generator, length: int, answer: Optional[np.ndarray], fc) -> dict:
-  """One FocusLLM training sample's indices (spec §5).
+  """One FocusLLM training sample's indices (docs/focusllm.md §5).
 
   ``fc`` holds ``window``, ``strides``, ``min_local``, ``objective``. ``objective="answer"``
   targets a token of the answer span (a continuation sample whose target is an answer token:

@@ -1,6 +1,6 @@
 """Evaluation of long-context methods: passkey, needle, perplexity, LongBench, InfiniteBench.
 
-Protocols follow ../shared/specs/beacon.md §8 and focusllm.md §6 (prompts, grids, truncation,
+Protocols follow docs/beacon.md §8 and docs/focusllm.md §6 (prompts, grids, truncation,
 metrics). Entry point: ``eval.py`` / :func:`longjax.eval.runner.run`. Scorers are in
 :mod:`longjax.eval.scorers`, defaults in :mod:`longjax.run_config.eval_sections` (the config
 files' section: :func:`longjax.eval.config.eval_config`).

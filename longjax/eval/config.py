@@ -1,9 +1,9 @@
 """The ``config.eval`` section of the config files: ``c.eval = eval_config(method, preset)``.
 
-Its defaults (the papers' protocols, beacon.md §8 and focusllm.md §6, on official or CPU-sized
-grids) live in :mod:`longjax.run_config.eval_sections`; this turns them into the ml_collections
-section a config file holds, so that every field can be overridden on the command line
-(``--config.eval.passkey.lengths="(300,600)"``). Importing this module is cheap (ml_collections
+Its defaults (the papers' protocols, docs/beacon.md §8 and docs/focusllm.md §6, on official or
+CPU-sized grids) live in :mod:`longjax.run_config.eval_sections`; this turns them into the
+ml_collections section a config file holds, so that every field can be overridden on the command
+line (``--config.eval.passkey.lengths="(300,600)"``). Importing this module is cheap (ml_collections
 and the method registry, which imports its methods lazily).
 """
 from __future__ import annotations

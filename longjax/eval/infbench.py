@@ -1,4 +1,4 @@
-"""InfiniteBench: longbook_choice_eng, passkey, number_string, kv_retrieval (focusllm.md §6,
+"""InfiniteBench: longbook_choice_eng, passkey, number_string, kv_retrieval (docs/focusllm.md §6,
 beacon ``eval_infbench.py``).
 
 Data: ``{infbench.data_dir}/{task}.jsonl`` in the published format (``context``, ``input``,

@@ -1,4 +1,4 @@
-"""Needle in a haystack (beacon ``eval_needle.py``, beacon.md §8).
+"""Needle in a haystack (beacon ``eval_needle.py``, docs/beacon.md §8).
 
 The haystack is every ``*.txt`` file of ``needle.haystack_dir`` (sorted by name) concatenated, and
 repeated when a length needs more tokens than it has. The prompt follows the beacon passkey layout

@@ -1,6 +1,6 @@
 """Passkey retrieval: the two official generators and their metrics.
 
-**beacon** (``eval_passkey.py``, beacon.md §8), lengths in tokens x depths in percent:
+**beacon** (``eval_passkey.py``, docs/beacon.md §8), lengths in tokens x depths in percent:
 
 * ``DESCRIPTION`` (with the tokenizer's default BOS, as ``tokenizer.encode(description)``), then
   the ``NOISE`` sentence repeated and cut by tokens to fill, the information line
@@ -13,8 +13,8 @@
 * metrics: accuracy = the first integer of the output equals the key; fuzz =
   ``fuzz_ratio(first integer, key) / 100`` (see :mod:`longjax.eval.scorers`).
 
-**focus** (``generate_prompt_landmark(n_garbage, seed)``, focusllm.md §6), lengths in characters x
-numpy seeds:
+**focus** (``generate_prompt_landmark(n_garbage, seed)``, docs/focusllm.md §6), lengths in
+characters x numpy seeds:
 
 * ``np.random.seed(seed)``; prefix length ``randint(0, n_garbage)``, then the key
   ``randint(1, 50000)``; the garbage is the noise sentence repeated (joined by spaces) and cut by

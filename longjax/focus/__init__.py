@@ -1,6 +1,6 @@
 """FocusLLM (leezythu/FocusLLM) on a frozen decoder: chunked parallel condensing into candidate
 tokens, a local forward over them, cached decoding, training losses and checkpoint conversion.
-Semantics: ../shared/specs/focusllm.md."""
+Semantics: docs/focusllm.md."""
 from longjax.focus.condense import chunk_mesh
 from longjax.focus.config import FocusConfig, FocusError
 from longjax.focus.convert import focus_from_llama, load_focus, save_focus

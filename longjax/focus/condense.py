@@ -10,8 +10,8 @@ prompt, ``U`` local-context capacity.
   workspace is that of ``batch_size`` rows whatever the number of chunks. Row ``n``'s candidate is
   its last real token (index ``lengths[n]-1``) and uses the candidate projections; padding is
   invalid (never seen), so every row equals its unpadded single-chunk run.
-* :func:`chunk_step` is the cached decode step (spec §4.2): ``[y, g]`` over each row's cached KV,
-  ``y`` with base weights (appended to the cache), ``g`` the new candidate.
+* :func:`chunk_step` is the cached decode step (docs/focusllm.md §4.2): ``[y, g]`` over each row's
+  cached KV, ``y`` with base weights (appended to the cache), ``g`` the new candidate.
 * :func:`local_hidden` is the local forward: the prompt's candidates (pre-RoPE) at positions
   ``0..C-1`` as a KV prefix, the local tokens from position ``C`` on, all with base weights;
   :func:`local_next_logits` adds the head on each prompt's last row.
@@ -149,7 +149,7 @@ def condense_candidates(model: Decoder, params, tokens, positions, valid, length
 
 
 def chunk_step(model: Decoder, params, cache_k, cache_v, cache_len, prev, new, row_valid):
-  """One decode step on every chunk row (spec §4.2, cached path).
+  """One decode step on every chunk row (docs/focusllm.md §4.2, cached path).
 
   ``cache_k/v [L, N, cap, Hkv, D]`` hold each row's pre-RoPE KV (everything but its candidate),
   ``cache_len [N]``; ``prev [N]`` the previous candidate token, ``new [N]`` the new token.

@@ -1,4 +1,4 @@
-"""FocusLLM settings (official names in brackets; see ../shared/specs/focusllm.md §1)."""
+"""FocusLLM settings (official names in brackets; see docs/focusllm.md §1)."""
 from __future__ import annotations
 
 import dataclasses

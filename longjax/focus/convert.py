@@ -1,6 +1,6 @@
 """FocusLLM checkpoints: official HF state dicts in and out, and initialisation from a plain LLM.
 
-An official FocusLLM checkpoint (spec §7) is a full LLaMA state dict plus per layer
+An official FocusLLM checkpoint (docs/focusllm.md §7) is a full LLaMA state dict plus per layer
 ``self_attn.beacon_{q,k,v,o}_proj`` weights (the candidate projections, the decoder's ``alt_*``)
 and ``model.beacon_embed_tokens.weight`` (created but never used by any forward: accepted, dropped
 by default). Its config.json carries ``local_window`` / ``memory_stride`` / ``beacon_param``.

@@ -1,4 +1,4 @@
-"""FocusLLM training objectives from explicit indices (spec §5).
+"""FocusLLM training objectives from explicit indices (docs/focusllm.md §5).
 
 Both objectives (continuation: memory = the text before the local span; repetition: memory = the
 whole sample) are one next-token cross-entropy at the last local position, given

@@ -13,9 +13,10 @@ A batch of prompts is planned per prompt on the host (its own chunk count, promp
 all chunks of all prompts are rows of one chunk batch and each prompt's local forward gathers its
 own rows, so every prompt gets exactly what it gets alone (up to float summation order).
 
-Each decode step (spec §4.2): one batched 2-token forward ``[previous candidate, new token]`` over
-all chunk caches, then the local forward recomputed with the fresh candidates. :meth:`recompute`
-is the closed form (every chunk re-run as ``c_i ⊕ d ⊕ g_1..g_t`` from scratch); the two agree.
+Each decode step (docs/focusllm.md §4.2): one batched 2-token forward ``[previous candidate, new
+token]`` over all chunk caches, then the local forward recomputed with the fresh candidates.
+:meth:`recompute` is the closed form (every chunk re-run as ``c_i ⊕ d ⊕ g_1..g_t`` from scratch);
+the two agree.
 """
 from __future__ import annotations
 
@@ -240,7 +241,7 @@ class FocusLLM:
   # -------------------------------------------------------------------------------------------
   # Whole-prompt forwards (tests, fixtures, the closed-form decode path).
   def forward(self, params, prompt, generated: Sequence[int] = ()) -> FocusOutput:
-    """Closed form (spec §4.2): chunks ``c_i ⊕ d ⊕ generated`` and the local context
+    """Closed form (docs/focusllm.md §4.2): chunks ``c_i ⊕ d ⊕ generated`` and the local context
     ``u ⊕ generated`` computed from scratch; returns every local logit and the candidates."""
     row = self.plan(prompt, generated)
     cb, lb, cap = self._pack([row], 0)

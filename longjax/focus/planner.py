@@ -1,11 +1,13 @@
 """Host-side (numpy) layout of FocusLLM inputs: chunks, dynamic prompt, local context, padding.
 
-Everything here is decided from static sizes before any device code runs (spec §1, §3, §5):
+Everything here is decided from static sizes before any device code runs (docs/focusllm.md §1,
+§3, §5):
 
 * ``split_prompt`` cuts one inference prompt into memory chunks ``c_i``, the dynamic prompt
   ``d = bos(x[L-P:L])`` and the local context ``u = bos(x[L-W:L])``; generated tokens (closed-form
-  decode, spec §4.2) are appended to both ``d`` and ``u``.
-* ``split_training`` does the same from the explicit indices of a training sample (spec §5).
+  decode, docs/focusllm.md §4.2) are appended to both ``d`` and ``u``.
+* ``split_training`` does the same from the explicit indices of a training sample
+  (docs/focusllm.md §5).
 * ``pack_chunks`` / ``pack_local`` lay a batch of such rows out as fixed-shape, right-padded arrays:
   every chunk of every prompt becomes one row ``c_i ⊕ d`` of the chunk batch (candidate = the last
   real token), and a per-prompt gather table says which chunk rows feed which prompt's local
@@ -30,7 +32,8 @@ def pow2_bucket(n: int, multiple: int = 1) -> int:
 
 
 def bos(s: np.ndarray, bos_id: int) -> np.ndarray:
-  """``s`` when it starts with ``bos_id``, else ``[bos_id] + s`` (spec §0; official id 1)."""
+  """``s`` when it starts with ``bos_id``, else ``[bos_id] + s`` (docs/focusllm.md §0; official
+  id 1)."""
   s = np.asarray(s, np.int64)
   if s.size and s[0] == bos_id:
     return s
@@ -82,12 +85,13 @@ def is_chunked(length: int, fcfg: FocusConfig) -> bool:
 
 
 def split_prompt(x, fcfg: FocusConfig, generated: Sequence[int] = ()) -> RowPlan:
-  """Inference layout of prompt ``x`` (spec §1), optionally after ``generated`` tokens (§4.2)."""
+  """Inference layout of prompt ``x`` (docs/focusllm.md §1), optionally after ``generated``
+  tokens (§4.2)."""
   x = _as_tokens(x)
   gen = np.asarray(list(generated), np.int64)
   L, W, S = len(x), fcfg.local_window, fcfg.chunk_stride
   if not is_chunked(L, fcfg):
-    # Short input (spec §4.3): the plain LM over bos(x) ⊕ generated.
+    # Short input (docs/focusllm.md §4.3): the plain LM over bos(x) ⊕ generated.
     return RowPlan(chunks=[], prompt=np.zeros((0,), np.int64),
                    local=np.concatenate([bos(x, fcfg.bos_id), gen]))
   M = L - W
@@ -100,9 +104,9 @@ def split_prompt(x, fcfg: FocusConfig, generated: Sequence[int] = ()) -> RowPlan
 
 def split_training(x, *, memory_len: int, local_start: int, local_size: int, stride: int,
                    prompt_cap: int = 512, bos_id: int = 1, max_chunks: int = 1 << 20) -> RowPlan:
-  """Training layout from explicit indices (spec §5): memory ``x[0:memory_len]`` in chunks of
-  ``stride``, prompt ``bos(x[a+ls-P : a+ls])`` with ``P = min(prompt_cap, stride, ls)``, local
-  context ``bos(x[a : a+ls])`` and target ``x[a+ls]``."""
+  """Training layout from explicit indices (docs/focusllm.md §5): memory ``x[0:memory_len]`` in
+  chunks of ``stride``, prompt ``bos(x[a+ls-P : a+ls])`` with ``P = min(prompt_cap, stride, ls)``,
+  local context ``bos(x[a : a+ls])`` and target ``x[a+ls]``."""
   x = _as_tokens(x)
   a, ls = int(local_start), int(local_size)
   if stride < 1 or ls < 1 or a < 0 or a + ls >= len(x) or not 1 <= memory_len <= len(x):
@@ -180,7 +184,7 @@ def pack_chunks(rows: Sequence[RowPlan], *, row_multiple: int = 1, length_multip
 @dataclasses.dataclass
 class LocalBatch:
   """Local contexts ``[B, U]`` right-padded; ``n_chunks [B]`` candidates in front of each row,
-  so local token j sits at RoPE position ``n_chunks + j`` (spec §3)."""
+  so local token j sits at RoPE position ``n_chunks + j`` (docs/focusllm.md §3)."""
   tokens: np.ndarray
   lengths: np.ndarray
   n_chunks: np.ndarray

@@ -1,5 +1,6 @@
 """The ``eval`` section of a run config as frozen dataclasses, and its defaults: the two papers'
-protocols (beacon.md §8, focusllm.md §6) on their official grids, or CPU-sized ones (``tiny``).
+protocols (docs/beacon.md §8, docs/focusllm.md §6) on their official grids, or CPU-sized ones
+(``tiny``).
 
 :func:`eval_defaults` is the one home of these defaults: ``longjax.eval.config.eval_config`` turns
 its result into the config files' ``c.eval``, and a key an eval section leaves out takes its value
@@ -17,7 +18,7 @@ from longjax.method_names import BEACON, FOCUS, MethodName
 TASKS = ("passkey", "needle", "perplexity", "longbench", "infbench")
 PRESETS = ("official", "tiny")
 
-# beacon.md §8: the needle string and question of eval_needle.py.
+# docs/beacon.md §8: the needle string and question of eval_needle.py.
 NEEDLE = ("\n\nThe best thing to do in San Francisco is sitting in Dolores Park and eating a "
           "hamburg on a sunny day.\n\n")
 NEEDLE_QUESTION = "\n\nWhat is the best thing to do in San Francisco?\nAnswer:"
