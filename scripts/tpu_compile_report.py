@@ -28,7 +28,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-import compile_only as co  # noqa: E402  (beside this script)
+from scripts import compile_only as co  # noqa: E402  (beside this script)
 from longjax.method_names import BEACON, FOCUS  # noqa: E402
 
 

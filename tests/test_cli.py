@@ -46,7 +46,7 @@ ARGPARSE_ENTRY_POINTS = {  # module or script -> the program name its help must 
     "longjax.beacon.asset": "python -m longjax.beacon.asset",
     "longjax.focus.asset": "python -m longjax.focus.asset",
     "longjax.ckpts.smollm2": "python -m longjax.ckpts.smollm2",
-    "longjax.data.haystack": "python -m longjax.data.haystack",
+    "scripts/haystack.py": "scripts/haystack.py",
     "convert_weights.py": "convert_weights.py",
     "scripts/demo.py": "scripts/demo.py",
     "scripts/smollm2_passkey.py": "scripts/smollm2_passkey.py",

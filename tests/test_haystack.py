@@ -15,6 +15,16 @@ from longjax.data import sources
 from longjax.data.errors import DataError
 from longjax.data.tokenizers import get_tokenizer
 
+
+def haystack_cli():
+  """scripts/haystack.py, the generator's command line, loaded from its file."""
+  import importlib.util
+  from conftest import REPO
+  spec = importlib.util.spec_from_file_location("haystack_cli", REPO / "scripts" / "haystack.py")
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod
+
 BYTE = get_tokenizer("byte")
 
 
@@ -147,7 +157,7 @@ def test_missing_source_names_its_package(monkeypatch, tmp_path, capsys):
       H.load_texts(["kjv"])
     with pytest.warns(UserWarning, match="debian-handbook"):
       assert H.load_texts(["handbook", "repeat"], allow_missing=True) == {}
-    rc = H.main(["--split", "train", "--haystacks", "handbook", "--tokenizer", "byte",
+    rc = haystack_cli().main(["--split", "train", "--haystacks", "handbook", "--tokenizer", "byte",
                  "--out", str(tmp_path / "o.jsonl"), "--count", "2", "--tokens", "800"])
     err = capsys.readouterr().err
     assert rc == 1 and err.count("\n") == 1 and "debian-handbook" in err

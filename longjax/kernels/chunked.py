@@ -28,7 +28,7 @@ sees no key gives zeros and ``lse = -inf``). Differentiable by plain autodiff; a
 block's scores at a time instead of all of them.
 
 Measured against torch SDPA and the blockwise path with ``python -m bench.bench_chunked`` (one
-layer's causal attention); numbers and the whole-model effect in ``docs/performance.md``.
+layer's causal attention); the latest numbers are in ``docs/performance.md``.
 """
 from __future__ import annotations
 
