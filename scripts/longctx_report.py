@@ -21,11 +21,12 @@ length, one line per method, one panel per task) are rewritten.
 SmolLM2's trained context is 8192 tokens: past it the plain model runs outside its trained
 positions (marked in the table).
 
-Default cells (chosen for about 2 hours on 2 quiet CPU cores; an estimate from single cells, the
-whole default grid has not been timed): 2 samples per cell (``--samples``), every task at 4096 and
-8192 tokens, only niah_single_1, passkey and perplexity at 16384 and 32768 (``--cells all`` runs
-every task at every length). lm-eval generates RULER's 500 samples of a length at each cell
-(15-40 s) whatever ``--samples`` is.
+Default cells (chosen for about 2 hours on 2 quiet CPU cores): 2 samples per cell (``--samples``),
+every task at 4096 and 8192 tokens, only niah_single_1, passkey and perplexity at 16384 and 32768,
+and full attention only up to 8192 (past SmolLM2's trained context it is not a reader; those cells
+are recorded as not run). ``--cells all`` runs every task at every length for every method. lm-eval
+generates RULER's 500 samples of a length at each cell (5-40 s) whatever ``--samples`` is. Each
+cell records its seconds and the host's 1-minute load average at its start and end.
 
   python scripts/longctx_report.py                       # the default cells (see --help)
   python scripts/longctx_report.py --samples 20 --lengths 4096,8192,16384,32768
@@ -59,6 +60,8 @@ TRAINED_POSITIONS = 8192
 PPL_SCORED = 256
 # past SmolLM2's trained context, the default grid runs these only (CPU time)
 LONG_TASKS = ("niah_single_1", "passkey", "perplexity")
+PLAIN_PAST_CONTEXT = ("full attention past SmolLM2's 8K trained positions (the methods are the "
+                      "readers there; --cells all runs it)")
 
 
 def write_atomic(path: Path, text: str):
@@ -145,7 +148,7 @@ def render(out: Path, cells: list, args):
            "passkey: accuracy 0-1 (higher is better); perplexity: lower is better. "
            f"truncation reads {args.window} prompt tokens. † plain past {TRAINED_POSITIONS} tokens "
            "runs outside SmolLM2's trained positions. — not run (yet): a rerun of the command "
-           "adds it.", "",
+           "adds it." + _load_note(cells), "",
            "| task | length | " + " | ".join(methods) + " |",
            "|---|---:|" + "---|" * len(methods)]
   for task in tasks:
@@ -165,6 +168,15 @@ def render(out: Path, cells: list, args):
   write_atomic(out / "longctx.md", "\n".join(lines) + "\n")
   write_atomic(out / "longctx.json", json.dumps(dict(cells=cells), indent=1))
   figure(out, cells, methods)
+
+
+def _load_note(cells) -> str:
+  loads = [x for c in cells for x in c.get("load", [])]
+  if not loads:
+    return ""
+  total = sum(c.get("seconds", 0) for c in cells)
+  return (f" The cells took {total / 3600:.2f} h in all, on {os.cpu_count()} CPU cores at a "
+          f"1-minute load average of {min(loads):.1f}-{max(loads):.1f}.")
 
 
 def figure(out: Path, cells, methods):
@@ -241,6 +253,7 @@ def parse(argv):
   if args.samples < 1:
     raise HarnessError("--samples must be >= 1")
   pairs = [tuple(p.split(":")) for p in args.cells.split(",") if p.strip()]
+  args.default_grid = not pairs
   if args.cells.strip() == "all":
     args.pairs = None
   elif pairs:
@@ -255,8 +268,11 @@ def parse(argv):
       raise HarnessError(f"--assets {spec!r}: give METHOD=DIR with METHOD one of "
                          f"{', '.join(harness.WITH_ASSET)}")
     args.model_args[m] = args.model_args[m].replace(f"asset=smollm2_{m}", f"asset={path}")
-  args.skipped = {(m, t, int(n)) for m, t, n in
-                  (s.split(":") for s in args.skip.split(",") if s.strip())}
+  skip = {(m, t, int(n)) for m, t, n in (s.split(":") for s in args.skip.split(",") if s.strip())}
+  args.skipped = {c: args.skip_reason for c in skip}
+  if args.default_grid:  # full attention is not a reader past the base's trained context
+    args.skipped.update({(harness.PLAIN, t, n): PLAIN_PAST_CONTEXT for t, n in args.pairs
+                         if n > TRAINED_POSITIONS and (harness.PLAIN, t, n) not in skip})
   return args
 
 
@@ -279,13 +295,14 @@ def main(argv=None):
   lm_cache = {}
   for k, (m, t, n) in enumerate(todo, 1):
     path = cell_path(out, m, t, n)
-    if path.exists():
-      continue
+    if path.exists() and ("not_run" not in json.loads(path.read_text())
+                          or (m, t, n) in args.skipped):
+      continue  # done (a cell once skipped runs when this command no longer skips it)
     rec = dict(method=m, task=t, length=n)
-    t0 = time.time()
+    t0, load0 = time.time(), os.getloadavg()[0]
     try:
       if (m, t, n) in args.skipped:
-        raise SkipCell(args.skip_reason)
+        raise SkipCell(args.skipped[(m, t, n)])
       if t == "perplexity" and not args.ppl_data:
         raise SkipCell("no held-out long text given (--ppl_data)")
       if m not in lm_cache:
@@ -302,7 +319,8 @@ def main(argv=None):
         score, count = run_passkey(lm, n, args.samples)
       else:
         score, count = run_perplexity(lm, n, args.samples, args.ppl_data)
-      rec.update(score=score, n=count, seconds=round(time.time() - t0, 1))
+      rec.update(score=score, n=count, seconds=round(time.time() - t0, 1),
+                 load=[round(load0, 2), round(os.getloadavg()[0], 2)])
     except SkipCell as e:
       rec.update(not_run=str(e))
     write_atomic(path, json.dumps(rec))
