@@ -6,6 +6,7 @@ import pytest
 
 from train_helpers import micro_config
 
+from longjax.beacon.task import beacon_windows
 from longjax.data import pipeline
 from longjax.data.sources import DataError
 from longjax.run_config import ConfigError, curriculum, from_config
@@ -27,12 +28,12 @@ def test_parse_and_stage_lookup():
 
 
 def _window_keys(lengths):
-  return lambda n: pipeline.beacon_windows(n, 32, 32)
+  return lambda n: beacon_windows(n, 32, 32)
 
 
 def test_take_skips_longer_documents_deterministically_and_resumes():
   lengths = np.random.default_rng(0).integers(20, 200, size=120)
-  wins = np.asarray([pipeline.beacon_windows(int(n), 32, 32) for n in lengths])
+  wins = np.asarray([beacon_windows(int(n), 32, 32) for n in lengths])
   make = lambda: pipeline.GlobalBatches(lengths, 2, 7, group_key=_window_keys(lengths))
   a = make()
   first = [a.take(2) for _ in range(5)]

@@ -5,7 +5,9 @@ import json
 import numpy as np
 import pytest
 
+from longjax.beacon.task import beacon_windows
 from longjax.data import pipeline
+from longjax.focus.spans import focus_indices
 from longjax.data.sources import DataError
 from longjax.data.tokenizers import get_tokenizer
 from longjax.run_config import DataSection, SyntheticSection
@@ -91,7 +93,7 @@ def test_synthetic_deterministic_and_answer_spans():
 
 def test_group_by_stride_strict_and_resume():
   lengths = np.random.default_rng(0).integers(40, 300, size=200)
-  key = lambda n: pipeline.beacon_windows(n, 64, 64)
+  key = lambda n: beacon_windows(n, 64, 64)
   it = pipeline.GlobalBatches(lengths, 8, seed=1, group_key=key)
   first = [next(it) for _ in range(it.batches_per_epoch + 5)]  # crosses an epoch boundary
   for b in first:
@@ -116,13 +118,13 @@ def test_focus_indices():
   rng = np.random.default_rng(0)
   fc = dict(window=64, strides=(16, 32), min_local=8, objective="random")
   for _ in range(50):
-    ix = pipeline.focus_indices(rng, 200, None, fc)
+    ix = focus_indices(rng, 200, None, fc)
     assert ix["objective"] in ("continuation", "repetition") and ix["stride"] in (16, 32)
     assert ix["target_index"] == ix["local_start"] + ix["local_size"] < 200
   ans = np.zeros(200, bool)
   ans[150:155] = True
   for _ in range(20):
-    ix = pipeline.focus_indices(rng, 200, ans, dict(fc, objective="answer"))
+    ix = focus_indices(rng, 200, ans, dict(fc, objective="answer"))
     assert 150 <= ix["target_index"] < 155 and ix["memory_len"] == ix["local_start"] >= 1
 
 

@@ -15,7 +15,7 @@ from longjax.focus import (FocusConfig, FocusError, FocusLLM, focus_from_llama, 
 from longjax.focus import condense as C
 from longjax.focus.losses import FocusLoss, trainable_mask
 from longjax.focus.planner import pack_chunks
-from longjax.data.focus_spans import sample_indices
+from longjax.focus.spans import sample_indices
 from longjax.inference.generate import generate
 from longjax.models.decoder import Decoder
 

@@ -12,6 +12,7 @@ bucket schedule. ``distill`` targets come from the frozen base reading the whole
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Optional
 
 import jax
@@ -30,6 +31,11 @@ from longjax.models.head import token_nll
 # train.layout (LAYOUTS) and train.distill (DistillSettings) are run config sections
 from longjax.run_config.sections import LAYOUTS, DistillSettings
 from longjax.runtime.rounding import round_up
+
+
+def beacon_windows(length: int, window: int, stride: int) -> int:
+  """Windows of a sample (official ``group_by_stride``): ceil((len - W) / S) + 1."""
+  return 1 if length <= window else math.ceil((length - window) / stride) + 1
 
 
 class TaskConfigError(LongjaxError, ValueError):
@@ -63,7 +69,7 @@ class BeaconTask:
                                rule=CAUSAL_PREFILL, impl=impl)
 
   def group_key(self, length: int) -> int:
-    return pipeline.beacon_windows(length, self.bcfg.window, self.bcfg.stride)
+    return beacon_windows(length, self.bcfg.window, self.bcfg.stride)
 
   def prepare(self, ds, idx, step: int, row_offset: int = 0) -> dict:
     """Host side: plan every row's official calls: a stacked ``WindowPlan``

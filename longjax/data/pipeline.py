@@ -5,22 +5,21 @@
   (official ``src/data.py``), and drops samples shorter than ``min_length``.
 * :class:`GlobalBatches` yields global batches of sample indices, epoch after epoch. The order of
   epoch ``e`` is a function of ``(seed, e)`` only; with ``group_key`` every batch holds samples of
-  one key (``group_by_stride strict``: the number of beacon windows); incomplete groups are
-  dropped (strict). Its state (``epoch``, ``index``) is two integers, saved with each checkpoint.
-* :func:`focus_indices` draws FocusLLM (memory, local span, target, stride) indices from a
-  ``(seed, step, row)``-keyed generator, so a resumed run draws the same.
+  one key (a method's ``group_key``: Activation Beacon groups by its number of windows, the
+  official ``group_by_stride strict``); incomplete groups are dropped (strict). Its state
+  (``epoch``, ``index``) is two integers, saved with each checkpoint.
+* :func:`row_rng` is the ``(seed, step, row)``-keyed generator every method's per-sample draws
+  come from, so a resumed run draws the same. The pipeline knows no method.
 """
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Callable, Optional
 
 import numpy as np
 
 from longjax.data import sources
 from longjax.data.sources import DataError
-from longjax.data import focus_spans as spans
 from longjax.run_config import source_options as source_spec
 
 
@@ -127,11 +126,6 @@ def split_objectives(specs):
   return [o.source for o in opts], [o.objective for o in opts]
 
 
-def beacon_windows(length: int, window: int, stride: int) -> int:
-  """Windows of a sample (official ``group_by_stride``): ceil((len - W) / S) + 1."""
-  return 1 if length <= window else math.ceil((length - window) / stride) + 1
-
-
 class GlobalBatches:
   """Deterministic, resumable global batches of sample indices (see the module docstring)."""
 
@@ -227,28 +221,3 @@ class GlobalBatches:
 
 def row_rng(seed: int, step: int, row: int, salt: int = 0) -> np.random.Generator:
   return np.random.default_rng([int(seed), int(step), int(row), int(salt)])
-
-
-def focus_indices(rng: np.random.Generator, length: int, answer: Optional[np.ndarray], fc) -> dict:
-  """One FocusLLM training sample's indices (docs/focusllm.md §5).
-
-  ``fc`` holds ``window``, ``strides``, ``min_local``, ``objective``. ``objective="answer"``
-  targets a token of the answer span (a continuation sample whose target is an answer token:
-  memory = everything before the local span) and falls back to the official draw when the sample
-  has no answer.
-  """
-  window, strides = int(fc["window"]), tuple(int(s) for s in fc["strides"])
-  min_local = int(fc.get("min_local", 30))
-  objective = fc.get("objective", "random")
-  if objective == "answer":
-    pos = np.flatnonzero(answer) if answer is not None else np.zeros(0, int)
-    pos = pos[pos > min_local]
-    if pos.size:
-      t = int(pos[int(rng.integers(pos.size))])
-      ls = int(rng.integers(min_local, min(window - 2, t - 1) + 1))
-      a = t - ls
-      return dict(objective="answer", memory_len=a, local_start=a, local_size=ls,
-                  stride=int(strides[int(rng.integers(len(strides)))]), target_index=t)
-    objective = "random"
-  return spans.sample_indices(rng, length, window=window, strides=strides, min_local=min_local,
-                              objective=objective)

@@ -5,7 +5,7 @@ whole sample) are one next-token cross-entropy at the last local position, given
 
     memory_len, local_start (a), local_size (ls), stride (S)   ->   target x[a + ls]
 
-The random draws of these indices belong to the data pipeline (:mod:`longjax.data.focus_spans`),
+The random draws of these indices belong to the data pipeline (:mod:`longjax.focus.spans`),
 not the model. Gradients reach only the candidate projections: every other parameter goes through
 ``stop_gradient`` (:func:`freeze_base`), as the official training freezes every non-``beacon``
 parameter.

@@ -1,6 +1,6 @@
 """FocusLLM's training task over the frozen decoder, as host ``prepare`` + device ``loss``.
 
-:class:`FocusTask` draws each sample's indices (``longjax.data.pipeline.focus_indices``), splits
+:class:`FocusTask` draws each sample's indices (``longjax.focus.spans.focus_indices``), splits
 them into chunks + local context (``planner.split_training``, ``pack_*``) and scores them with
 ``FocusLoss.per_sample``; shapes are padded to power-of-two buckets so that random strides and
 spans compile few programs. ``loss`` returns per-sample ``(loss_sum, loss_count)``.
@@ -17,6 +17,7 @@ from longjax.data import pipeline
 from longjax.focus.config import FocusConfig
 from longjax.focus.losses import FocusLoss
 from longjax.focus.planner import pack_chunks, pack_local, split_training
+from longjax.focus.spans import focus_indices
 from longjax.models.config import ModelConfig
 from longjax.runtime.rounding import round_up
 
@@ -64,7 +65,7 @@ class FocusTask:
     rows, recs = [], []
     for row, i in enumerate(idx):
       ids, ans = ds.ids[int(i)], ds.answer[int(i)]
-      ix = pipeline.focus_indices(pipeline.row_rng(self.seed, step, row_offset + row, salt=2),
+      ix = focus_indices(pipeline.row_rng(self.seed, step, row_offset + row, salt=2),
                                   len(ids), ans,
                                   fc)
       recs.append(ix)

@@ -1,10 +1,12 @@
-"""Random FocusLLM training indices (docs/focusllm.md §5), for the data pipeline; host-side numpy
-only. It knows no method package: the data pipeline below the methods draws them.
+"""Random FocusLLM training indices (docs/focusllm.md §5); host-side numpy only.
+``FocusTask.prepare`` draws them per sample.
 
 The model never draws anything: :class:`longjax.focus.losses.FocusLoss` takes the indices this
 module samples (or any others, e.g. recorded ones).
 """
 from __future__ import annotations
+
+from typing import Optional
 
 import numpy as np
 
@@ -43,3 +45,28 @@ def sample_indices(rng: np.random.Generator, length: int, *, window: int = 3072,
     raise DataError(f"objective must be continuation, repetition or random, got {objective!r}")
   return dict(objective=objective, memory_len=memory_len, local_start=a, local_size=ls,
               stride=stride, target_index=a + ls)
+
+
+def focus_indices(rng: np.random.Generator, length: int, answer: Optional[np.ndarray], fc) -> dict:
+  """One FocusLLM training sample's indices (docs/focusllm.md §5).
+
+  ``fc`` holds ``window``, ``strides``, ``min_local``, ``objective``. ``objective="answer"``
+  targets a token of the answer span (a continuation sample whose target is an answer token:
+  memory = everything before the local span) and falls back to the official draw when the sample
+  has no answer.
+  """
+  window, strides = int(fc["window"]), tuple(int(s) for s in fc["strides"])
+  min_local = int(fc.get("min_local", 30))
+  objective = fc.get("objective", "random")
+  if objective == "answer":
+    pos = np.flatnonzero(answer) if answer is not None else np.zeros(0, int)
+    pos = pos[pos > min_local]
+    if pos.size:
+      t = int(pos[int(rng.integers(pos.size))])
+      ls = int(rng.integers(min_local, min(window - 2, t - 1) + 1))
+      a = t - ls
+      return dict(objective="answer", memory_len=a, local_start=a, local_size=ls,
+                  stride=int(strides[int(rng.integers(len(strides)))]), target_index=t)
+    objective = "random"
+  return sample_indices(rng, length, window=window, strides=strides, min_local=min_local,
+                              objective=objective)
