@@ -42,9 +42,9 @@ def tiny_model(family, num_kv_heads, pretrain_sources):
       checkpoint="",  # empty: a tiny model with the byte tokenizer, pretrained as below
       family=family, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
       num_kv_heads=num_kv_heads, head_dim=16, dtype="float32", param_dtype="", remat=False))
-  m.pretrain = ml_collections.ConfigDict(dict(
-      steps=150, batch=16, lr=3e-3, length=64, warmup_steps=15, weight_decay=0.0, save_every=0,
-      sources=pretrain_sources, min_length=32, max_length=1 << 30))
-  m.pretrain.synthetic = ml_collections.ConfigDict(dict(count=512, min_chars=128, max_chars=250,
-                                                        digits=5))
+  # PretrainSection's defaults (longjax.run_config.sections) with the tiny bases' own values
+  m.pretrain = _section(sections.PretrainSection, warmup_steps=15, sources=pretrain_sources,
+                        min_length=32, max_length=1 << 30,
+                        synthetic=sections.SyntheticSection(count=512, min_chars=128,
+                                                            max_chars=250, digits=5))
   return m

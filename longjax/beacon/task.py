@@ -24,7 +24,6 @@ from longjax.beacon.model import BeaconLM
 from longjax.beacon.planner import IGNORE, RowState, WindowPlan
 from longjax.beacon.step import scan_windows, start_carry
 from longjax.data import pipeline
-from longjax.errors import LongjaxError
 from longjax.models.config import ModelConfig
 from longjax.models.decoder import CAUSAL_PREFILL, Decoder
 from longjax.models.head import token_nll
@@ -36,10 +35,6 @@ from longjax.runtime.rounding import round_up
 def beacon_windows(length: int, window: int, stride: int) -> int:
   """Windows of a sample (official ``group_by_stride``): ceil((len - W) / S) + 1."""
   return 1 if length <= window else math.ceil((length - window) / stride) + 1
-
-
-class TaskConfigError(LongjaxError, ValueError):
-  """Task settings that cannot work (train.py refuses them earlier, in its config check)."""
 
 
 class BeaconTask:
@@ -54,8 +49,7 @@ class BeaconTask:
     # "official": the last window of a sample gets no beacons (the official training layout);
     # "inference": every window is planned as at inference, beacons in the last window too, so
     # the tokens scored there (a question's answer) see what they will see in generation.
-    if layout not in LAYOUTS:
-      raise TaskConfigError(f"train.layout={layout!r}: use one of {LAYOUTS}")
+    assert layout in LAYOUTS, layout  # train.py's config check (from_config) refuses others
     self.layout = layout
     self.lm = BeaconLM(cfg, bcfg, max_length=max_length, training=True, impl=impl, remat=remat)
     self.remat = remat
