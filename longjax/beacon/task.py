@@ -22,7 +22,7 @@ import numpy as np
 from longjax.beacon.config import BeaconConfig
 from longjax.beacon.model import BeaconLM
 from longjax.beacon.planner import IGNORE, RowState, WindowPlan
-from longjax.beacon.step import scan_windows, start_carry
+from longjax.beacon.step import loss_terms
 from longjax.data import pipeline
 from longjax.models.config import ModelConfig
 from longjax.models.decoder import CAUSAL_PREFILL, Decoder
@@ -127,12 +127,11 @@ class BeaconTask:
     plan, const = plans, None
     if not isinstance(plans, WindowPlan):
       plan, const = distill_targets(self, jax.lax.stop_gradient(params), plans)
-    lm = self.lm
-    carry, _ = scan_windows(lm.model, lm.sink_cap, params, start_carry(lm.model.cfg, plan), plan,
-                            want_loss=True, want_hidden=False, frozen_head=True)
+    loss_sum, loss_count = loss_terms(params, plan, model=self.lm.model, sink_cap=self.lm.sink_cap,
+                                      frozen_head=True)
     if const is None:
-      return carry.loss_sum, carry.loss_count
-    return carry.loss_sum + const, carry.loss_count
+      return loss_sum, loss_count
+    return loss_sum + const, loss_count
 
 
 def token_weights(logp_full, logp_trunc, alpha: float):
