@@ -5,7 +5,6 @@ prefill; ``stop_ids`` may be a jax.Array; a bad seed and a ``BeaconLM`` whose me
 are one line each, before anything runs."""
 from __future__ import annotations
 
-import importlib
 
 import jax.numpy as jnp
 import numpy as np
@@ -19,7 +18,7 @@ from longjax.plain import PlainLM
 from longjax.inference.sampling import SamplingConfig, SamplingError
 
 V = 97
-gen = importlib.import_module("longjax.generate")  # the module (longjax.generate is the function)
+from longjax.inference import generate as gen  # noqa: E402  (the module; longjax.generate is the function)
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +109,8 @@ def test_beacon_max_length_beyond_the_device_is_refused_at_construction(monkeypa
   with pytest.raises(CapacityError, match="max_length must be an integer >= 1, got 100.5"):
     BeaconLM(cfg, bcfg, max_length=100.5)
   # the limit it names is one that constructs, and a batch is checked when its state is made
-  monkeypatch.setattr(gen, "memory_limit_bytes", lambda: 1 << 20)
+  from longjax.models import inputs
+  monkeypatch.setattr(inputs, "memory_limit_bytes", lambda: 1 << 20)
   with pytest.raises(CapacityError) as e:
     BeaconLM(cfg, bcfg, max_length=10**6)
   fits = int(str(e.value).split("at most about ")[1].split()[0])

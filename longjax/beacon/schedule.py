@@ -32,6 +32,7 @@ from longjax.beacon.memory import BeaconState
 from longjax.beacon.planner import (BeaconInputError, Planner, RowState, StepDesc, WindowPlan,
                                     assemble, stack)
 from longjax.errors import LongjaxError
+from longjax.models.inputs import check_room
 from longjax.runtime.rounding import next_pow2, round_up
 
 
@@ -147,15 +148,13 @@ class Schedule:
   # ------------------------------------------------------------------------------------------
   def check_room(self, rows: Sequence[RowState], new: Sequence[int], extra: int = 0):
     for i, (r, n) in enumerate(zip(rows, new)):
-      need = r.fed + n + extra
-      if need > self.max_length:
-        raise CapacityError(
-            f"row {i}: {r.fed} tokens already in memory + {n} new"
-            + (f" + {extra} to generate" if extra else "")
-            + f" = {need} tokens exceed this BeaconLM's max_length={self.max_length} (memory "
-            f"capacity {self.capacity} KV entries per layer: sink {self.sink_cap} + beacons "
-            f"{self.beacon_capacity} + window {self.r_slots}); build it with "
-            f"BeaconLM(..., max_length={round_up(need, self.bcfg.window)}) or more")
+      check_room(r.fed, n + extra, self.max_length, lambda need, i=i, r=r, n=n: CapacityError(
+          f"row {i}: {r.fed} tokens already in memory + {n} new"
+          + (f" + {extra} to generate" if extra else "")
+          + f" = {need} tokens exceed this BeaconLM's max_length={self.max_length} (memory "
+          f"capacity {self.capacity} KV entries per layer: sink {self.sink_cap} + beacons "
+          f"{self.beacon_capacity} + window {self.r_slots}); build it with "
+          f"BeaconLM(..., max_length={round_up(need, self.bcfg.window)}) or more"))
 
   def call(self, ids, labels, lengths, rows: Sequence[RowState], training: Optional[bool] = None,
            ratio=None, reserve: int = 0) -> Call:

@@ -34,7 +34,8 @@ from longjax.focus.config import FocusConfig, FocusError, check_model
 from longjax.focus.planner import (ChunkBatch, LocalBatch, RowPlan, pack_chunks, pack_local,
                                    split_prompt)
 from longjax.models.protocol import DevicePlan, Segment
-from longjax.models.inputs import check_kv_fits, check_max_new_tokens, check_token_ids
+from longjax.models.inputs import (check_kv_fits, check_max_new_tokens, check_room,
+                                   check_token_ids)
 from longjax.models.config import ModelConfig
 from longjax.models.decoder import Decoder
 from longjax.models.head import lm_head
@@ -221,21 +222,23 @@ class FocusLLM:
 
   def step(self, params, state: FocusState, tokens):
     """Feed one token per prompt ``[B]`` -> ``(next_logits [B, V], state)`` (cached path)."""
-    longest = int(np.max(np.asarray(state.local_len)))
-    if longest >= state.local_capacity or int(np.max(np.asarray(state.cache_len))) >= (
-        state.cache_capacity):
-      raise FocusError(f"FocusLLM decode buffers are full (local capacity "
-                       f"{state.local_capacity}); prefill with a larger max_new_tokens")
+    self._check_decode_room(state, 1)
     return self._step_jit(self.place_params(params), state, jnp.asarray(tokens, jnp.int32))
+
+  @staticmethod
+  def _check_decode_room(state: FocusState, n_feeds: int):
+    """The local context and the chunk caches must hold ``n_feeds`` more tokens (prefill sized
+    them for its ``max_new_tokens``)."""
+    fail = lambda need: FocusError(  # noqa: E731
+        f"FocusLLM decode buffers hold {state.local_capacity} local tokens, too few for "
+        f"{n_feeds} more; prefill with a larger max_new_tokens")
+    check_room(state.local_len, n_feeds, state.local_capacity, fail)
+    check_room(state.cache_len, n_feeds, state.cache_capacity, fail)
 
   def device_plan(self, state: FocusState, n_feeds: int) -> DevicePlan:
     """The cached decode step for ``longjax.generate``'s device loop: the state already has fixed
     shapes (prefill sized the local context and chunk caches for max_new_tokens)."""
-    # The host step's checks, for the last of the n_feeds steps.
-    if (int(np.max(np.asarray(state.local_len))) + n_feeds > state.local_capacity
-        or int(np.max(np.asarray(state.cache_len))) + n_feeds > state.cache_capacity):
-      raise FocusError(f"FocusLLM decode buffers hold {state.local_capacity} local tokens, too few "
-                       f"for {n_feeds} more; prefill with a larger max_new_tokens")
+    self._check_decode_room(state, n_feeds)  # the host step's check, for the last of n_feeds
     return DevicePlan(state, [Segment(n_feeds, FocusStep(self))])
 
   # -------------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import numbers
 import os
+from typing import Callable
 
 import jax
 import numpy as np
@@ -134,3 +135,14 @@ def check_params(params, cfg: ModelConfig):
                         f"{cfg.num_layers} layers, hidden {cfg.hidden_size}, alt "
                         f"{cfg.alt_projections or 'none'}): {'; '.join(parts)}; load the params "
                         "with the config they were saved with")
+
+
+def check_room(used, new: int, capacity: int, fail: Callable[[int], Exception]) -> None:
+  """Host side, before a fixed-capacity buffer is written: the fullest row's ``used`` entries
+  (an int or one per row) plus ``new`` must fit ``capacity``; else ``fail(need)`` is raised (the
+  caller's error, which says which buffer and how to make it larger). Inside a trace the lengths
+  are unknown; an overfull write there would be clamped by ``dynamic_update_slice`` silently, so
+  every method calls this on concrete lengths first."""
+  need = int(np.max(np.asarray(used))) + int(new)
+  if need > capacity:
+    raise fail(need)

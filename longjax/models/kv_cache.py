@@ -14,6 +14,7 @@ import jax.numpy as jnp
 
 from longjax.kernels import TokenMeta
 from longjax.models.config import ModelConfig
+from longjax.models import inputs
 from longjax.models.decoder import Decoder, KVPrefix
 from longjax.errors import LongjaxError
 
@@ -54,11 +55,9 @@ def check_room(cache: KVCache, new_tokens: int):
   ``dynamic_update_slice`` silently, overwriting the last entries."""
   if isinstance(cache.length, jax.core.Tracer):
     return
-  longest = int(jnp.max(cache.length)) + new_tokens
-  if longest > cache.capacity:
-    raise CacheFullError(
-        f"KV cache full: a row needs {longest} entries but the capacity is {cache.capacity}; "
-        f"create the cache with a larger capacity (prompt length + max_new_tokens)")
+  inputs.check_room(cache.length, new_tokens, cache.capacity, lambda need: CacheFullError(
+      f"KV cache full: a row needs {need} entries but the capacity is {cache.capacity}; "
+      f"create the cache with a larger capacity (prompt length + max_new_tokens)"))
 
 
 def cache_forward(model: Decoder, params, cache: KVCache, tokens, valid=None, *,
