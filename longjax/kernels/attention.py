@@ -85,18 +85,18 @@ def pallas_unsupported_reason(q_shape, k_shape, dtype, *, interpret=None,
     if plat == "cpu":
       return ("Pallas kernels run on CPU only in interpret mode (pass interpret=True or set "
               "LONGJAX_PALLAS_INTERPRET=1)")
-    if (plat == "tpu") != (backend == "tpu"):
+    if (plat == "tpu") != (backend == flash.Backend.TPU):
       return f"the {backend} kernel cannot be compiled for platform {plat!r} (use interpret mode)"
   if jnp.dtype(dtype) not in [jnp.dtype(t) for t in _SUPPORTED_DTYPES]:
     return f"dtype {jnp.dtype(dtype)} is not supported by the kernels (fp32/bf16/fp16)"
   d = q_shape[-1]
-  if backend == "gpu":
+  if backend == flash.Backend.GPU:
     reason = pallas_gpu.supported(d, 16, 16)
     if reason:
       return reason
   elif not interp:
     tq, tk = q_shape[1], k_shape[1]
-    bq, bk = flash.block_sizes("tpu", max(tq, 1), max(tk, 1), block_q, block_k)
+    bq, bk = flash.block_sizes(flash.Backend.TPU, max(tq, 1), max(tk, 1), block_q, block_k)
     reason = pallas_tpu.supported(d, round_up(tq, bq), round_up(tk, bk), bq, bk)
     if reason:
       return reason

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import enum
 import functools
 import os
 from typing import Optional
@@ -42,9 +43,17 @@ from longjax.kernels.mask import (KernelMeta, block_lists, block_visits, is_conc
                                   pad_kernel_meta)
 from longjax.runtime.rounding import next_pow2, round_up
 
-BACKENDS = ("tpu", "gpu")
+class Backend(enum.StrEnum):
+  """The Pallas kernel flavour: Mosaic TPU or Triton GPU. A string enum, so that the public
+  arguments (``pallas_backend="gpu"``) and ``$LONGJAX_PALLAS_BACKEND`` stay plain strings;
+  :func:`resolve_backend` turns them into members once, and the code compares members."""
+  TPU = "tpu"
+  GPU = "gpu"
+
+
+BACKENDS = tuple(b.value for b in Backend)
 # Default block sizes per backend (query rows, key columns).
-DEFAULT_BLOCKS = {"tpu": (128, 128), "gpu": (128, 64)}
+DEFAULT_BLOCKS = {Backend.TPU: (128, 128), Backend.GPU: (128, 64)}
 
 
 _TARGET = contextvars.ContextVar("longjax_target_platform", default=None)
@@ -82,15 +91,15 @@ def env_interpret():
   return "tpu" if val == "tpu" else True
 
 
-def resolve_backend(backend: Optional[str] = None) -> str:
+def resolve_backend(backend: Optional[str] = None) -> Backend:
+  """The Pallas backend: ``backend``, else ``$LONGJAX_PALLAS_BACKEND``, else the platform's."""
   if backend is None:
     backend = os.environ.get("LONGJAX_PALLAS_BACKEND", "").strip().lower() or None
   if backend is None:
-    plat = platform()
-    backend = "tpu" if plat == "tpu" else "gpu"
+    backend = Backend.TPU if platform() == "tpu" else Backend.GPU
   if backend not in BACKENDS:
     raise KernelError(f"unknown Pallas backend {backend!r}; choose one of {BACKENDS}")
-  return backend
+  return Backend(backend)
 
 
 def resolve_interpret(interpret, backend: str):
@@ -99,22 +108,22 @@ def resolve_interpret(interpret, backend: str):
     interpret = env_interpret()
   if interpret in (None, False):
     return False
-  if interpret == "tpu" and backend == "tpu":
+  if interpret == "tpu" and backend == Backend.TPU:
     params = getattr(pallas_tpu.pltpu, "InterpretParams", None) if pallas_tpu.pltpu else None
     return params() if params is not None else True
   return True
 
 
 def backend_available(backend: str) -> bool:
-  return pallas_tpu.available() if backend == "tpu" else pallas_gpu.available()
+  return pallas_tpu.available() if backend == Backend.TPU else pallas_gpu.available()
 
 
 def block_sizes(backend: str, tq: int, tk: int, block_q=None, block_k=None):
   """Effective (bq, bk): the defaults, shrunk for short sequences (powers of two on GPU)."""
-  dq, dk = DEFAULT_BLOCKS[backend]
+  dq, dk = DEFAULT_BLOCKS[Backend(backend)]
   block_q = block_q or dq
   block_k = block_k or dk
-  if backend == "gpu":
+  if backend == Backend.GPU:
     return min(block_q, next_pow2(max(tq, 16))), min(block_k, next_pow2(max(tk, 16)))
   return min(block_q, round_up(tq, 8)), min(block_k, round_up(tk, 8))
 
@@ -138,7 +147,7 @@ def _lists(kmp: KernelMeta, bq: int, bk: int):
   return blocks, counts, visits.shape[-1]
 
 
-def flash_fwd(q, k, v, km: KernelMeta, *, scale: float, kind_sees=None, backend: str = "gpu",
+def flash_fwd(q, k, v, km: KernelMeta, *, scale: float, kind_sees=None, backend: str = Backend.GPU,
               interpret=False, block_q=None, block_k=None, gpu_opts=None):
   """Forward only: ``(out [B, Tq, Hq, D], lse [B, Hq, Tq])`` from the chosen Pallas kernel."""
   b, tq, hq, d = q.shape
@@ -153,7 +162,7 @@ def flash_fwd(q, k, v, km: KernelMeta, *, scale: float, kind_sees=None, backend:
     return x.transpose(0, 2, 1, 3)
 
   qt, kt, vt = head_major(q, tqp), head_major(k, tkp), head_major(v, tkp)
-  if backend == "tpu":
+  if backend == Backend.TPU:
     q_fields = jnp.stack([kmp.q_lo, kmp.q_hi, kmp.q_seg, kmp.q_kind], axis=-1)
     k_fields = jnp.stack([kmp.k_order, kmp.k_seg, kmp.k_kind, jnp.zeros_like(kmp.k_kind)], axis=1)
     out, lse = pallas_tpu.flash_fwd(qt, kt, vt, q_fields, k_fields, blocks, counts,
@@ -185,9 +194,9 @@ def _hashable_interpret(interpret):
     return True
 
 
-def flash_attention(q, k, v, km: KernelMeta, *, scale: float, kind_sees=None, backend: str = "gpu",
-                    interpret=False, block_q=None, block_k=None, gpu_opts=None,
-                    bwd_blocks=(512, 512)):
+def flash_attention(q, k, v, km: KernelMeta, *, scale: float, kind_sees=None,
+                    backend: str = Backend.GPU, interpret=False, block_q=None, block_k=None,
+                    gpu_opts=None, bwd_blocks=(512, 512)):
   """Differentiable Pallas flash attention on kernel metadata; returns ``(out, lse)``."""
   gpu_opts = tuple(sorted(dict(gpu_opts or {}).items()))
   fwd, bwd = _flash_pair(float(scale), kind_sees, backend, _hashable_interpret(interpret), block_q,

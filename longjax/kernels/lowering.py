@@ -101,7 +101,7 @@ class Case:
 
   @property
   def platform(self) -> str:
-    return "tpu" if self.backend == "tpu" else "cuda"
+    return "tpu" if self.backend == flash.Backend.TPU else "cuda"
 
 
 def _sds(shape, dtype):
@@ -172,7 +172,7 @@ def _token_avals(b, t, kind=False):
   return TokenMeta(order=i, valid=_sds((b, t), jnp.bool_), segment=i, kind=i if kind else None)
 
 
-def kernel_cases(backends=("tpu", "gpu")) -> list:
+def kernel_cases(backends=tuple(flash.Backend)) -> list:
   """Every Pallas kernel at production block sizes (see module docstring)."""
   bf16, f32 = jnp.bfloat16, jnp.float32
   cases = []
