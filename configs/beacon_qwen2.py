@@ -35,7 +35,6 @@ def get_config():
   c.data = common.data_defaults(min_length=2400, max_length=20000)
   c.train = common.train_defaults(global_batch=8, lr=5e-5, save_every=1000,
                                   mesh=dict(data=1, fsdp=-1, tensor=1))
-  c.debug = common.debug_defaults()
   from longjax.eval.config import eval_config  # noqa: E402 (official eval protocols)
   c.eval = eval_config(c.method)
   return c

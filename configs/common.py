@@ -25,10 +25,6 @@ def data_defaults(**kw):
                   **dict(kw, synthetic=sections.SyntheticSection(**kw.get("synthetic", {}))))
 
 
-def debug_defaults():
-  return _section(sections.DebugSection)
-
-
 def real_model(name, **kw):
   """A released checkpoint: ``checkpoint`` must be given on the command line."""
   m = dict(name=name, checkpoint="", dtype="bfloat16", param_dtype="bfloat16", remat=True)

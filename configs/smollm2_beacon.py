@@ -70,7 +70,6 @@ def get_config():
                                   remat="dots",  # 2.8 GB and 12 % faster than True (bench)
                                   layout="inference",
                                   distill=dict(top_k=32, alpha=0.0, rest="bucket"))
-  c.debug = common.debug_defaults()
   from longjax.eval.config import eval_config  # noqa: E402
   c.eval = eval_config("beacon", preset="tiny")
   c.eval.passkey.lengths = (1024, 2048)

@@ -40,7 +40,6 @@ def get_config():
   # at 3e-4 in < 100 steps; the schedule decays over 400 steps, what a CPU session can run
   c.train = common.train_defaults(num_steps=400, global_batch=8, lr=2e-4, warmup_steps=10,
                                   save_every=25, keep=40, log_every=1, progress=False)
-  c.debug = common.debug_defaults()
   from longjax.eval.config import eval_config  # noqa: E402
   c.eval = eval_config("focus", preset="tiny")
   return c

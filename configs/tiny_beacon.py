@@ -27,7 +27,6 @@ def get_config():
                                 synthetic=dict(count=256, min_chars=128, max_chars=250, digits=5))
   c.train = common.train_defaults(num_steps=60, global_batch=4, lr=2e-3, warmup_steps=5,
                                   step_bucket=4, save_every=20)
-  c.debug = common.debug_defaults()
   from longjax.eval.config import eval_config  # noqa: E402 (the eval section: official
   c.eval = eval_config("beacon", preset="tiny")   # protocols on CPU-sized grids)
   return c

@@ -70,8 +70,12 @@ def test_frozen_base_and_optimizer_state(tmp_path, method):
     assert "model.layers.1.self_attn.beacon_o_proj.weight" in names
 
 
-def _run_cli(workdir, *extra, check=True):
-  cmd = [str(ROOT / "train.py"), "--config=" + str(ROOT / "tests" / "micro_train_config.py"),
+def _run_cli(workdir, *extra, check=True, kill_after_step=None):
+  """train.py on the micro config; ``kill_after_step``: the process SIGKILLs itself once that
+  step's checkpoint is written (tests/train_killed.py wraps train.py for it)."""
+  entry = ([str(ROOT / "tests" / "train_killed.py"), str(kill_after_step)]
+           if kill_after_step is not None else [str(ROOT / "train.py")])
+  cmd = [*entry, "--config=" + str(ROOT / "tests" / "micro_train_config.py"),
          f"--config.workdir={workdir}", *extra]
   p = run_python(*cmd, env=ENV, timeout=600)
   if check and p.returncode != 0:
@@ -82,7 +86,7 @@ def _run_cli(workdir, *extra, check=True):
 def test_resume_after_kill_is_bit_identical(tmp_path):
   a, b = tmp_path / "a", tmp_path / "b"
   _run_cli(a)
-  p = _run_cli(b, "--config.debug.kill_after_step=3", check=False)
+  p = _run_cli(b, check=False, kill_after_step=3)
   assert p.returncode == -9, p.stderr[-2000:]
   assert [r["step"] for r in read_metrics(b)] == [1, 2, 3]
   p = _run_cli(b)  # the same command again: resumes from step 2
@@ -134,9 +138,14 @@ def _ckpt_dirs(workdir):
   return sorted(p.name for p in (Path(workdir) / "checkpoints").iterdir() if p.name[0].isdigit())
 
 
-def test_nan_stops_and_keeps_last_good_checkpoint(tmp_path):
+def test_nan_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
   c = micro_config("beacon", tmp_path / "w", steps=6, save_every=1)
-  c.debug.nan_at_step = 3
+  metrics = loop.Trainer._host_metrics
+
+  def nan_at_step_3(self, step, m):  # a non-finite loss on purpose
+    m = metrics(self, step, m)
+    return dict(m, loss=float("nan")) if step == 3 else m
+  monkeypatch.setattr(loop.Trainer, "_host_metrics", nan_at_step_3)
   # the NaN at step 3 came from step 2's weights: that checkpoint is set aside, not kept
   with pytest.raises(loop.TrainingError, match="non-finite loss .* step 3.*checkpoint of step 2.* "
                      "set aside.*last good checkpoint \\(step 1\\)"):

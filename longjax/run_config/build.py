@@ -18,7 +18,7 @@ from longjax.run_config import curriculum, source_options
 from longjax.errors import LongjaxError
 from longjax.run_config.eval_sections import EvalSection, eval_defaults
 from longjax.run_config.sections import (LAYOUTS, LOSS_ON, BeaconSection, DataSection,
-                                         DebugSection, FocusSection, ModelSection, TrainSection)
+                                         FocusSection, ModelSection, TrainSection)
 
 
 class ConfigError(LongjaxError, ValueError):
@@ -39,7 +39,6 @@ class RunConfig:
   train: TrainSection
   workdir: str = ""
   seed: int = 0
-  debug: DebugSection = DebugSection()
   beacon: Optional[BeaconSection] = None
   focus: Optional[FocusSection] = None
   eval: Optional[EvalSection] = None  # from_config always sets it
@@ -96,6 +95,9 @@ def stored_config(path) -> dict:
     raise ConfigError(f"{path}: {e}") from None
   if not isinstance(stored, dict):
     raise ConfigError(f"{path} holds a {type(stored).__name__}, not a config")
+  # an older run's config.json may carry a ``debug`` section (failure-injection switches, now the
+  # tests' own fixtures, never part of a run's config): it is dropped
+  stored.pop("debug", None)
   return stored
 
 

@@ -158,13 +158,6 @@ class TrainSection:
 
 
 @dataclasses.dataclass(frozen=True)
-class DebugSection:
-  """``debug``: failures on purpose, for the reliability tests (-1: off)."""
-  kill_after_step: int = -1
-  nan_at_step: int = -1
-
-
-@dataclasses.dataclass(frozen=True)
 class BeaconSection:
   """``beacon``: Activation Beacon's settings as a config names them, with the official defaults
   (``longjax.beacon.config.BeaconConfig`` extends and validates them)."""

@@ -15,8 +15,6 @@ import dataclasses
 import json
 import logging
 import math
-import os
-import signal
 import sys
 import time
 from pathlib import Path
@@ -192,9 +190,8 @@ def _pretrain_config(c: RunConfig, workdir: Path) -> RunConfig:
       lr=float(pc.lr), warmup_steps=int(pc.warmup_steps), weight_decay=float(pc.weight_decay),
       save_every=int(pc.save_every) or int(pc.steps), export=False,
       init_from="")  # the asset is for the method run on top of this base, not the base's
-  debug = dataclasses.replace(c.debug, kill_after_step=-1, nan_at_step=-1)
   return c.replace(method=methods.PRETRAIN, workdir=str(workdir / "base_run"), data=data,
-                   train=train, debug=debug)
+                   train=train)
 
 
 def params_from_asset(c, settings, params, base_dir):
@@ -474,7 +471,6 @@ class Trainer:
       start = self._resume(ck, metrics)
       trainable, opt_state = self.state["params"], self.state["opt_state"]
       save_every = tc.save_every
-      kill_after = self.c.debug.kill_after_step
       bar = _progress(self.num_steps, start, self.primary and tc.progress, self.c.method)
       records = _StepRecords(metrics, bar, max(1, tc.log_every), self.num_steps)
       last_saved, step, t_start = start, start, time.time()
@@ -510,9 +506,6 @@ class Trainer:
                   f"stopped after step {step} (saved): {why}. Rerun the same command to resume "
                   "in a fresh process, or raise the limit first: sysctl -w "
                   "vm.max_map_count=262144")
-          if kill_after == step:
-            ck.wait()
-            os.kill(os.getpid(), signal.SIGKILL)
         ck.wait()
       finally:
         records.close()
@@ -599,8 +592,6 @@ class Trainer:
   def _host_metrics(self, step: int, m: dict) -> dict:
     m = {k: float(v) for k, v in jax.device_get(m).items()}
     m["lr"] = float(self.schedule(step - 1))
-    if self.c.debug.nan_at_step == step:
-      m["loss"] = float("nan")
     return m
 
   def _stop_on_nonfinite_update(self, ck, step, m, trainable, opt_state, preps):
