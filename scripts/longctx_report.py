@@ -147,8 +147,9 @@ def render(out: Path, cells: list, args):
            "Cell: score, n = samples, s = seconds of the cell (model load excluded). RULER and "
            "passkey: accuracy 0-1 (higher is better); perplexity: lower is better. "
            f"truncation reads {args.window} prompt tokens. † plain past {TRAINED_POSITIONS} tokens "
-           "runs outside SmolLM2's trained positions. — not run (yet): a rerun of the command "
-           "adds it." + _load_note(cells), "",
+           "runs outside SmolLM2's trained positions; ‡ not run by default: "
+           f"{PLAIN_PAST_CONTEXT}. — not run (yet): a rerun of the command adds it."
+           + _load_note(cells), "",
            "| task | length | " + " | ".join(methods) + " |",
            "|---|---:|" + "---|" * len(methods)]
   for task in tasks:
@@ -159,7 +160,8 @@ def render(out: Path, cells: list, args):
         if c is None:
           row.append("—")
         elif c.get("not_run"):
-          row.append(f"not run: {c['not_run']}")
+          row.append("not run ‡" if c["not_run"] == PLAIN_PAST_CONTEXT else
+                     f"not run: {c['not_run']}")
         else:
           mark = " †" if m == harness.PLAIN and n > TRAINED_POSITIONS else ""
           row.append(f"{c['score']:.3g}{mark} (n={c['n']}, {c['seconds']:.0f} s)")
