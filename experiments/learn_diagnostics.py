@@ -274,9 +274,9 @@ def cmd_prose(args, res, out):
   ns = argparse.Namespace(workdir=args.workdir, asset=args.asset, window=W, max_new_tokens=12)
   models = lpr.Models(ns)
   from longjax import methods
-  from longjax.eval.models import Built
+  from longjax.eval.models import EvalModel
   cfg, base_params, plain = models.base()
-  built = Built(methods.Plain.name, plain, base_params, models.tok, None, cfg)
+  built = EvalModel(methods.Plain.name, plain, base_params, models.tok, None, cfg)
   docs = [np.asarray(d, np.int64) for d in lpr.real_text_docs(models.tok, args.docs + 1,
                                                                 args.doc_tokens)]
   n = args.doc_tokens

@@ -240,7 +240,7 @@ def set_ppl(cell: dict, n_docs: int):
 
 def cmd_ppl(args, models: Models, res: dict, out: Path):
   from longjax import methods
-  from longjax.eval.models import Built
+  from longjax.eval.models import EvalModel
   cfg, params, plain = models.base()
   w = args.window
   docs = real_text_docs(models.tok, args.docs, args.doc_tokens, args.text)
@@ -254,10 +254,10 @@ def cmd_ppl(args, models: Models, res: dict, out: Path):
     if len(cell["doc_nll"]) >= len(docs):
       continue
     if cond in ("truncation", "full", "local"):
-      built = Built(methods.Plain.name, plain, params, models.tok, None, cfg)
+      built = EvalModel(methods.Plain.name, plain, params, models.tok, None, cfg)
     else:
       lm, bparams, desc, bcfg = models.beacon(cond)
-      built = Built(methods.Beacon.name, lm, bparams, models.tok, None, lm.cfg, extra=bcfg)
+      built = EvalModel(methods.Beacon.name, lm, bparams, models.tok, None, lm.cfg, extra=bcfg)
       cell["model"] = desc
     t0 = time.time()
     for ids in docs[len(cell["doc_nll"]):]:

@@ -163,7 +163,7 @@ def test_damaged_resume_and_results_files(tmp_path, built, monkeypatch):
 
 
 def test_fingerprint_is_of_every_value():
-  a = M.Built("beacon", None, {"w": np.zeros((3, 3), np.float32)}, None, None, None)
-  b = M.Built("beacon", None, {"w": np.zeros((3, 3), np.float32)}, None, None, None)
+  a = M.EvalModel("beacon", None, {"w": np.zeros((3, 3), np.float32)}, None, None, None)
+  b = M.EvalModel("beacon", None, {"w": np.zeros((3, 3), np.float32)}, None, None, None)
   b.params["w"][2, 1] = 1e-7
   assert a.fingerprint != b.fingerprint

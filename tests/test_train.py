@@ -105,16 +105,16 @@ def test_resume_after_kill_is_bit_identical(tmp_path):
 def test_stops_with_a_checkpoint_before_the_kernel_mapping_limit(tmp_path, monkeypatch):
   """Near vm.max_map_count the next XLA compile aborts the process; the trainer saves and stops
   first with a clear error, and the same command then resumes."""
-  from longjax.train import mappings
-  held, limit = mappings.usage()  # Linux (CI and these machines)
+  from longjax.train import map_count
+  held, limit = map_count.usage()  # Linux (CI and these machines)
   assert 0 < held < limit
   c = micro_config("beacon", tmp_path / "w", steps=12, save_every=4)
   calls = []
-  monkeypatch.setattr(mappings, "usage", lambda: calls.append(1) or (95, 100))
+  monkeypatch.setattr(map_count, "usage", lambda: calls.append(1) or (95, 100))
   with pytest.raises(loop.TrainingError, match=r"stopped after step 10 \(saved\).*max_map_count"):
     loop.Trainer(from_config(c)).run()
   assert len(calls) == 1 and "10" in _ckpt_dirs(c.workdir)
-  monkeypatch.setattr(mappings, "usage", lambda: (50, 100))
+  monkeypatch.setattr(map_count, "usage", lambda: (50, 100))
   out = loop.Trainer(from_config(c)).run()
   assert out["start_step"] == 10 and out["final_step"] == 12
 

@@ -5,7 +5,7 @@ the field, before anything is loaded, built or written.
 A size is bounded by :data:`MAX_TOKENS` (:data:`MAX_CHARS` for FocusLLM's passkey garbage):
 a length the host cannot even build a document for (``passkey.lengths=(10**9,)``: a list of
 10^9 ids) is refused here; what a loaded model holds is checked again, exactly, before each
-task builds its documents (``Built.check_capacity``).
+task builds its documents (``EvalModel.check_capacity``).
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Models for evaluation: ``build_method(config)`` and what every task needs from a model
 (``config``: the run's typed ``longjax.run_config.RunConfig``).
 
-``build_method(config)`` returns a :class:`Built`:
+``build_method(config)`` returns a :class:`EvalModel`:
 
 * the checkpoint is ``config.eval.checkpoint``, else ``config.model.checkpoint``, else the model
   ``train.py`` exported to ``{workdir}/export_hf`` (if any): a HF directory or a longjax checkpoint
@@ -18,7 +18,7 @@
   ``focus`` (``FocusLLM``) or ``plain`` (the base model with a KV cache, fed middle-truncated
   inputs: the truncation baseline).
 
-:class:`Built` gives the tasks one interface: ``generate`` (greedy, stop ids), ``suffix_nll``
+:class:`EvalModel` gives the tasks one interface: ``generate`` (greedy, stop ids), ``suffix_nll``
 (the summed NLL of the last ``n`` tokens of a sequence, the perplexity primitive), ``token_limit``
 (the longest input + output the method holds, for the up-front grid check) and ``fit`` (the
 truncation rule of the plain baseline).
@@ -65,7 +65,7 @@ def truncate_text_middle(tok: Tokenizer, text: str, limit: int) -> str:
 
 # ------------------------------------------------------------------------------------------------
 @dataclasses.dataclass
-class Built:
+class EvalModel:
   name: str  # the method's registry name
   model: object  # its inference model (BeaconLM / FocusLLM / PlainLM): what generate() runs
   params: object
@@ -229,7 +229,7 @@ def checkpoint_path(config) -> str:
   return ""
 
 
-def build_method(config, name: Optional[str] = None) -> Built:
+def build_method(config, name: Optional[str] = None) -> EvalModel:
   """See the module docstring."""
   name = name or method_name(config)
   method = methods.get(name)
@@ -257,7 +257,7 @@ def build_method(config, name: Optional[str] = None) -> Built:
   if method.truncates:
     limit = int(config.eval.truncate_to or 0) or cfg.max_positions
     desc = f"{desc} (middle truncation to {limit} tokens incl. output)"
-  return Built(name, method.inference_model(cfg, settings), params, tok, limit, cfg, settings,
+  return EvalModel(name, method.inference_model(cfg, settings), params, tok, limit, cfg, settings,
                user_cap, f"{name} {desc}", generation_eos(ckpt), weights)
 
 

@@ -198,7 +198,7 @@ def load_results(path: Path, tag: str, weights: str, log: Callable[[str], None] 
 class Context:
   """What a task gets: the model, its settings, where to write."""
   task: str
-  built: object  # longjax.eval.models.Built
+  built: object  # longjax.eval.models.EvalModel
   ecfg: object  # config.eval (run_config.EvalSection)
   tcfg: object  # config.eval.<task>
   out_prefix: Path  # {output_dir}/{tag}_{task}

@@ -30,7 +30,7 @@ from longjax.data import pipeline
 from longjax.run_config import curriculum
 from longjax.data.tokenizers import (TokenizerChoiceError, choose_tokenizer, get_tokenizer,
                                      save_with_model)
-from longjax.train import distributed, lock, mappings
+from longjax.train import distributed, lock, map_count
 from longjax.train import sharding as shd
 from longjax.train.checkpointing import Checkpointer, fingerprint
 from longjax.train.metrics import MetricsWriter
@@ -495,9 +495,9 @@ class Trainer:
           if save_every and step % save_every == 0 or step == self.num_steps:
             self._save(ck, step, trainable, opt_state)
             last_saved = step
-          if (step % mappings.CHECK_EVERY == 0 and step < self.num_steps
+          if (step % map_count.CHECK_EVERY == 0 and step < self.num_steps
               and jax.process_count() == 1):
-            why = mappings.near_limit()
+            why = map_count.near_limit()
             if why:  # stop with a checkpoint instead of an abort inside the next compile
               if last_saved != step:
                 self._save(ck, step, trainable, opt_state)
