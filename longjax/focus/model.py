@@ -230,8 +230,8 @@ class FocusLLM:
     """The local context and the chunk caches must hold ``n_feeds`` more tokens (prefill sized
     them for its ``max_new_tokens``)."""
     fail = lambda need: FocusError(  # noqa: E731
-        f"FocusLLM decode buffers hold {state.local_capacity} local tokens, too few for "
-        f"{n_feeds} more; prefill with a larger max_new_tokens")
+        f"FocusLLM decode buffers are full: they hold {state.local_capacity} local tokens, too "
+        f"few for {n_feeds} more; prefill with a larger max_new_tokens")
     check_room(state.local_len, n_feeds, state.local_capacity, fail)
     check_room(state.cache_len, n_feeds, state.cache_capacity, fail)
 
