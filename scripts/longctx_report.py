@@ -239,8 +239,10 @@ def parse(argv):
   ap.add_argument("--skip", default="", help="method:task:length cells recorded as not run, "
                   "with --skip_reason")
   ap.add_argument("--skip_reason", default="too slow on 2 CPU cores")
+  ap.add_argument("--render", action="store_true", help="only rewrite the table and the figure "
+                  "from the finished cells (the same command without it runs the rest)")
   args = ap.parse_args(argv)
-  args.argv = list(argv)
+  args.argv = [a for a in argv if a != "--render"]  # the command that runs (or resumes) the grid
   args.methods = [m.strip() for m in args.methods.split(",") if m.strip()]
   args.tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
   args.lengths = [int(x) for x in args.lengths.split(",") if x.strip()]
@@ -295,7 +297,7 @@ def main(argv=None):
   print(f"{len(todo)} cells, {sum(cell_path(out, *c).exists() for c in todo)} already done",
         flush=True)
   lm_cache = {}
-  for k, (m, t, n) in enumerate(todo, 1):
+  for k, (m, t, n) in enumerate([] if args.render else todo, 1):
     path = cell_path(out, m, t, n)
     if path.exists() and ("not_run" not in json.loads(path.read_text())
                           or (m, t, n) in args.skipped):
