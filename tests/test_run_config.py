@@ -146,3 +146,20 @@ def test_a_bad_key_in_the_config_file_is_one_line_from_eval_py(tmp_path):
   assert lines[0].startswith("eval.py: error: unknown config key 'eval.passkey.lenghts' "
                              "(did you mean 'lengths'?)"), lines[0]
 
+
+
+def test_scalar_fields_are_typed_once_at_from_config():
+  """A plain dict's scalars take their field's type (1 -> 1.0 for a float, 2.0 -> 2 for an int);
+  a value that would change (2.5 for an int, 1 for a bool, a string for a number) is one error
+  naming the field."""
+  d = _config("tiny_beacon").to_dict()
+  d["train"].update(lr=1, global_batch=2.0)
+  rc = from_config(d)
+  assert type(rc.train.lr) is float and rc.train.lr == 1.0
+  assert type(rc.train.global_batch) is int and rc.train.global_batch == 2
+  for field, bad, want in (("global_batch", 2.5, "int"), ("export", 1, "bool"),
+                           ("lr", "fast", "float")):
+    d = _config("tiny_beacon").to_dict()
+    d["train"][field] = bad
+    with pytest.raises(ConfigError, match=rf"config field train\.{field} must be {want}, got "):
+      from_config(d)
