@@ -3,7 +3,7 @@
 :mod:`longjax.methods` hands out one object per method and is the only place that picks a method
 by its name. Some code below it must still name a method without importing it (the registry sits
 above the method packages): an export says in config.json which method wrote it and official
-checkpoints show it by their fields (``convert/hf``), a train.py run config names its method and
+checkpoints show it by their fields (``ckpts/hf``), a train.py run config names its method and
 the section of its settings (``beacon/asset``, ``focus/asset``, ``campaign``). Those marks are
 written here, once per method; the registry's objects take their name and section from here too.
 """

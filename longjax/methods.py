@@ -177,7 +177,8 @@ class Focus:
     from longjax.models.config import remat_mode
     f, tc = config.focus, config.train
     return FocusTask(cfg, settings, dict(window=f.local_window, strides=tuple(f.strides),
-                                         min_local=f.min_local, objective=f.objective),
+                                         min_local=f.min_local, objective=f.objective,
+                                         steps=f.steps),
                      seed=int(config.seed), impl=tc.impl, remat=remat_mode(tc.remat))
 
   def inference_model(self, cfg, settings, *, max_length: Optional[int] = None):

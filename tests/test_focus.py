@@ -340,3 +340,62 @@ def test_training_rows_bucketed_to_the_batch_needs(tiny):
     assert cb.n_rows == n
     losses.append(np.asarray(fl.per_sample(params, TrainBatch(cb, lb, targets))))
   np.testing.assert_allclose(losses[0], losses[1], atol=1e-5)
+
+
+# ------------------------------------------------------------------------------------------------
+# Several teacher-forced decode steps per training sample (docs/focusllm.md §5.1).
+def test_decode_steps_loss_equals_teacher_forced_generation(tiny):
+  """Each of a sample's J scored steps is the inference model's next-token NLL after the prompt
+  ``x[:t0]`` and the forced tokens ``x[t0:t0+j]`` (closed form, ``FocusLLM.recompute``); J = 1 is
+  the official single-target loss."""
+  cfg, params = tiny
+  f = tiny_focus()
+  w = f.local_window
+  fl = FocusLoss(cfg, f, bucket=16)
+  m = FocusLLM(cfg, f, bucket=16)
+  xs = [prompt(110, 5), prompt(75, 6)]
+  t0s = [90, 47]  # 4 and 2 memory chunks of 16 before the local window
+  ix = [dict(memory_len=t0 - w, local_start=t0 - w, local_size=w, stride=f.chunk_stride)
+        for t0 in t0s]
+  steps = 5
+  got = np.asarray(fl.per_sample(params, fl.plan(xs, ix, steps=steps)))
+  want = []
+  for x, t0 in zip(xs, t0s):
+    nll = []
+    for j in range(steps):
+      logits = m.recompute(params, [x[:t0]], [x[t0:t0 + j]])[0]
+      nll.append(float(jax.nn.logsumexp(logits) - logits[x[t0 + j]]))
+    want.append(np.mean(nll))
+    assert len(set(np.round(nll, 4))) == steps  # the steps differ: a real per-step check
+  np.testing.assert_allclose(got, want, atol=1e-4)
+  one = np.asarray(fl.per_sample(params, fl.plan(xs, ix)))
+  np.testing.assert_allclose(one, np.asarray(fl.per_sample(params, fl.plan(xs, ix, steps=1))))
+  first = [float(jax.nn.logsumexp(lg) - lg[x[t0]]) for x, t0 in zip(xs, t0s)
+           for lg in m.recompute(params, [x[:t0]], [[]])]
+  np.testing.assert_allclose(one, first, atol=1e-4)
+  _, grads = fl.value_and_grad(params, fl.plan(xs, ix, steps=steps))
+  assert np.abs(grads["layers"]["attn"]["alt_q_proj"]["kernel"]).max() > 0
+
+
+def test_decode_steps_bad_input():
+  x = prompt(60, 0)
+  with pytest.raises(FocusError, match="steps=3"):  # targets x[50:53] would pass the end
+    split_training(x, memory_len=20, local_start=20, local_size=38, stride=16, steps=3)
+  from longjax.focus.task import FocusTask
+  cfg, _ = tiny_model()
+  with pytest.raises(FocusError, match="focus.steps=0"):
+    FocusTask(cfg, tiny_focus(), dict(window=24, strides=(16,), steps=0), seed=0)
+
+
+def test_decode_step_draws_leave_room_for_every_target():
+  from longjax.focus.spans import focus_indices
+  answer = np.zeros(80, bool)
+  answer[77:] = True  # a 3-token answer at the very end
+  for objective in ("answer", "random", "continuation", "repetition"):
+    for seed in range(40):
+      fc = dict(window=24, strides=(16,), min_local=4, objective=objective, steps=6)
+      ix = focus_indices(np.random.default_rng(seed), 80, answer, fc)
+      assert ix["target_index"] + 6 <= 80 and ix["local_start"] + ix["local_size"] == (
+          ix["target_index"])
+      if objective == "answer":  # the steps still reach the answer
+        assert ix["target_index"] + 6 > 77

@@ -26,7 +26,7 @@ log = logging.getLogger("longjax")
 
 
 STEM = BEACON.name
-TENSORS = f"{STEM}.safetensors"  # one file; larger tensor sets are sharded (convert/assets.py)
+TENSORS = f"{STEM}.safetensors"  # one file; larger tensor sets are sharded (ckpts/assets.py)
 META = f"{STEM}.json"
 # beacon.json's own fields (the official beacon_* config fields; assets.COMMON_FIELDS besides) and
 # their JSON types (assets.FIELD_KINDS): anything else is refused, a misspelt name included.
@@ -48,7 +48,7 @@ def save_beacon_asset(out_dir, cfg, bcfg, params, *, base: str, dtype: str = "bf
   ``base`` names the model the asset loads on (a directory or ``smollm2``); ``embed_base`` (a
   longjax or HF checkpoint directory) is copied into the asset as ``base/`` instead, for a base
   that has no name elsewhere (the tiny one a run pretrains). An asset always has one of them.
-  ``rank``: the trained matrices as rank-``rank`` deltas from the base (convert/lowrank.py)."""
+  ``rank``: the trained matrices as rank-``rank`` deltas from the base (ckpts/lowrank.py)."""
   tensors, lowrank_entry = lowrank.stored_tensors(cfg, params, _is_beacon, rank, dtype)
   if not tensors:
     raise AssetError("these params hold no beacon tensors")

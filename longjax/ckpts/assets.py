@@ -359,7 +359,7 @@ def export_parser(prog: str, doc: str, run_kind: str, rank: int = 0):
                   help="replace an existing --out (only an asset of this method is replaced)")
   ap.add_argument("--rank", type=int, default=rank, metavar="N",
                   help="store the trained matrices as rank-N deltas from the base projections "
-                       f"they started as (convert/lowrank.py); 0: whole tensors (default {rank})")
+                       f"they started as (ckpts/lowrank.py); 0: whole tensors (default {rank})")
   ap.add_argument("--debug", action="store_true", help="show the traceback of an error")
   return ap
 

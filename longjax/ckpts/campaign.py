@@ -18,7 +18,8 @@ METAS = ("beacon.json", "focus.json")
 SECTION_FIELDS = {
     BEACON.name: ("window", "stride", "ratios", "ratio_mix", "pos", "attn", "param", "sink_size",
                   "embed_init"),
-    FOCUS.name: ("local_window", "stride", "strides", "prompt_cap", "param", "objective"),
+    FOCUS.name: ("local_window", "stride", "strides", "prompt_cap", "param", "objective",
+                 "steps"),
 }
 
 

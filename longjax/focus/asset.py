@@ -41,7 +41,7 @@ def save_focus_asset(out_dir, cfg, fcfg, params, *, base: str, dtype: str = "bfl
   """Write the candidate tensors of ``params`` (official HF names) and the settings; ``base``
   names the model the asset loads on (a directory or ``smollm2``); files of at most
   ``max_file_bytes`` each; ``rank``: the candidates as rank-``rank`` deltas from the base's
-  q/k/v/o (convert/lowrank.py)."""
+  q/k/v/o (ckpts/lowrank.py)."""
   tensors, lowrank_entry = lowrank.stored_tensors(cfg, params, _is_candidate, rank, dtype)
   if not tensors:
     raise AssetError("these params hold no FocusLLM candidate projections")

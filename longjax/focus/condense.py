@@ -120,7 +120,7 @@ def condense(model: Decoder, params, tokens, positions, valid, lengths, *, batch
   return jax.lax.fori_loop(0, -(-n // b), body, init)
 
 
-def condense_candidates(model: Decoder, params, tokens, positions, valid, lengths):
+def condense_candidates(model: Decoder, params, tokens, positions, valid, lengths, steps: int = 1):
   """The candidates' pre-RoPE K/V ``[L, N, Hkv, D]`` only, split so that training pays for a
   backward pass through one token per chunk row instead of the whole row.
 
@@ -130,6 +130,11 @@ def condense_candidates(model: Decoder, params, tokens, positions, valid, length
   (the cached decode path, :func:`chunk_step`). Equal to :func:`condense`'s candidates up to float
   summation order; in :func:`condense` the candidate is a scattered slot of the whole-row forward,
   so autodiff carries a tangent for every token of the row (``T`` x the backward work).
+
+  ``steps = J > 1`` (teacher-forced decode steps, docs/focusllm.md §5.1): each row ends with the
+  J - 1 forced tokens, and step ``j``'s candidate is the token at ``lengths - J + j`` over the
+  ordinary KV of every token before it (the earlier candidates read as ordinary tokens, as the
+  cached decode step re-encodes them): ``[L, N, J, Hkv, D]``, one shared forward for all steps.
   """
   n, t = tokens.shape
   last = jnp.maximum(lengths - 1, 0)
@@ -139,13 +144,24 @@ def condense_candidates(model: Decoder, params, tokens, positions, valid, length
                           q_meta=TokenMeta.causal(positions, valid=before),
                           alt=jnp.full((n, 1), t, jnp.int32), head=False)
   k, v = jax.lax.stop_gradient(k), jax.lax.stop_gradient(v)
-  memory = KVPrefix(k, v, positions, TokenMeta.causal(positions, valid=before))
-  cand_tok = jnp.take_along_axis(tokens, last[:, None], axis=1)
-  cand_pos = jnp.take_along_axis(positions, last[:, None], axis=1)
-  _, (ck, cv) = model.apply({"params": params}, cand_tok, cand_pos,
-                            q_meta=TokenMeta.causal(cand_pos, valid=lengths[:, None] > 0),
-                            alt=jnp.zeros((n, 1), jnp.int32), memory=memory, head=False)
-  return ck[:, :, 0], cv[:, :, 0]
+
+  def candidate(slot):  # slot [N]: each row's candidate, over the ordinary KV before it
+    memory = KVPrefix(k, v, positions, TokenMeta.causal(positions,
+                                                        valid=before & (slots < slot[:, None])))
+    cand_tok = jnp.take_along_axis(tokens, slot[:, None], axis=1)
+    cand_pos = jnp.take_along_axis(positions, slot[:, None], axis=1)
+    _, (ck, cv) = model.apply({"params": params}, cand_tok, cand_pos,
+                              q_meta=TokenMeta.causal(cand_pos, valid=lengths[:, None] > 0),
+                              alt=jnp.zeros((n, 1), jnp.int32), memory=memory, head=False)
+    return ck[:, :, 0], cv[:, :, 0]
+
+  if steps == 1:
+    return candidate(last)
+  first = jnp.maximum(lengths - steps, 0)
+  # one step at a time (lax.map): the workspace and the compiled program are one step's
+  ck, cv = jax.lax.map(lambda j: candidate(jnp.minimum(first + j, last)),
+                       jnp.arange(steps, dtype=jnp.int32))
+  return jnp.moveaxis(ck, 0, 2), jnp.moveaxis(cv, 0, 2)
 
 
 def chunk_step(model: Decoder, params, cache_k, cache_v, cache_len, prev, new, row_valid):
@@ -314,11 +330,15 @@ def condense_sharded(model: Decoder, mesh, axis: str, *, batch_size=None, capaci
 
 def condense_candidates_sharded(model: Decoder, mesh, axis: str):
   """:func:`condense_candidates` with the chunk-row axis split over ``mesh[axis]``."""
-  fn = lambda params, tokens, positions, valid, lengths: condense_candidates(
-      model, params, tokens, positions, valid, lengths)
   row, kv = P(axis), P(None, axis)
-  return jax.shard_map(fn, mesh=mesh, in_specs=(P(), row, row, row, row), out_specs=(kv, kv),
-                       check_vma=False)
+
+  def sharded(params, tokens, positions, valid, lengths, steps: int = 1):
+    fn = lambda params, tokens, positions, valid, lengths: condense_candidates(
+        model, params, tokens, positions, valid, lengths, steps=steps)
+    return jax.shard_map(fn, mesh=mesh, in_specs=(P(), row, row, row, row), out_specs=(kv, kv),
+                         check_vma=False)(params, tokens, positions, valid, lengths)
+
+  return sharded
 
 
 def chunk_step_sharded(model: Decoder, mesh, axis: str):

@@ -23,7 +23,8 @@ import numpy as np
 from longjax.ckpts import layout
 from longjax.focus import condense as C
 from longjax.focus.config import FocusConfig, check_model
-from longjax.focus.planner import ChunkBatch, LocalBatch, pack_chunks, pack_local, split_training
+from longjax.focus.planner import (ChunkBatch, LocalBatch, pack_chunks, pack_local,
+                                   split_training, step_locals)
 from longjax.models.config import ModelConfig
 from longjax.models.decoder import Decoder
 from longjax.models.head import head_nll
@@ -42,12 +43,22 @@ def freeze_base(params):
   return layout.freeze(params, layout.is_alt_projection)
 
 
+def row_targets(rows) -> np.ndarray:
+  """The targets of planned training rows: ``[B]`` (one each) or ``[B, J]`` (J steps each)."""
+  if rows[0].targets is None:
+    return np.asarray([r.target for r in rows], np.int32)
+  return np.stack([r.targets for r in rows]).astype(np.int32)
+
+
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class TrainBatch:
+  """``targets [B]``: one target per sample (the official objective), ``local`` one row per
+  sample; or ``targets [B, J]``: J teacher-forced decode steps per sample (docs/focusllm.md §5.1),
+  ``local`` one row per step (row ``b * J + j``, :func:`planner.step_locals`)."""
   chunks: ChunkBatch
   local: LocalBatch
-  targets: jax.Array  # [B]
+  targets: jax.Array  # [B] or [B, J]
 
 
 class FocusLoss:
@@ -73,23 +84,38 @@ class FocusLoss:
     self.loss = jax.jit(self._loss)
     self.value_and_grad = jax.jit(jax.value_and_grad(self._loss))
 
-  def plan(self, tokens: Sequence, indices: Sequence[Mapping]) -> TrainBatch:
+  def plan(self, tokens: Sequence, indices: Sequence[Mapping], steps: int = 1) -> TrainBatch:
     """``tokens[b]`` a sample's ids; ``indices[b]`` its
-    ``memory_len/local_start/local_size/stride``."""
+    ``memory_len/local_start/local_size/stride``; ``steps`` decode steps scored per sample."""
     rows = [split_training(x, prompt_cap=self.fcfg.prompt_cap, bos_id=self.fcfg.bos_id,
-                           max_chunks=self.fcfg.max_chunks, **{k: int(ix[k]) for k in INDEX_KEYS})
+                           max_chunks=self.fcfg.max_chunks, steps=steps,
+                           **{k: int(ix[k]) for k in INDEX_KEYS})
             for x, ix in zip(tokens, indices)]
     cb = pack_chunks(rows, row_multiple=self.n_shards, length_multiple=self.bucket)
-    lb = pack_local(rows, length_multiple=self.bucket)
-    return TrainBatch(cb, lb, np.asarray([r.target for r in rows], np.int32))
+    return TrainBatch(cb, pack_local(step_locals(rows, steps), length_multiple=self.bucket),
+                      row_targets(rows))
 
   def per_sample(self, params, batch: TrainBatch):
+    """Each sample's NLL ``[B]`` (with J decode steps: the mean over its steps)."""
     params = freeze_base(params)
     cb, lb = batch.chunks, batch.local
-    cand_k, cand_v = self._condense(params, cb.tokens, cb.positions, cb.valid, cb.lengths)
-    hidden = C.local_hidden(self.model, params, cand_k, cand_v, cb.gather, cb.cand_valid,
+    if batch.targets.ndim == 1:
+      cand_k, cand_v = self._condense(params, cb.tokens, cb.positions, cb.valid, cb.lengths)
+      gather, cand_valid = cb.gather, cb.cand_valid
+    else:  # step j of sample b reads candidate j of its chunk rows: flat index row * J + j
+      b, j = batch.targets.shape
+      cand_k, cand_v = self._condense(params, cb.tokens, cb.positions, cb.valid, cb.lengths,
+                                      steps=j)
+      flat = lambda a: a.reshape(a.shape[:1] + (-1,) + a.shape[3:])
+      cand_k, cand_v = flat(cand_k), flat(cand_v)
+      gather = (cb.gather[:, None, :] * j + jnp.arange(j, dtype=cb.gather.dtype)[None, :, None])
+      gather = gather.reshape(b * j, -1)
+      cand_valid = jnp.repeat(cb.cand_valid, j, axis=0)
+    hidden = C.local_hidden(self.model, params, cand_k, cand_v, gather, cand_valid,
                             lb.tokens, lb.lengths, lb.n_chunks)
-    return head_nll(self.cfg, params, C.last_hidden(hidden, lb.lengths), batch.targets)
+    nll = head_nll(self.cfg, params, C.last_hidden(hidden, lb.lengths),
+                   batch.targets.reshape(-1))
+    return nll.reshape(batch.targets.shape[0], -1).mean(axis=1)
 
   def _loss(self, params, batch: TrainBatch):
     return jnp.mean(self.per_sample(params, batch))

@@ -7,7 +7,7 @@ Everything here is decided from static sizes before any device code runs (docs/f
   ``d = bos(x[L-P:L])`` and the local context ``u = bos(x[L-W:L])``; generated tokens (closed-form
   decode, docs/focusllm.md §4.2) are appended to both ``d`` and ``u``.
 * ``split_training`` does the same from the explicit indices of a training sample
-  (docs/focusllm.md §5).
+  (docs/focusllm.md §5), optionally for several teacher-forced decode steps (§5.1).
 * ``pack_chunks`` / ``pack_local`` lay a batch of such rows out as fixed-shape, right-padded arrays:
   every chunk of every prompt becomes one row ``c_i ⊕ d`` of the chunk batch (candidate = the last
   real token), and a per-prompt gather table says which chunk rows feed which prompt's local
@@ -47,6 +47,9 @@ class RowPlan:
   prompt: np.ndarray  # dynamic prompt d (with its BOS), appended to every chunk; last = candidate
   local: np.ndarray  # local context u (with its BOS) [+ generated tokens]
   target: Optional[int] = None  # training: the next token after the local context
+  # training with several decode steps (docs/focusllm.md §5.1): the targets of steps 0..J-1;
+  # ``prompt`` and ``local`` then end with the J-1 teacher-forced tokens of steps 1..J-1
+  targets: Optional[np.ndarray] = None
 
   @property
   def n_chunks(self) -> int:
@@ -103,21 +106,47 @@ def split_prompt(x, fcfg: FocusConfig, generated: Sequence[int] = ()) -> RowPlan
 
 
 def split_training(x, *, memory_len: int, local_start: int, local_size: int, stride: int,
-                   prompt_cap: int = 512, bos_id: int = 1, max_chunks: int = 1 << 20) -> RowPlan:
+                   prompt_cap: int = 512, bos_id: int = 1, max_chunks: int = 1 << 20,
+                   steps: int = 1) -> RowPlan:
   """Training layout from explicit indices (docs/focusllm.md §5): memory ``x[0:memory_len]`` in
   chunks of ``stride``, prompt ``bos(x[a+ls-P : a+ls])`` with ``P = min(prompt_cap, stride, ls)``,
-  local context ``bos(x[a : a+ls])`` and target ``x[a+ls]``."""
+  local context ``bos(x[a : a+ls])`` and target ``x[a+ls]``.
+
+  ``steps = J > 1`` (§5.1): the targets ``x[a+ls : a+ls+J]``, each scored as a teacher-forced
+  decode step after the prompt ``x[:a+ls]``; ``x[a+ls : a+ls+J-1]`` are appended to the prompt
+  and the local context as generated tokens (``RowPlan.targets``)."""
   x = _as_tokens(x)
-  a, ls = int(local_start), int(local_size)
-  if stride < 1 or ls < 1 or a < 0 or a + ls >= len(x) or not 1 <= memory_len <= len(x):
+  a, ls, steps = int(local_start), int(local_size), int(steps)
+  if (stride < 1 or ls < 1 or a < 0 or steps < 1 or a + ls + steps > len(x)
+      or not 1 <= memory_len <= len(x)):
     raise FocusError(f"bad training indices for a sample of {len(x)} tokens: memory_len="
-                     f"{memory_len}, local_start={a}, local_size={ls}, stride={stride} (need "
-                     "stride, local_size >= 1, 1 <= memory_len <= L and a target x[a+ls] < L)")
+                     f"{memory_len}, local_start={a}, local_size={ls}, stride={stride}, "
+                     f"steps={steps} (need stride, local_size, steps >= 1, 1 <= memory_len <= L "
+                     "and targets x[a+ls : a+ls+steps] inside the sample)")
   chunks = _split_memory(x[:memory_len], stride, max_chunks, "training sample")
   P = min(prompt_cap, stride, ls)
   end = a + ls
-  return RowPlan(chunks=chunks, prompt=bos(x[end - P:end], bos_id), local=bos(x[a:end], bos_id),
-                 target=int(x[end]))
+  forced = x[end:end + steps - 1]  # the tokens "generated" before steps 1..J-1
+  prompt = np.concatenate([bos(x[end - P:end], bos_id), forced])
+  local = np.concatenate([bos(x[a:end], bos_id), forced])
+  if steps == 1:
+    return RowPlan(chunks=chunks, prompt=prompt, local=local, target=int(x[end]))
+  return RowPlan(chunks=chunks, prompt=prompt, local=local,
+                 targets=x[end:end + steps].copy())
+
+
+def step_locals(rows: Sequence[RowPlan], steps: int) -> list:
+  """The local contexts of every decode step of every row (row-major: row ``b``'s step ``j`` is
+  entry ``b * steps + j``): step ``j`` reads the local context up to its own forced tokens.
+  ``steps = 1``: the rows themselves."""
+  if steps == 1:
+    return list(rows)
+  out = []
+  for r in rows:
+    base = len(r.local) - (steps - 1)
+    out.extend(RowPlan(chunks=r.chunks, prompt=r.prompt, local=r.local[:base + j])
+               for j in range(steps))
+  return out
 
 
 @jax.tree_util.register_dataclass

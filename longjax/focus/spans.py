@@ -50,16 +50,21 @@ def sample_indices(rng: np.random.Generator, length: int, *, window: int = 3072,
 def focus_indices(rng: np.random.Generator, length: int, answer: Optional[np.ndarray], fc) -> dict:
   """One FocusLLM training sample's indices (docs/focusllm.md §5).
 
-  ``fc`` holds ``window``, ``strides``, ``min_local``, ``objective``. ``objective="answer"``
-  targets a token of the answer span (a continuation sample whose target is an answer token:
-  memory = everything before the local span) and falls back to the official draw when the sample
-  has no answer.
+  ``fc`` holds ``window``, ``strides``, ``min_local``, ``objective`` and optionally ``steps``
+  (J teacher-forced decode steps scored from the drawn target on, §5.1: the draws leave room for
+  the targets ``target_index .. target_index + J - 1``). ``objective="answer"`` targets a token of
+  the answer span (a continuation sample whose target is an answer token: memory = everything
+  before the local span; with J steps the first target moves back when the answer ends within J
+  tokens of the sample's end) and falls back to the official draw when the sample has no answer.
   """
   window, strides = int(fc["window"]), tuple(int(s) for s in fc["strides"])
   min_local = int(fc.get("min_local", 30))
   objective = fc.get("objective", "random")
+  steps = int(fc.get("steps", 1))
+  last_start = length - steps  # the first target's largest index
   if objective == "answer":
     pos = np.flatnonzero(answer) if answer is not None else np.zeros(0, int)
+    pos = np.minimum(pos[pos > min_local], last_start)
     pos = pos[pos > min_local]
     if pos.size:
       t = int(pos[int(rng.integers(pos.size))])
@@ -68,5 +73,5 @@ def focus_indices(rng: np.random.Generator, length: int, answer: Optional[np.nda
       return dict(objective="answer", memory_len=a, local_start=a, local_size=ls,
                   stride=int(strides[int(rng.integers(len(strides)))]), target_index=t)
     objective = "random"
-  return sample_indices(rng, length, window=window, strides=strides, min_local=min_local,
-                              objective=objective)
+  return sample_indices(rng, last_start + 1, window=window, strides=strides, min_local=min_local,
+                        objective=objective)

@@ -11,12 +11,11 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from longjax.data import pipeline
-from longjax.focus.config import FocusConfig
-from longjax.focus.losses import FocusLoss
-from longjax.focus.planner import pack_chunks, pack_local, split_training
+from longjax.focus.config import FocusConfig, FocusError
+from longjax.focus.losses import FocusLoss, row_targets
+from longjax.focus.planner import pack_chunks, pack_local, split_training, step_locals
 from longjax.focus.spans import focus_indices
 from longjax.models.config import ModelConfig
 from longjax.runtime.rounding import round_up
@@ -28,6 +27,12 @@ class FocusTask:
                impl: str = "auto", remat: bool = False):
     self.cfg, self.fcfg, self.seed = cfg, fcfg, int(seed)
     self.fc = dict(train_cfg)
+    # teacher-forced decode steps scored per sample (docs/focusllm.md §5.1; 1: the official one)
+    self.steps = int(self.fc.get("steps", 1))
+    if not 1 <= self.steps <= int(self.fc["window"]):
+      raise FocusError(f"focus.steps={self.steps}: the decode steps scored per training sample "
+                       f"must be 1 (the official single target) .. the local window "
+                       f"({self.fc['window']})")
     self.fl = FocusLoss(cfg, fcfg, impl=impl)
     self.remat = remat
 
@@ -36,11 +41,11 @@ class FocusTask:
 
   def static_shapes(self, batch: int, stride: int, max_len: int):
     """Fixed chunk-batch / local shapes for one stride: one compile per stride."""
-    w = int(self.fc["window"])
+    w, forced = int(self.fc["window"]), self.steps - 1
     p = min(self.fcfg.prompt_cap, stride, w)
     cmax = -(-max_len // stride)
-    return dict(rows=batch * cmax, length=round_up(stride + p + 1, 16), cmax=cmax,
-                local=round_up(w + 1, 16))
+    return dict(rows=batch * cmax, length=round_up(stride + p + 1 + forced, 16), cmax=cmax,
+                local=round_up(w + 1 + forced, 16))
 
   @staticmethod
   def row_bucket(rows, shp) -> int:
@@ -71,14 +76,17 @@ class FocusTask:
       recs.append(ix)
       rows.append(split_training(ids, memory_len=ix["memory_len"], local_start=ix["local_start"],
                                  local_size=ix["local_size"], stride=ix["stride"],
-                                 prompt_cap=self.fcfg.prompt_cap, bos_id=self.fcfg.bos_id))
+                                 prompt_cap=self.fcfg.prompt_cap, bos_id=self.fcfg.bos_id,
+                                 steps=self.steps))
     shp = self.static_shapes(len(rows), stride, int(ds.lengths.max()))
     cb = pack_chunks(rows, row_multiple=self.row_bucket(rows, shp), length_multiple=shp["length"],
                      cmax_multiple=shp["cmax"])
-    lb = pack_local(rows, length_multiple=shp["local"])
+    lb = pack_local(step_locals(rows, self.steps), length_multiple=shp["local"])
     batch = dict(chunks=dataclasses.asdict(cb), local=dataclasses.asdict(lb),
-                 targets=np.asarray([r.target for r in rows], np.int32))
-    return dict(plans=batch, tokens=int(sum(ix["memory_len"] + ix["local_size"] for ix in recs)),
+                 targets=row_targets(rows))
+    forced = self.steps - 1
+    return dict(plans=batch,
+                tokens=int(sum(ix["memory_len"] + ix["local_size"] + forced for ix in recs)),
                 indices=recs)
 
   def loss(self, params, plans):

@@ -179,7 +179,7 @@ class BeaconSection:
 @dataclasses.dataclass(frozen=True)
 class FocusSection:
   """``focus``: FocusLLM's settings (``longjax.focus.config.FocusConfig.from_config``) and its
-  training sampler's (``strides``, ``min_local``, ``objective``:
+  training sampler's (``strides``, ``min_local``, ``objective``, ``steps``:
   ``longjax.focus.task.FocusTask``)."""
   local_window: int = 1024
   stride: int = 1024  # the chunk stride at inference
@@ -189,5 +189,7 @@ class FocusSection:
   min_len_threshold: int = 4096  # the official hard-coded chunking threshold
   min_local: int = 30
   objective: str = "random"
+  # teacher-forced decode steps scored per training sample (docs/focusllm.md §5.1; 1: official)
+  steps: int = 1
   distills: ClassVar[bool] = False
   windowed: ClassVar[bool] = False
