@@ -253,15 +253,20 @@ def parse(argv):
   for t in args.tasks:
     if t not in TASKS:
       raise HarnessError(f"--tasks: unknown task {t!r}; use {', '.join(TASKS)}")
-  check_ruler_lengths([t for t in args.tasks if t in RULER], args.lengths)
   if args.samples < 1:
     raise HarnessError("--samples must be >= 1")
-  pairs = [tuple(p.split(":")) for p in args.cells.split(",") if p.strip()]
-  args.default_grid = not pairs
+  pairs = [] if args.cells.strip() == "all" else [
+      _cell_pair(p) for p in args.cells.split(",") if p.strip()]
+  args.default_grid = not args.cells.strip()
+  if pairs:  # the cells named run at their own lengths, whatever --lengths says
+    args.lengths = sorted({n for _, n in pairs})
+    args.tasks = [t for t in TASKS if any(t == u for u, _ in pairs)]
+  for t in (t for t in args.tasks if t in RULER):
+    check_ruler_lengths([t], sorted({n for u, n in pairs if u == t}) if pairs else args.lengths)
   if args.cells.strip() == "all":
     args.pairs = None
   elif pairs:
-    args.pairs = {(t, int(n)) for t, n in pairs}
+    args.pairs = set(pairs)
   else:  # the default grid (module docstring): what 2 CPU cores do in about 2 hours
     args.pairs = {(t, n) for t in args.tasks for n in args.lengths
                   if n <= TRAINED_POSITIONS or t in LONG_TASKS}
@@ -278,6 +283,15 @@ def parse(argv):
     args.skipped.update({(harness.PLAIN, t, n): PLAIN_PAST_CONTEXT for t, n in args.pairs
                          if n > TRAINED_POSITIONS and (harness.PLAIN, t, n) not in skip})
   return args
+
+
+def _cell_pair(spec: str):
+  from longjax.eval.harness import HarnessError
+  task, _, length = spec.strip().partition(":")
+  if task not in TASKS or not length.isdigit():
+    raise HarnessError(f"--cells {spec.strip()!r}: give TASK:LENGTH with TASK one of "
+                       f"{', '.join(TASKS)} (e.g. passkey:4096)")
+  return task, int(length)
 
 
 def main(argv=None):

@@ -263,3 +263,22 @@ def test_report_resumes_cell_by_cell(tmp_path, capsys):
   assert rep.main(argv) == 0
   assert "4 cells, 4 already done" in capsys.readouterr().out
   assert rep.main(argv[:-2] + ["--lengths", "2048"]) == 2  # RULER has no metric for 2048
+
+
+def test_report_cells_run_at_their_own_lengths():
+  """``--cells`` names cells at any length (passkey at 1K) without --lengths; a RULER cell at a
+  length with no metric, or a name that is no task, is one error."""
+  import importlib.util
+  from conftest import REPO
+  from longjax.eval.harness import HarnessError
+  spec = importlib.util.spec_from_file_location("longctx_report",
+                                                REPO / "scripts" / "longctx_report.py")
+  rep = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(rep)
+  args = rep.parse(["--cells", "passkey:1024,niah_single_1:4096"])
+  assert args.lengths == [1024, 4096] and args.tasks == ["niah_single_1", "passkey"]
+  assert args.pairs == {("passkey", 1024), ("niah_single_1", 4096)}
+  with pytest.raises(HarnessError, match="no metric"):
+    rep.parse(["--cells", "niah_single_1:1024"])
+  with pytest.raises(HarnessError, match="TASK:LENGTH"):
+    rep.parse(["--cells", "passkeys:1024"])

@@ -1,0 +1,125 @@
+"""A learning campaign's held-out curve: each saved step of a train.py run, exported and measured on
+held-out cells of the long-context report (scripts/longctx_report.py), one point per step.
+
+For every requested step of ``--workdir`` (a kept checkpoint) the script exports the method's
+asset (``python -m longjax.<method>.asset``, with ``--asset_args`` such as the reading setting),
+scores it on ``--cells`` (RULER through the lm-eval model ``longjax``, the project's passkey,
+held-out perplexity: never trained on) and appends the point to ``--out`` (json, written
+atomically) and its figure (``.png`` beside it). ``--init DIR`` adds the campaign's starting asset
+as step 0. Finished points are kept: a rerun measures only the new steps, so the curve grows
+while the run trains.
+
+  python scripts/heldout_curve.py --method beacon --workdir runs/general/beacon \\
+      --asset_args="--stride 128 --ratios 8" --steps 25,50 --out results/curve_beacon.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from scripts import longctx_report as report  # noqa: E402
+
+DEFAULT_CELLS = "niah_single_1:4096,passkey:1024,passkey:4096,perplexity:4096"
+
+
+def export(method: str, workdir: Path, step: int, out: Path, asset_args: str):
+  if out.exists():
+    return
+  cmd = [sys.executable, "-m", f"longjax.{method}.asset", "--workdir", str(workdir), "--step",
+         str(step), "--out", str(out), *shlex.split(asset_args)]
+  subprocess.run(cmd, check=True)
+
+
+def measure(method: str, asset: Path, cells: str, samples: int, where: Path) -> dict:
+  """The report's cells for ``asset`` (in ``where``, resumable): ``{"task:length": cell}``."""
+  argv = ["--out", str(where), "--methods", method, "--assets", f"{method}={asset}",
+          "--cells", cells, "--samples", str(samples)]
+  if report.main(argv) != 0:
+    raise SystemExit(f"the report failed for {asset}")
+  out = {}
+  for p in sorted((where / "longctx_cells").glob(f"{method}__*.json")):
+    c = json.loads(p.read_text())
+    out[f"{c['task']}:{c['length']}"] = {k: c[k] for k in ("score", "n", "seconds") if k in c}
+  return out
+
+
+def write_atomic(path: Path, text: str):
+  path.parent.mkdir(parents=True, exist_ok=True)
+  fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+  with os.fdopen(fd, "w") as f:
+    f.write(text)
+  os.chmod(tmp, 0o644)
+  os.replace(tmp, path)
+
+
+def figure(path: Path, curve: dict):
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  points = sorted(curve["points"], key=lambda p: p["step"])
+  keys = sorted({k for p in points for k in p["cells"]})
+  if not keys:
+    return
+  fig, axes = plt.subplots(1, len(keys), figsize=(3.6 * len(keys), 3), squeeze=False)
+  for ax, k in zip(axes[0], keys):
+    pts = [(p["step"], p["cells"][k]["score"]) for p in points if k in p["cells"]]
+    ax.plot([s for s, _ in pts], [v for _, v in pts], marker="o")
+    ax.set_title(k, fontsize=9)
+    ax.set_xlabel("training step")
+  fig.suptitle(curve["title"], fontsize=9)
+  fig.tight_layout()
+  fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
+  os.close(fd)
+  fig.savefig(tmp, dpi=90)
+  plt.close(fig)
+  os.chmod(tmp, 0o644)
+  os.replace(tmp, path.with_suffix(".png"))
+
+
+def main(argv=None):
+  ap = argparse.ArgumentParser(description=__doc__,
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap.add_argument("--method", required=True, choices=report.harness.WITH_ASSET)
+  ap.add_argument("--workdir", required=True, type=Path, help="the train.py run directory")
+  ap.add_argument("--steps", required=True, help="comma list of kept checkpoint steps")
+  ap.add_argument("--out", required=True, type=Path, help="the curve (.json; the figure beside)")
+  ap.add_argument("--init", type=Path, help="the campaign's starting asset, measured as step 0")
+  ap.add_argument("--asset_args", default="", help="extra arguments of the asset export (e.g. "
+                  "the reading setting: --stride 128 --ratios 8)")
+  ap.add_argument("--cells", default=DEFAULT_CELLS, help="task:length pairs of the report")
+  ap.add_argument("--samples", type=int, default=5, help="samples per cell")
+  ap.add_argument("--scratch", type=Path, help="exports and per-step reports (default: "
+                  "<workdir>/../curve)")
+  args = ap.parse_args(argv)
+  steps = [int(s) for s in args.steps.split(",") if s.strip()]
+  scratch = args.scratch or args.workdir.parent / "curve"
+  curve = (json.loads(args.out.read_text()) if args.out.exists() else
+           dict(title=f"{args.method}: {args.workdir.name} held-out", cells=args.cells,
+                samples=args.samples, asset_args=args.asset_args, points=[]))
+  done = {p["step"] for p in curve["points"]}
+  todo = ([(0, args.init)] if args.init and 0 not in done else []) + [
+      (s, None) for s in steps if s not in done]
+  for step, asset in todo:
+    if asset is None:
+      asset = scratch / f"asset_{step}"
+      export(args.method, args.workdir, step, asset, args.asset_args)
+    cells = measure(args.method, asset, args.cells, args.samples, scratch / f"report_{step}")
+    curve["points"].append(dict(step=step, cells=cells))
+    curve["points"].sort(key=lambda p: p["step"])
+    write_atomic(args.out, json.dumps(curve, indent=1))
+    figure(args.out, curve)
+    print(f"step {step}: " + ", ".join(f"{k} {v['score']:.3g}" for k, v in cells.items()),
+          flush=True)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
