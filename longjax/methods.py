@@ -179,7 +179,8 @@ class Focus:
     return FocusTask(cfg, settings, dict(window=f.local_window, strides=tuple(f.strides),
                                          min_local=f.min_local, objective=f.objective,
                                          steps=f.steps),
-                     seed=int(config.seed), impl=tc.impl, remat=remat_mode(tc.remat))
+                     seed=int(config.seed), impl=tc.impl, remat=remat_mode(tc.remat),
+                     default_objective=config.data.loss_on, distill=tc.distill)
 
   def inference_model(self, cfg, settings, *, max_length: Optional[int] = None):
     from longjax.focus import FocusLLM

@@ -399,3 +399,47 @@ def test_decode_step_draws_leave_room_for_every_target():
           ix["target_index"])
       if objective == "answer":  # the steps still reach the answer
         assert ix["target_index"] + 6 > 77
+
+
+def test_distill_loss_is_kl_to_the_base_on_every_step(tiny):
+  """docs/focusllm.md §5.2: a distilled sample's loss is the mean over its steps of KL(teacher ||
+  student) over the teacher's top k + one class for the rest, the teacher the plain base reading
+  the sample up to the step's target, the student the inference model's decode step; a sample
+  that is not distilled keeps its targets' NLL."""
+  from longjax.focus.losses import teacher_batch
+  cfg, params = tiny
+  f = tiny_focus()
+  w, steps, k = f.local_window, 3, 5
+  fl = FocusLoss(cfg, f, bucket=16)
+  m = FocusLLM(cfg, f, bucket=16)
+  xs = [prompt(110, 5), prompt(75, 6)]
+  t0s = [90, 47]
+  ix = [dict(memory_len=t0 - w, local_start=t0 - w, local_size=w, stride=f.chunk_stride)
+        for t0 in t0s]
+  batch = fl.plan(xs, ix, steps=steps)
+  tb = teacher_batch(xs, ix, [True, False], steps, multiple=16)
+  got = np.asarray(fl.per_sample_distill(params, batch, tb, top_k=k))
+  logsm = lambda a: np.asarray(jax.nn.log_softmax(jnp.asarray(a, jnp.float32)))
+  want = []
+  for b, (x, t0) in enumerate(zip(xs, t0s)):
+    base, _ = Decoder(cfg).apply({"params": params}, x[None, :t0 + steps - 1].astype(np.int32),
+                                 np.arange(t0 + steps - 1)[None])
+    per = []
+    for j in range(steps):
+      q = logsm(m.recompute(params, [x[:t0]], [x[t0:t0 + j]])[0])
+      if b == 1:
+        per.append(-q[x[t0 + j]])
+        continue
+      p = logsm(base[0, t0 - 1 + j])
+      top = np.argsort(-p)[:k]
+      pt, qt = np.exp(p[top]), np.exp(q[top])
+      rest_p, rest_q = 1 - pt.sum(), 1 - qt.sum()
+      per.append(np.sum(pt * (p[top] - q[top])) + rest_p * np.log(rest_p / rest_q))
+    want.append(np.mean(per))
+  np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+  assert want[0] > 1e-3  # the copied-candidate student is not the teacher: a real KL
+  renorm = np.asarray(fl.per_sample_distill(params, batch, tb, top_k=k, rest="renormalise"))
+  assert renorm[1] == pytest.approx(got[1]) and renorm[0] != pytest.approx(got[0])
+  g = jax.grad(lambda p: fl.per_sample_distill(p, batch, tb, top_k=k).sum())(params)
+  assert np.abs(g["layers"]["attn"]["alt_v_proj"]["kernel"]).max() > 0
+  assert np.abs(g["layers"]["mlp"]["up_proj"]["kernel"]).max() == 0  # the base stays frozen

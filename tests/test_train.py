@@ -356,15 +356,17 @@ def test_beacon_task_loss_equals_beaconlm_loss(tmp_path):
 
 
 def test_focus_trains_on_several_decode_steps_per_sample(tmp_path):
-  """focus.steps = J scores J teacher-forced decode steps per sample (docs/focusllm.md §5.1):
-  the run trains, and its first loss differs from the one-target run on the same draws."""
+  """focus.steps = J scores J teacher-forced decode steps per sample (docs/focusllm.md §5.1), and
+  data.loss_on="distill" distills them from the base (§5.2): each run trains, and the first losses
+  differ from the one-target run's on the same draws."""
   losses = {}
-  for steps in (1, 3):
-    c = micro_config("focus", tmp_path / f"s{steps}", steps=2, save_every=2)
+  for steps, loss_on in ((1, "all"), (3, "all"), (3, "distill")):
+    c = micro_config("focus", tmp_path / f"s{steps}{loss_on}", steps=2, save_every=2)
     c.focus.steps = steps
+    c.data.loss_on = loss_on
     out = loop.Trainer(from_config(c)).run()
     assert out["final_step"] == 2
     m = read_metrics(c.workdir)
     assert all(np.isfinite(r["loss"]) for r in m)
-    losses[steps] = m[0]["loss"]
-  assert losses[1] != losses[3]
+    losses[steps, loss_on] = m[0]["loss"]
+  assert len(set(losses.values())) == 3

@@ -23,11 +23,11 @@ import numpy as np
 from longjax.ckpts import layout
 from longjax.focus import condense as C
 from longjax.focus.config import FocusConfig, check_model
-from longjax.focus.planner import (ChunkBatch, LocalBatch, pack_chunks, pack_local,
+from longjax.focus.planner import (ChunkBatch, LocalBatch, pack_chunks, pack_local, pow2_bucket,
                                    split_training, step_locals)
 from longjax.models.config import ModelConfig
-from longjax.models.decoder import Decoder
-from longjax.models.head import head_nll
+from longjax.models.decoder import CAUSAL_PREFILL, Decoder
+from longjax.models.head import head_nll, lm_head
 
 INDEX_KEYS = ("memory_len", "local_start", "local_size", "stride")
 
@@ -61,6 +61,31 @@ class TrainBatch:
   targets: jax.Array  # [B] or [B, J]
 
 
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class TeacherBatch:
+  """What distillation reads (docs/focusllm.md §5.2): ``ids [B, T]`` each sample up to its last
+  target (right-padded), ``rows [B, J]`` the row whose next-token distribution is step j's
+  target, ``soft [B]`` whether the sample is distilled (else its targets' NLL)."""
+  ids: jax.Array
+  rows: jax.Array
+  soft: jax.Array
+
+
+def teacher_batch(tokens: Sequence, indices: Sequence[Mapping], soft: Sequence[bool],
+                  steps: int = 1, multiple: int = 256) -> TeacherBatch:
+  """The teacher's inputs for samples planned with ``indices`` and ``steps``: the sample's
+  tokens before its last target, padded to ``multiple x 2^k`` (few compiled widths)."""
+  ends = [int(ix["local_start"]) + int(ix["local_size"]) for ix in indices]
+  width = pow2_bucket(max(e + steps - 1 for e in ends), multiple)
+  ids = np.zeros((len(ends), width), np.int32)
+  for b, (x, e) in enumerate(zip(tokens, ends)):
+    n = e + steps - 1
+    ids[b, :n] = np.asarray(x)[:n]
+  rows = np.asarray([[e - 1 + j for j in range(steps)] for e in ends], np.int32)
+  return TeacherBatch(ids, rows, np.asarray(soft, bool))
+
+
 class FocusLoss:
   """Single-token FocusLLM loss over a batch of samples, each with its own explicit indices.
 
@@ -74,6 +99,7 @@ class FocusLoss:
     check_model(cfg, fcfg)
     self.cfg, self.fcfg, self.bucket = cfg, fcfg, bucket
     self.model = Decoder(cfg, impl=impl)
+    self.teacher = Decoder(cfg, rule=CAUSAL_PREFILL, impl=impl)  # the base on the whole sample
     if mesh is not None:
       self.n_shards = int(mesh.shape[axis])
       self._condense = C.condense_candidates_sharded(self.model, mesh, axis)
@@ -95,8 +121,9 @@ class FocusLoss:
     return TrainBatch(cb, pack_local(step_locals(rows, steps), length_multiple=self.bucket),
                       row_targets(rows))
 
-  def per_sample(self, params, batch: TrainBatch):
-    """Each sample's NLL ``[B]`` (with J decode steps: the mean over its steps)."""
+  def step_hidden(self, params, batch: TrainBatch):
+    """The final hidden state of every scored step ``[B * J, H]`` (row ``b * J + j``; J = 1 with
+    one target per sample)."""
     params = freeze_base(params)
     cb, lb = batch.chunks, batch.local
     if batch.targets.ndim == 1:
@@ -113,9 +140,42 @@ class FocusLoss:
       cand_valid = jnp.repeat(cb.cand_valid, j, axis=0)
     hidden = C.local_hidden(self.model, params, cand_k, cand_v, gather, cand_valid,
                             lb.tokens, lb.lengths, lb.n_chunks)
-    nll = head_nll(self.cfg, params, C.last_hidden(hidden, lb.lengths),
-                   batch.targets.reshape(-1))
+    return C.last_hidden(hidden, lb.lengths)
+
+  def per_sample(self, params, batch: TrainBatch):
+    """Each sample's NLL ``[B]`` (with J decode steps: the mean over its steps)."""
+    nll = head_nll(self.cfg, params, self.step_hidden(params, batch), batch.targets.reshape(-1))
     return nll.reshape(batch.targets.shape[0], -1).mean(axis=1)
+
+  def per_sample_distill(self, params, batch: TrainBatch, teacher: "TeacherBatch", *,
+                         top_k: int, rest: str = "bucket"):
+    """Each sample's mean over its steps of KL(teacher || student) where ``teacher.soft``, else
+    the NLL of the target (docs/focusllm.md §5.2). The teacher is the frozen base reading the
+    sample up to each step's target with full attention (``teacher.ids``; step j's distribution
+    is its row ``teacher.rows[b, j]``), cut to its top ``top_k`` tokens plus, with
+    ``rest="bucket"``, one class for the mass outside them (``"renormalise"``: the top ``top_k``
+    renormalised)."""
+    targets = batch.targets.reshape(batch.targets.shape[0], -1)  # [B, J]
+    student = jax.nn.log_softmax(lm_head(self.cfg, params, self.step_hidden(params, batch)))
+    logq = student.reshape(targets.shape + student.shape[-1:])  # [B, J, V]
+    base = jax.lax.stop_gradient(params)
+    pos = jnp.broadcast_to(jnp.arange(teacher.ids.shape[1], dtype=jnp.int32), teacher.ids.shape)
+    h, _ = self.teacher.apply({"params": base}, teacher.ids, pos, head=False)
+    h = jnp.take_along_axis(h, teacher.rows[..., None], axis=1)  # [B, J, H]
+    logp = jax.nn.log_softmax(lm_head(self.cfg, base, h))
+    vals, top = jax.lax.top_k(logp, top_k)
+    q_top = jnp.take_along_axis(logq, top, axis=-1)
+    if rest == "bucket":
+      p = jnp.exp(vals)
+      p_rest = jnp.maximum(1.0 - p.sum(-1), 0.0)
+      q_rest = jnp.maximum(1.0 - jnp.exp(q_top).sum(-1), 1e-30)
+      kl = (jnp.sum(p * (vals - q_top), -1)
+            + p_rest * (jnp.log(jnp.maximum(p_rest, 1e-30)) - jnp.log(q_rest)))
+    else:
+      p = jax.nn.softmax(vals, axis=-1)
+      kl = jnp.sum(p * (jnp.log(jnp.maximum(p, 1e-30)) - q_top), -1)
+    nll = -jnp.take_along_axis(logq, targets[..., None], axis=-1)[..., 0]
+    return jnp.where(teacher.soft[:, None], kl, nll).mean(axis=1)
 
   def _loss(self, params, batch: TrainBatch):
     return jnp.mean(self.per_sample(params, batch))

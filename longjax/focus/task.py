@@ -8,24 +8,35 @@ spans compile few programs. ``loss`` returns per-sample ``(loss_sum, loss_count)
 from __future__ import annotations
 
 import dataclasses
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
 
 from longjax.data import pipeline
 from longjax.focus.config import FocusConfig, FocusError
-from longjax.focus.losses import FocusLoss, row_targets
+from longjax.focus.losses import FocusLoss, TeacherBatch, row_targets, teacher_batch
 from longjax.focus.planner import pack_chunks, pack_local, split_training, step_locals
 from longjax.focus.spans import focus_indices
 from longjax.models.config import ModelConfig
+# train.distill (DistillSettings) is a run config section
+from longjax.run_config.sections import DistillSettings
 from longjax.runtime.rounding import round_up
 
 
 class FocusTask:
 
   def __init__(self, cfg: ModelConfig, fcfg: FocusConfig, train_cfg: dict, *, seed: int,
-               impl: str = "auto", remat: bool = False):
+               impl: str = "auto", remat: bool = False, default_objective: str = "all",
+               distill: Optional[DistillSettings] = None):
     self.cfg, self.fcfg, self.seed = cfg, fcfg, int(seed)
+    # the loss of a sample whose source names none (data.loss_on): "distill" (KL to the base
+    # reading the whole sample, docs/focusllm.md §5.2), else the targets' NLL
+    self.default_objective = default_objective
+    self.distill = distill or DistillSettings()
+    if self.distill.alpha:
+      raise FocusError("train.distill.alpha weights beacon tokens by what the far context adds; "
+                       "FocusLLM distills its scored steps unweighted: leave alpha at 0")
     self.fc = dict(train_cfg)
     # teacher-forced decode steps scored per sample (docs/focusllm.md §5.1; 1: the official one)
     self.steps = int(self.fc.get("steps", 1))
@@ -67,8 +78,10 @@ class FocusTask:
     strides = tuple(int(x) for x in self.fc["strides"])
     stride = strides[int(pipeline.row_rng(self.seed, step, 0, salt=4).integers(len(strides)))]
     fc = dict(self.fc, strides=(stride,))
-    rows, recs = [], []
+    rows, recs, soft = [], [], []
     for row, i in enumerate(idx):
+      obj = ds.objective[int(i)] if getattr(ds, "objective", None) else None
+      soft.append((obj or self.default_objective) == "distill")
       ids, ans = ds.ids[int(i)], ds.answer[int(i)]
       ix = focus_indices(pipeline.row_rng(self.seed, step, row_offset + row, salt=2),
                                   len(ids), ans,
@@ -84,6 +97,9 @@ class FocusTask:
     lb = pack_local(step_locals(rows, self.steps), length_multiple=shp["local"])
     batch = dict(chunks=dataclasses.asdict(cb), local=dataclasses.asdict(lb),
                  targets=row_targets(rows))
+    if any(soft):
+      batch["teacher"] = dataclasses.asdict(teacher_batch([ds.ids[int(i)] for i in idx], recs,
+                                                          soft, self.steps))
     forced = self.steps - 1
     return dict(plans=batch,
                 tokens=int(sum(ix["memory_len"] + ix["local_size"] + forced for ix in recs)),
@@ -95,6 +111,10 @@ class FocusTask:
     batch = TrainBatch(ChunkBatch(**plans["chunks"]), LocalBatch(**plans["local"]),
                        plans["targets"])
     fn = self.fl.per_sample
+    if "teacher" in plans:
+      teacher = TeacherBatch(**plans["teacher"])
+      fn = lambda p, b: self.fl.per_sample_distill(p, b, teacher, top_k=self.distill.top_k,  # noqa: E731
+                                                   rest=self.distill.rest)
     if self.remat:
       fn = jax.checkpoint(fn)
     nll = fn(params, batch)

@@ -125,7 +125,7 @@ def _check_values(rc: RunConfig, entry: method_names.MethodName):
   loss_on = rc.data.loss_on
   if loss_on not in LOSS_ON:
     raise ConfigError(f"data.loss_on={loss_on!r}: use 'all' (every token), 'answer' (the answer "
-                      "spans) or 'distill' (beacon: KL to the full-attention base)")
+                      "spans) or 'distill' (KL to the full-attention base)")
   section = METHOD_SECTIONS.get(entry.section)
   if loss_on == "distill" and not (section is not None and section.distills):
     raise ConfigError(f"data.loss_on='distill' is not for method {rc.method!r} (it does not "

@@ -191,5 +191,5 @@ class FocusSection:
   objective: str = "random"
   # teacher-forced decode steps scored per training sample (docs/focusllm.md §5.1; 1: official)
   steps: int = 1
-  distills: ClassVar[bool] = False
+  distills: ClassVar[bool] = True  # KL to the base on its scored steps (focusllm.md §5.2)
   windowed: ClassVar[bool] = False
