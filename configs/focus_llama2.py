@@ -29,7 +29,7 @@ def get_config():
                                            strides=(64, 128, 256, 512, 1024, 2048),
                                            prompt_cap=512, param=("q", "k", "v", "o"),
                                            min_len_threshold=4096, min_local=30,
-                                           objective="random"))
+                                           objective="random", steps=1))
   c.data = common.data_defaults(min_length=3072, max_length=8192, max_per_source=200000)
   c.train = common.train_defaults(global_batch=8, lr=5e-5, save_every=2000,
                                   mesh=dict(data=1, fsdp=-1, tensor=1))

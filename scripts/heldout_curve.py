@@ -38,10 +38,12 @@ def export(method: str, workdir: Path, step: int, out: Path, asset_args: str):
   subprocess.run(cmd, check=True)
 
 
-def measure(method: str, asset: Path, cells: str, samples: int, where: Path) -> dict:
-  """The report's cells for ``asset`` (in ``where``, resumable): ``{"task:length": cell}``."""
-  argv = ["--out", str(where), "--methods", method, "--assets", f"{method}={asset}",
-          "--cells", cells, "--samples", str(samples)]
+def measure(method: str, asset, cells: str, samples: int, where: Path) -> dict:
+  """The report's cells for ``method`` (with ``asset``; None: a baseline without one) in
+  ``where`` (resumable): ``{"task:length": cell}``."""
+  argv = ["--out", str(where), "--methods", method, "--cells", cells, "--samples", str(samples)]
+  if asset is not None:
+    argv += ["--assets", f"{method}={asset}"]
   if report.main(argv) != 0:
     raise SystemExit(f"the report failed for {asset}")
   out = {}
@@ -71,7 +73,11 @@ def figure(path: Path, curve: dict):
   fig, axes = plt.subplots(1, len(keys), figsize=(3.6 * len(keys), 3), squeeze=False)
   for ax, k in zip(axes[0], keys):
     pts = [(p["step"], p["cells"][k]["score"]) for p in points if k in p["cells"]]
-    ax.plot([s for s, _ in pts], [v for _, v in pts], marker="o")
+    ax.plot([s for s, _ in pts], [v for _, v in pts], marker="o", label=curve["method"])
+    for i, (name, cells) in enumerate(sorted(curve.get("baselines", {}).items())):
+      if k in cells:
+        ax.axhline(cells[k]["score"], color=f"C{i + 1}", linestyle="--", label=name)
+    ax.legend(fontsize=7)
     ax.set_title(k, fontsize=9)
     ax.set_xlabel("training step")
   fig.suptitle(curve["title"], fontsize=9)
@@ -96,14 +102,23 @@ def main(argv=None):
                   "the reading setting: --stride 128 --ratios 8)")
   ap.add_argument("--cells", default=DEFAULT_CELLS, help="task:length pairs of the report")
   ap.add_argument("--samples", type=int, default=5, help="samples per cell")
+  ap.add_argument("--baselines", default="truncation", help="methods measured once on the same "
+                  "cells, drawn as lines (e.g. truncation,plain; '' for none)")
+  ap.add_argument("--title", default="", help="the figure's title (default: method and workdir)")
   ap.add_argument("--scratch", type=Path, help="exports and per-step reports (default: "
                   "<workdir>/../curve)")
   args = ap.parse_args(argv)
   steps = [int(s) for s in args.steps.split(",") if s.strip()]
   scratch = args.scratch or args.workdir.parent / "curve"
   curve = (json.loads(args.out.read_text()) if args.out.exists() else
-           dict(title=f"{args.method}: {args.workdir.name} held-out", cells=args.cells,
-                samples=args.samples, asset_args=args.asset_args, points=[]))
+           dict(title=args.title or f"{args.method}: {args.workdir} (held-out cells)",
+                method=args.method, cells=args.cells, samples=args.samples,
+                asset_args=args.asset_args, points=[], baselines={}))
+  for name in (b.strip() for b in args.baselines.split(",") if b.strip()):
+    if name not in curve["baselines"]:
+      curve["baselines"][name] = measure(name, None, args.cells, args.samples,
+                                         scratch / f"report_{name}")
+      write_atomic(args.out, json.dumps(curve, indent=1))
   done = {p["step"] for p in curve["points"]}
   todo = ([(0, args.init)] if args.init and 0 not in done else []) + [
       (s, None) for s in steps if s not in done]

@@ -1,0 +1,40 @@
+"""scripts/heldout_curve.py: one point per step, resumable, baselines measured once."""
+from __future__ import annotations
+
+import importlib.util
+import json
+
+from conftest import REPO
+
+
+def _module():
+  spec = importlib.util.spec_from_file_location("heldout_curve",
+                                                REPO / "scripts" / "heldout_curve.py")
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod
+
+
+def test_curve_grows_point_by_point_and_resumes(tmp_path, monkeypatch):
+  mod = _module()
+  calls, exported = [], []
+  monkeypatch.setattr(mod, "export", lambda m, w, step, out, a: exported.append(step))
+
+  def measure(method, asset, cells, samples, where):
+    calls.append((method, None if asset is None else asset.name))
+    return {"passkey:1024": {"score": 0.1 * len(calls), "n": samples, "seconds": 1.0}}
+
+  monkeypatch.setattr(mod, "measure", measure)
+  out = tmp_path / "curve.json"
+  argv = ["--method", "focus", "--workdir", str(tmp_path / "run"), "--steps", "20,10",
+          "--init", str(tmp_path / "start"), "--out", str(out), "--cells", "passkey:1024"]
+  assert mod.main(argv) == 0
+  assert calls == [("truncation", None), ("focus", "start"), ("focus", "asset_20"),
+                   ("focus", "asset_10")]
+  assert exported == [20, 10]
+  curve = json.loads(out.read_text())
+  assert [p["step"] for p in curve["points"]] == [0, 10, 20]
+  assert set(curve["baselines"]) == {"truncation"} and out.with_suffix(".png").exists()
+  assert mod.main(argv[:5] + ["30"] + argv[6:]) == 0  # a rerun measures only the new step
+  assert calls[4:] == [("focus", "asset_30")]
+  assert [p["step"] for p in json.loads(out.read_text())["points"]] == [0, 10, 20, 30]
