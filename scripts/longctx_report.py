@@ -21,15 +21,18 @@ length, one line per method, one panel per task) are rewritten.
 SmolLM2's trained context is 8192 tokens: past it the plain model runs outside its trained
 positions (marked in the table).
 
-Default cells (chosen for about 2 hours on 2 quiet CPU cores): 2 samples per cell (``--samples``),
-every task at 4096 and 8192 tokens, only niah_single_1, passkey and perplexity at 16384 and 32768,
-and full attention only up to 8192 (past SmolLM2's trained context it is not a reader; those cells
-are recorded as not run). ``--cells all`` runs every task at every length for every method. lm-eval
+Default cells (chosen for under 2 hours on 2 CPU cores): 2 samples per cell (``--samples``),
+lengths 4096, 8192 and 32768 (``--lengths``; add 16384 for the step between), every task at 4096
+tokens, only niah_single_1, passkey and perplexity past it, full attention only up to 8192 (past
+SmolLM2's trained context it is not a reader) and FocusLLM's perplexity only at 4096
+(teacher-forced decoding re-runs its local window for every scored token); those cells are
+recorded as not run. ``--cells all`` runs every task at every length for
+every method. lm-eval
 generates RULER's 500 samples of a length at each cell (5-40 s) whatever ``--samples`` is. Each
 cell records its seconds and the host's 1-minute load average at its start and end.
 
   python scripts/longctx_report.py                       # the default cells (see --help)
-  python scripts/longctx_report.py --samples 20 --lengths 4096,8192,16384,32768
+  python scripts/longctx_report.py --lengths 4096,8192,16384,32768 --cells all --samples 20
 """
 from __future__ import annotations
 
@@ -58,8 +61,13 @@ METHODS = {
 }
 TRAINED_POSITIONS = 8192
 PPL_SCORED = 256
-# past SmolLM2's trained context, the default grid runs these only (CPU time)
+# past the shortest length, the default grid runs these only (CPU time)
+SHORTEST = 4096
 LONG_TASKS = ("niah_single_1", "passkey", "perplexity")
+# FocusLLM's perplexity re-runs the local window for every scored token (docs/focusllm.md §4.2)
+FOCUS_PPL_MAX = 4096
+FOCUS_PPL_LONG = ("FocusLLM's teacher-forced perplexity past 4K (a decode step per scored token: "
+                  "16 minutes at 8K on 2 CPU cores; --cells all runs it)")
 PLAIN_PAST_CONTEXT = ("full attention past SmolLM2's 8K trained positions (the methods are the "
                       "readers there; --cells all runs it)")
 
@@ -148,8 +156,9 @@ def render(out: Path, cells: list, args):
            "passkey: accuracy 0-1 (higher is better); perplexity: lower is better. "
            f"truncation reads {args.window} prompt tokens. † plain past {TRAINED_POSITIONS} tokens "
            "runs outside SmolLM2's trained positions; ‡ not run by default: "
-           f"{PLAIN_PAST_CONTEXT}. — not run (yet): a rerun of the command adds it."
-           + _load_note(cells), "",
+           f"{PLAIN_PAST_CONTEXT}; {FOCUS_PPL_LONG}. — not run (yet): a rerun of the command "
+           "adds it."
+           + _load_note(cells) + _default_note(cells, args), "",
            "| task | length | " + " | ".join(methods) + " |",
            "|---|---:|" + "---|" * len(methods)]
   for task in tasks:
@@ -160,7 +169,7 @@ def render(out: Path, cells: list, args):
         if c is None:
           row.append("—")
         elif c.get("not_run"):
-          row.append("not run ‡" if c["not_run"] == PLAIN_PAST_CONTEXT else
+          row.append("not run ‡" if c["not_run"] in (PLAIN_PAST_CONTEXT, FOCUS_PPL_LONG) else
                      f"not run: {c['not_run']}")
         else:
           mark = " †" if m == harness.PLAIN and n > TRAINED_POSITIONS else ""
@@ -179,6 +188,17 @@ def _load_note(cells) -> str:
   total = sum(c.get("seconds", 0) for c in cells)
   return (f" The cells took {total / 3600:.2f} h in all, on {os.cpu_count()} CPU cores at a "
           f"1-minute load average of {min(loads):.1f}-{max(loads):.1f}.")
+
+
+def _default_note(cells, args) -> str:
+  """The share of the time that is the default grid's (what the command without flags runs)."""
+  if not args.default_grid:
+    return ""
+  mine = [c for c in cells if "seconds" in c and c["method"] in args.methods
+          and (c["task"], c["length"]) in args.pairs
+          and (c["method"], c["task"], c["length"]) not in args.skipped]
+  return (f" The default grid's {len(mine)} cells that run took "
+          f"{sum(c['seconds'] for c in mine) / 3600:.2f} h of it.")
 
 
 def figure(out: Path, cells, methods):
@@ -223,12 +243,13 @@ def parse(argv):
   ap.add_argument("--out", default="results", help="directory of the table, figure and cells")
   ap.add_argument("--methods", default=",".join(METHODS))
   ap.add_argument("--tasks", default=",".join(TASKS))
-  ap.add_argument("--lengths", default="4096,8192,16384,32768")
+  ap.add_argument("--lengths", default="4096,8192,32768",
+                  help="comma list (RULER: 4096 and up, powers of two)")
   ap.add_argument("--samples", type=int, default=2, help="samples per cell (RULER: the first n "
                   "lm-eval generates; passkey: n depths; perplexity: n windows)")
   ap.add_argument("--cells", default="", help="only these task:length pairs (e.g. "
-                  "niah_single_1:16384,passkey:4096), or 'all'; default: every task up to 8192 "
-                  f"tokens, only {', '.join(LONG_TASKS)} past it")
+                  "niah_single_1:16384,passkey:4096), or 'all'; default: every task at "
+                  f"{SHORTEST} tokens, only {', '.join(LONG_TASKS)} past it")
   ap.add_argument("--window", type=int, default=256, help="truncation: prompt tokens kept")
   ap.add_argument("--assets", default="", help="other assets than the committed ones, e.g. "
                   "beacon=runs/smollm2_beacon/candidate (a campaign's candidate, measured on "
@@ -269,7 +290,7 @@ def parse(argv):
     args.pairs = set(pairs)
   else:  # the default grid (module docstring): what 2 CPU cores do in about 2 hours
     args.pairs = {(t, n) for t in args.tasks for n in args.lengths
-                  if n <= TRAINED_POSITIONS or t in LONG_TASKS}
+                  if n <= SHORTEST or t in LONG_TASKS}
   args.model_args = {m: a.format(window=args.window) for m, a in METHODS.items()}
   for spec in (x.strip() for x in args.assets.split(",") if x.strip()):
     m, _, path = spec.partition("=")
@@ -282,6 +303,9 @@ def parse(argv):
   if args.default_grid:  # full attention is not a reader past the base's trained context
     args.skipped.update({(harness.PLAIN, t, n): PLAIN_PAST_CONTEXT for t, n in args.pairs
                          if n > TRAINED_POSITIONS and (harness.PLAIN, t, n) not in skip})
+    args.skipped.update({(harness.FOCUS, t, n): FOCUS_PPL_LONG for t, n in args.pairs
+                         if t == "perplexity" and n > FOCUS_PPL_MAX
+                         and (harness.FOCUS, t, n) not in skip})
   return args
 
 

@@ -282,3 +282,11 @@ def test_report_cells_run_at_their_own_lengths():
     rep.parse(["--cells", "niah_single_1:1024"])
   with pytest.raises(HarnessError, match="TASK:LENGTH"):
     rep.parse(["--cells", "passkeys:1024"])
+  # the default grid: every task at 4K, the long tasks at 8K and 32K; full attention past 8K
+  # and FocusLLM's perplexity past 4K recorded as not run
+  d = rep.parse([])
+  assert ("ruler_vt", 4096) in d.pairs and ("ruler_vt", 8192) not in d.pairs
+  assert {("passkey", n) for n in (4096, 8192, 32768)} <= d.pairs
+  assert ("focus", "perplexity", 8192) in d.skipped and ("focus", "perplexity", 4096) not in (
+      d.skipped)
+  assert ("plain", "passkey", 32768) in d.skipped and len(d.skipped) == 5
