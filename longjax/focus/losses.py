@@ -144,7 +144,8 @@ class FocusLoss:
 
   def per_sample(self, params, batch: TrainBatch):
     """Each sample's NLL ``[B]`` (with J decode steps: the mean over its steps)."""
-    nll = head_nll(self.cfg, params, self.step_hidden(params, batch), batch.targets.reshape(-1))
+    nll = head_nll(self.cfg, freeze_base(params), self.step_hidden(params, batch),
+                   batch.targets.reshape(-1))
     return nll.reshape(batch.targets.shape[0], -1).mean(axis=1)
 
   def per_sample_distill(self, params, batch: TrainBatch, teacher: "TeacherBatch", *,
@@ -156,7 +157,8 @@ class FocusLoss:
     ``rest="bucket"``, one class for the mass outside them (``"renormalise"``: the top ``top_k``
     renormalised)."""
     targets = batch.targets.reshape(batch.targets.shape[0], -1)  # [B, J]
-    student = jax.nn.log_softmax(lm_head(self.cfg, params, self.step_hidden(params, batch)))
+    student = jax.nn.log_softmax(lm_head(self.cfg, freeze_base(params),
+                                         self.step_hidden(params, batch)))
     logq = student.reshape(targets.shape + student.shape[-1:])  # [B, J, V]
     base = jax.lax.stop_gradient(params)
     pos = jnp.broadcast_to(jnp.arange(teacher.ids.shape[1], dtype=jnp.int32), teacher.ids.shape)
