@@ -98,10 +98,13 @@ def main(argv=None):
   ap.add_argument("--steps", required=True, help="comma list of kept checkpoint steps")
   ap.add_argument("--out", required=True, type=Path, help="the curve (.json; the figure beside)")
   ap.add_argument("--init", type=Path, help="the campaign's starting asset, measured as step 0")
-  ap.add_argument("--asset_args", default="", help="extra arguments of the asset export (e.g. "
-                  "the reading setting: --stride 128 --ratios 8)")
-  ap.add_argument("--cells", default=DEFAULT_CELLS, help="task:length pairs of the report")
-  ap.add_argument("--samples", type=int, default=5, help="samples per cell")
+  # measurement settings: a curve keeps the ones its first point used (given again, they must
+  # match: one curve, one yardstick)
+  ap.add_argument("--asset_args", default=None, help="extra arguments of the asset export (e.g. "
+                  "the reading setting: --stride 128 --ratios 8; default none)")
+  ap.add_argument("--cells", default=None, help=f"task:length pairs of the report (default "
+                  f"{DEFAULT_CELLS})")
+  ap.add_argument("--samples", type=int, default=None, help="samples per cell (default 5)")
   ap.add_argument("--baselines", default="truncation", help="methods measured once on the same "
                   "cells, drawn as lines (e.g. truncation,plain; '' for none)")
   ap.add_argument("--title", default="", help="the figure's title (default: method and workdir)")
@@ -110,10 +113,20 @@ def main(argv=None):
   args = ap.parse_args(argv)
   steps = [int(s) for s in args.steps.split(",") if s.strip()]
   scratch = args.scratch or args.workdir.parent / "curve"
-  curve = (json.loads(args.out.read_text()) if args.out.exists() else
-           dict(title=args.title or f"{args.method}: {args.workdir} (held-out cells)",
-                method=args.method, cells=args.cells, samples=args.samples,
-                asset_args=args.asset_args, points=[], baselines={}))
+  given = dict(method=args.method, cells=args.cells, samples=args.samples,
+               asset_args=args.asset_args)
+  if args.out.exists():
+    curve = json.loads(args.out.read_text())
+    for key, value in given.items():
+      if value is not None and value != curve.get(key):
+        ap.error(f"--{key} {value!r}: the curve {args.out} was measured with {curve.get(key)!r}; "
+                 f"give the same (or leave it out) or write another --out")
+  else:
+    curve = dict(title=args.title or f"{args.method}: {args.workdir} (held-out cells)",
+                 method=args.method, cells=args.cells or DEFAULT_CELLS,
+                 samples=args.samples or 5, asset_args=args.asset_args or "", points=[],
+                 baselines={})
+  args.cells, args.samples, args.asset_args = curve["cells"], curve["samples"], curve["asset_args"]
   for name in (b.strip() for b in args.baselines.split(",") if b.strip()):
     if name not in curve["baselines"]:
       curve["baselines"][name] = measure(name, None, args.cells, args.samples,

@@ -38,3 +38,21 @@ def test_curve_grows_point_by_point_and_resumes(tmp_path, monkeypatch):
   assert mod.main(argv[:5] + ["30"] + argv[6:]) == 0  # a rerun measures only the new step
   assert calls[4:] == [("focus", "asset_30")]
   assert [p["step"] for p in json.loads(out.read_text())["points"]] == [0, 10, 20, 30]
+
+
+def test_a_curve_keeps_its_yardstick(tmp_path, monkeypatch, capsys):
+  """Resumed without the settings, a curve measures with its own; given other ones, it refuses."""
+  import pytest
+  mod = _module()
+  seen = []
+  monkeypatch.setattr(mod, "export", lambda *a: None)
+  monkeypatch.setattr(mod, "measure", lambda m, a, cells, n, w: seen.append((cells, n)) or {})
+  out = tmp_path / "c.json"
+  base = ["--method", "beacon", "--workdir", str(tmp_path / "run"), "--out", str(out),
+          "--baselines", ""]
+  assert mod.main(base + ["--steps", "5", "--cells", "passkey:1024", "--samples", "3"]) == 0
+  assert mod.main(base + ["--steps", "10"]) == 0
+  assert seen == [("passkey:1024", 3)] * 2
+  with pytest.raises(SystemExit):
+    mod.main(base + ["--steps", "15", "--samples", "5"])
+  assert "measured with 3" in capsys.readouterr().err
