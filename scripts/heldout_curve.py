@@ -109,10 +109,10 @@ def main(argv=None):
                   "cells, drawn as lines (e.g. truncation,plain; '' for none)")
   ap.add_argument("--title", default="", help="the figure's title (default: method and workdir)")
   ap.add_argument("--scratch", type=Path, help="exports and per-step reports (default: "
-                  "<workdir>/../curve)")
+                  "<workdir>/../curve_<workdir name>)")
   args = ap.parse_args(argv)
   steps = [int(s) for s in args.steps.split(",") if s.strip()]
-  scratch = args.scratch or args.workdir.parent / "curve"
+  scratch = args.scratch or args.workdir.parent / f"curve_{args.workdir.name}"
   given = dict(method=args.method, cells=args.cells, samples=args.samples,
                asset_args=args.asset_args)
   if args.out.exists():
