@@ -60,6 +60,10 @@ def test_frozen_base_and_optimizer_state(tmp_path, method):
   # falling-or-finite loss and the metrics file
   m = read_metrics(c.workdir)
   assert [r["step"] for r in m] == [1, 2, 3] and all(np.isfinite(r["loss"]) for r in m)
+  # what host planning controls: compiled step programs so far, and the padding share
+  assert all(1 <= r["programs"] <= r["step"] for r in m)
+  assert [r["programs"] for r in m] == sorted(r["programs"] for r in m)
+  assert all(0.0 <= r["padding_share"] < 1.0 for r in m)
   # the export has the official tensor names
   from safetensors import safe_open
   with safe_open(str(Path(out["export"]) / "model.safetensors"), "np") as f:
@@ -370,3 +374,14 @@ def test_focus_trains_on_several_decode_steps_per_sample(tmp_path):
     assert all(np.isfinite(r["loss"]) for r in m)
     losses[steps, loss_on] = m[0]["loss"]
   assert len(set(losses.values())) == 3
+
+
+def test_step_records_count_programs_and_padding():
+  """``programs`` counts distinct plan shapes (what jit compiles once each); ``padding_share``
+  pools the micro-batches' (real, computed) positions."""
+  count = loop._ProgramCount()
+  prep = lambda n, occ: dict(plans=dict(tokens=np.zeros((2, n), np.int32)), occupancy=occ)
+  assert count.record([prep(8, (12, 16))]) == dict(programs=1, padding_share=0.25)
+  assert count.record([prep(8, (16, 16))]) == dict(programs=1, padding_share=0.0)
+  assert count.record([prep(16, (8, 32)), prep(8, (16, 16))]) == dict(programs=2,
+                                                                       padding_share=0.5)

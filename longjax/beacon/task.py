@@ -89,7 +89,8 @@ class BeaconTask:
     if "distill" not in objectives:
       plan = self.lm.schedule.plan(rows_ids, rows_labels, rows=starts, training=training,
                                    ratio=ratios, steps_multiple=self.step_bucket)
-      return dict(plans=plan, tokens=int(sum(len(r) for r in rows_ids)))
+      return dict(plans=plan, tokens=int(sum(len(r) for r in rows_ids)),
+                  occupancy=_occupancy(plan))
     # Distillation: plan with each label holding its target's position, so that the device can
     # gather the teacher's distribution for it; then put the token ids back as labels.
     positions = [np.arange(len(r), dtype=np.int64) for r in rows_ids]
@@ -113,9 +114,12 @@ class BeaconTask:
     for b, r in enumerate(rows_ids):
       teacher_ids[0, b, :len(r)] = r
     plan = dataclasses.replace(plan, labels=labels)
+    filled, slots = _occupancy(plan)
     return dict(plans=dict(plan=plan, teacher_ids=teacher_ids, target_pos=tpos.astype(np.int32),
                            soft=soft),
-                tokens=int(sum(len(r) for r in rows_ids)))
+                tokens=int(sum(len(r) for r in rows_ids)),
+                occupancy=(filled + int(sum(len(r) for r in rows_ids)),
+                           slots + int(teacher_ids.size)))
 
   def _objective(self, ds, i: int) -> str:
     obj = ds.objective[i] if getattr(ds, "objective", None) else None
@@ -185,3 +189,13 @@ def distill_targets(task: "BeaconTask", base, plans):
     soft_rest = jnp.where(soft, rest * weight, 0.0)
   const = jnp.sum(jnp.where(soft, weight * plogp, 0.0), axis=(0, 2))
   return dataclasses.replace(plan, soft_idx=idx, soft_p=mass, soft_rest=soft_rest), const
+
+
+def _occupancy(plan) -> tuple:
+  """``(real, computed)`` query slots of a stacked plan: each scan segment runs its steps with
+  its first ``width`` slots (``stack``), so padding slots and padding steps within that width
+  cost a full slot each (the training loop reports the share they take)."""
+  valid = np.asarray(plan.valid)
+  batch = valid.shape[1]
+  computed = sum(int(n) * batch * int(width) for n, _, width, _ in plan.segments)
+  return int(valid.sum()), computed

@@ -12,6 +12,7 @@ from typing import Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from longjax.data import pipeline
 from longjax.focus.config import FocusConfig, FocusError
@@ -103,7 +104,7 @@ class FocusTask:
     forced = self.steps - 1
     return dict(plans=batch,
                 tokens=int(sum(ix["memory_len"] + ix["local_size"] + forced for ix in recs)),
-                indices=recs)
+                occupancy=_occupancy(batch), indices=recs)
 
   def loss(self, params, plans):
     from longjax.focus.losses import TrainBatch
@@ -119,3 +120,17 @@ class FocusTask:
       fn = jax.checkpoint(fn)
     nll = fn(params, batch)
     return nll, jnp.ones_like(nll, dtype=jnp.int32)
+
+
+def _occupancy(batch: dict) -> tuple:
+  """``(real, computed)`` token positions of a planned batch: chunk rows (chunk + dynamic prompt),
+  the local rows and the teacher's rows, each padded to its static shape (the training loop
+  reports the share the padding takes)."""
+  chunks, local = batch["chunks"], batch["local"]
+  real = int(np.asarray(chunks["valid"]).sum()) + int(np.asarray(local["lengths"]).sum())
+  computed = int(np.asarray(chunks["valid"]).size) + int(np.asarray(local["tokens"]).size)
+  if "teacher" in batch:
+    ids = np.asarray(batch["teacher"]["ids"])
+    real += int(np.asarray(batch["teacher"]["rows"]).max(axis=1).sum()) + ids.shape[0]
+    computed += int(ids.size)
+  return real, computed

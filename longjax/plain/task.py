@@ -40,7 +40,9 @@ class LMTask:
           mask[row, :len(piece)] = ans[start:start + T]
       else:
         mask[row, :len(piece)] = True
-    return dict(plans=dict(tokens=toks, mask=mask), tokens=int(mask.sum()))
+    filled = sum(min(len(ds.ids[int(i)]), T) for i in idx)
+    return dict(plans=dict(tokens=toks, mask=mask), tokens=int(mask.sum()),
+                occupancy=(int(filled), int(toks.size)))
 
   def loss(self, params, plans):
     toks, mask = plans["tokens"], plans["mask"]

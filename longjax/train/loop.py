@@ -474,6 +474,7 @@ class Trainer:
       bar = _progress(self.num_steps, start, self.primary and tc.progress, self.c.method)
       records = _StepRecords(metrics, bar, max(1, tc.log_every), self.num_steps)
       last_saved, step, t_start = start, start, time.time()
+      programs = _ProgramCount()
       try:
         for step in range(start + 1, self.num_steps + 1):
           t0 = time.time()
@@ -489,7 +490,7 @@ class Trainer:
           records.write(dict(step=step, loss=m["loss"], lr=m["lr"], grad_norm=m["grad_norm"],
                              label_tokens=int(m["label_tokens"]),
                              tokens=sum(p["tokens"] for p in preps), step_time_s=round(dt, 4),
-                             epoch=self.batches.epoch,
+                             epoch=self.batches.epoch, **programs.record(preps),
                              **({"max_windows": curriculum.max_windows(self.curriculum, step)}
                                 if self.curriculum else {})), dt)
           if save_every and step % save_every == 0 or step == self.num_steps:
@@ -662,6 +663,28 @@ class Trainer:
     self.method.export(out, self.cfg.replace(dtype="float32", remat=False), self.settings, params)
     save_with_model(self.tokenizer, out)  # eval.py then finds the export's own tokenizer
     log.info("exported the trained model (HF format, official tensor names) to %s", out)
+    return out
+
+
+class _ProgramCount:
+  """What each step's record says about the compiled work: ``padding_share`` (positions the step
+  computes that hold no token: padding rows, slots and scan steps, over all it computes) and
+  ``programs`` (distinct step programs compiled so far in this process: one per distinct plan
+  structure and leaf shapes, as jit keys them). Both are what host planning controls: a new
+  program costs a compile, padding costs compute."""
+
+  def __init__(self):
+    self.seen = set()
+
+  def record(self, preps) -> dict:
+    for p in preps:
+      leaves, treedef = jax.tree_util.tree_flatten(p["plans"])
+      self.seen.add((treedef, tuple((np.shape(x), np.asarray(x).dtype.str) for x in leaves)))
+    out = dict(programs=len(self.seen))
+    occ = [p["occupancy"] for p in preps if "occupancy" in p]
+    if occ:
+      real, computed = (sum(x) for x in zip(*occ))
+      out["padding_share"] = round(1.0 - real / max(computed, 1), 4)
     return out
 
 
