@@ -149,10 +149,12 @@ def worker(spec: dict) -> dict:
       return {"prefill": dt}
 
   def run_par():
+    # loop "device": the compiled decode loop generate() uses for FocusLLM (bench_official_focus)
     return H.prefill_and_decode(
         lm, params, tokens, lengths, n_dec,
         lambda logits, state: box.update(logits=logits, state_bytes=H.tree_nbytes(state),
-                                         cache_bytes=state.cache_k.nbytes + state.cache_v.nbytes))
+                                         cache_bytes=state.cache_k.nbytes + state.cache_v.nbytes),
+        loop=spec.get("loop", "host"), on_tokens=lambda ids: box.update(tokens=ids))
 
   if mode == "sequential":
     run = run_seq
@@ -211,7 +213,8 @@ def worker(spec: dict) -> dict:
               matmul_peak_all=peak["all_best"], prefill_mfu=flops_p / tp / peak["best_flops"],
               decode_gflop_per_step=round(flops_d / max(n_dec, 1) / 1e9, 2),
               decode_mfu=None if not td else flops_d / td / peak["best_flops"],
-              load_average=H.load_average())
+              load_average=H.load_average(),
+              **({"tokens": box.get("tokens")} if spec.get("want_tokens") else {}))
 
 
 def main(argv=None):
