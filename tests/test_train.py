@@ -385,3 +385,17 @@ def test_step_records_count_programs_and_padding():
   assert count.record([prep(8, (16, 16))]) == dict(programs=1, padding_share=0.0)
   assert count.record([prep(16, (8, 32)), prep(8, (16, 16))]) == dict(programs=2,
                                                                        padding_share=0.5)
+
+
+def test_focus_samples_too_short_for_the_decode_steps_are_refused_before_training(tmp_path):
+  """With focus.steps = J a sample drawn the official way needs W + J - 1 tokens: one error at
+  setup naming the fix, not a failure at the batch that first holds such a sample."""
+  from longjax.data.errors import DataError
+  c = micro_config("focus", tmp_path / "short", steps=1)
+  c.data.synthetic.min_chars, c.data.synthetic.max_chars = 30, 60  # samples of 44+ tokens
+  c.data.min_length = 40
+  c.focus.steps = 20  # 32 + 20 - 1 = 51
+  with pytest.raises(DataError, match=r"raise data.min_length to 51 or lower focus.steps"):
+    loop.Trainer(from_config(c)).setup()
+  c.data.min_length = 51  # every sample long enough: the same run sets up
+  loop.Trainer(from_config(c)).setup()

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from longjax.data import pipeline
+from longjax.data.errors import DataError
 from longjax.focus.config import FocusConfig, FocusError
 from longjax.focus.losses import FocusLoss, TeacherBatch, row_targets, teacher_batch
 from longjax.focus.planner import pack_chunks, pack_local, split_training, step_locals
@@ -50,6 +51,28 @@ class FocusTask:
 
   def group_key(self, length: int):
     return None
+
+  def check_data(self, ds) -> None:
+    """Every sample can be drawn (``focus_indices``), checked once before any step: a sample
+    whose answer gives the draw no target needs the official draw's ``window + steps - 1``
+    tokens, and otherwise the run would stop at the first batch that holds it."""
+    w, min_local = int(self.fc["window"]), int(self.fc.get("min_local", 30))
+    need = w + self.steps - 1
+    short = []
+    for i, n in enumerate(ds.lengths):
+      n = int(n)
+      if n >= need:
+        continue
+      ans = ds.answer[i] if self.fc.get("objective") == "answer" else None
+      pos = np.flatnonzero(ans) if ans is not None else np.zeros(0, int)
+      if not np.any(np.minimum(pos[pos > min_local], n - self.steps) > min_local):
+        short.append(n)
+    if short:
+      raise DataError(
+          f"{len(short)} training samples (the shortest {min(short)} tokens) are shorter than "
+          f"the local window + focus.steps - 1 = {w} + {self.steps} - 1 = {need} tokens a "
+          f"sample without an answer target needs: raise data.min_length to {need} or lower "
+          "focus.steps")
 
   def static_shapes(self, batch: int, stride: int, max_len: int):
     """Fixed chunk-batch / local shapes for one stride: one compile per stride."""

@@ -388,6 +388,9 @@ class Trainer:
     self.task = self.method.make_task(c, self.cfg, self.settings,
                                       max_length=int(self.ds.lengths.max()),
                                       lm_length=self.lm_length)
+    check_data = getattr(self.task, "check_data", None)
+    if check_data is not None:  # data the task cannot draw from: one error before any compile
+      check_data(self.ds)
     gb = tc.global_batch
     accum = tc.grad_accum
     if gb % accum:
