@@ -185,7 +185,7 @@ def plan_cells(methods, lengths, full_max):
 
 def render(payload) -> str:
   rows = payload["results"]
-  lines = [f"# Long context on SmolLM2-135M-Instruct (`bench/bench_longctx.py`)", "",
+  lines = ["# Long context on SmolLM2-135M-Instruct (`bench/bench_longctx.py`)", "",
            H.machine_md(payload["machine"]), "",
            f"`{payload['command']}`", "",
            "Each cell: prefill s · decode ms/token · memory held MiB · peak RSS MiB · prefill MFU "
