@@ -172,13 +172,17 @@ def test_chunk_rows_padded_to_powers_of_two(tiny):
 
 
 def test_candidate_uses_candidate_weights_only(tiny):
-  """Regular tokens never see the candidate and use base weights: their K/V equal the plain LM's."""
+  """Regular tokens never see the candidate and use base weights: their K/V equal the plain LM's
+  (the cache's keys rotated at their positions, as chunk_step reads them)."""
+  from longjax.models.decoder import caches_rotated, rotate_kv
   cfg, params = tiny
   model = Decoder(cfg)
   t = prompt(20, 3).astype(np.int32)[None]
   pos = np.arange(20)[None]
   _, _, k, _ = C.condense(model, params, t, pos, np.ones(t.shape, bool), np.asarray([20], np.int32))
   _, (k0, _) = model.apply({"params": params}, t, pos, alt=np.zeros(t.shape, bool))
+  assert caches_rotated(cfg)
+  k0 = rotate_kv(cfg, k0, pos)
   np.testing.assert_allclose(k[:, :, :19], k0[:, :, :19], atol=1e-6)
   assert np.abs(np.asarray(k[:, :, 19]) - np.asarray(k0[:, :, 19])).max() > 1e-3
 

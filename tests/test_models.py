@@ -82,6 +82,39 @@ def test_kv_cache_decoding_equals_full_forward(family, tmp_root):
   assert list(np.asarray(cache.length)) == [100, 100]
 
 
+@pytest.mark.parametrize("family", ["qwen2", "llama3"])
+def test_kv_cache_holds_the_keys_hf_caches(family, tmp_root):
+  """A cache entry keeps its position for good, so the cache holds its key rotated (read as it
+  is at every decode step): HF's cached keys and values, layer by layer."""
+  import torch
+  model, cfg, params = converted(family, tmp_root)
+  ids = _ids(batch=1, length=40, seed=2)
+  _, cache = cache_forward(Decoder(cfg), params, KVCache.create(cfg, 1, 64), jnp.asarray(ids))
+  with torch.no_grad():
+    past = model(torch.as_tensor(ids), use_cache=True).past_key_values
+  for i in range(cfg.num_layers):
+    layer = past.layers[i] if hasattr(past, "layers") else None
+    k_hf, v_hf = (layer.keys, layer.values) if layer is not None else past[i]
+    for ours, ref in ((cache.k, k_hf), (cache.v, v_hf)):
+      np.testing.assert_allclose(np.asarray(ours[i, :, :40]).transpose(0, 2, 1, 3),
+                                 ref.numpy(), atol=1e-5, err_msg=f"layer {i}")
+
+
+def test_rotated_memory_is_refused_with_dynamic_rope(tmp_root):
+  """Dynamic NTK rotates with the call's longest position: its caches stay pre-RoPE."""
+  from longjax.kernels import TokenMeta
+  from longjax.models.config import ModelConfigError
+  from longjax.models.decoder import KVPrefix, caches_rotated
+  _, cfg, params = converted("llama_dynamic", tmp_root)
+  assert not caches_rotated(cfg) and caches_rotated(converted("llama3", tmp_root)[1])
+  cache = KVCache.create(cfg, 1, 8)
+  slots = jnp.arange(8, dtype=jnp.int32)[None]
+  memory = KVPrefix(cache.k, cache.v, slots, TokenMeta.causal(slots), rotated=True)
+  with pytest.raises(ModelConfigError, match="rotated at use"):
+    Decoder(cfg).apply({"params": params}, jnp.ones((1, 2), jnp.int32),
+                       jnp.asarray([[8, 9]]), memory=memory)
+
+
 def test_kv_cache_full_raises(tmp_root):
   _, cfg, params = converted("llama2", tmp_root)
   cache = KVCache.create(cfg, batch=1, capacity=8)

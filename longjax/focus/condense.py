@@ -29,7 +29,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from longjax.focus.config import FocusError
 from longjax.kernels import TokenMeta
-from longjax.models.decoder import Decoder, KVPrefix
+from longjax.models.decoder import Decoder, KVPrefix, caches_rotated, rotate_kv
 from longjax.models.head import lm_head, vocab_slice
 from longjax.runtime.tree_cache import TreeCache, live_arrays
 
@@ -63,7 +63,10 @@ def _condense_rows(model: Decoder, params, tokens, positions, valid, lengths):
   _, (k, v) = model.apply({"params": params}, tokens, positions,
                           q_meta=TokenMeta.causal(positions, valid=valid), alt=alt, head=False)
   pick = lambda a: jnp.take_along_axis(a, last[None, :, None, None, None], axis=2)[:, :, 0]
-  return pick(k), pick(v), k, v
+  # the candidates stay pre-RoPE (the local forward places them at 0..C-1); the cache entries
+  # keep their positions for good: rotated once here instead of at every decode step
+  cache_k = rotate_kv(model.cfg, k, positions) if caches_rotated(model.cfg) else k
+  return pick(k), pick(v), cache_k, v
 
 
 def condense(model: Decoder, params, tokens, positions, valid, lengths, *, batch_size=None,
@@ -71,8 +74,9 @@ def condense(model: Decoder, params, tokens, positions, valid, lengths, *, batch
   """Condense every chunk row, ``batch_size`` rows per forward (``None``: all in one).
 
   Returns ``(cand_k, cand_v [L, N, Hkv, D], k, v [L, N, capacity, Hkv, D])``: the candidates'
-  pre-RoPE K/V (from the candidate k/v projections) and every token's pre-RoPE K/V (the chunk
-  caches, zero beyond each row's ``T`` tokens; ``capacity`` defaults to ``T``).
+  pre-RoPE K/V (from the candidate k/v projections) and every token's K/V (the chunk caches, zero
+  beyond each row's ``T`` tokens; ``capacity`` defaults to ``T``), keys rotated at their positions
+  where ``caches_rotated`` (pre-RoPE for dynamic NTK), as :func:`chunk_step` reads them.
 
   With ``batch_size < N`` a device loop (``fori_loop``, differentiable) runs batches of
   ``batch_size`` consecutive rows and writes them in place into the preallocated outputs, so the
@@ -167,14 +171,15 @@ def condense_candidates(model: Decoder, params, tokens, positions, valid, length
 def chunk_step(model: Decoder, params, cache_k, cache_v, cache_len, prev, new, row_valid):
   """One decode step on every chunk row (docs/focusllm.md §4.2, cached path).
 
-  ``cache_k/v [L, N, cap, Hkv, D]`` hold each row's pre-RoPE KV (everything but its candidate),
-  ``cache_len [N]``; ``prev [N]`` the previous candidate token, ``new [N]`` the new token.
-  Returns ``(cache_k, cache_v, cache_len, cand_k, cand_v)``.
+  ``cache_k/v [L, N, cap, Hkv, D]`` hold each row's KV (everything but its candidate; keys as
+  :func:`condense` stores them), ``cache_len [N]``; ``prev [N]`` the previous candidate token,
+  ``new [N]`` the new token. Returns ``(cache_k, cache_v, cache_len, cand_k, cand_v)``.
   """
   n, cap = cache_len.shape[0], cache_k.shape[2]
+  rotated = caches_rotated(model.cfg)
   slots = jnp.broadcast_to(jnp.arange(cap, dtype=jnp.int32), (n, cap))
   memory = KVPrefix(cache_k, cache_v, slots,
-                    TokenMeta.causal(slots, valid=slots < cache_len[:, None]))
+                    TokenMeta.causal(slots, valid=slots < cache_len[:, None]), rotated=rotated)
   tokens = jnp.stack([prev, new], axis=1).astype(jnp.int32)
   positions = cache_len[:, None] + jnp.arange(2, dtype=jnp.int32)[None]
   alt = jnp.ones((n, 1), jnp.int32)  # slot 1 (the new candidate) uses the candidate projections
@@ -187,7 +192,8 @@ def chunk_step(model: Decoder, params, cache_k, cache_v, cache_len, prev, new, r
     return jax.lax.dynamic_update_slice(buf, kv[:, None].astype(buf.dtype), (0, start, 0, 0))
 
   write_rows = jax.vmap(write, in_axes=(1, 1, 0), out_axes=1)
-  cache_k = write_rows(cache_k, k[:, :, 0], cache_len)
+  prev_k = rotate_kv(model.cfg, k[:, :, :1], positions[:, :1])[:, :, 0] if rotated else k[:, :, 0]
+  cache_k = write_rows(cache_k, prev_k, cache_len)
   cache_v = write_rows(cache_v, v[:, :, 0], cache_len)
   return cache_k, cache_v, cache_len + row_valid.astype(jnp.int32), k[:, :, 1], v[:, :, 1]
 

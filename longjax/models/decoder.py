@@ -58,12 +58,33 @@ class KVPrefix:
   known to lie in ``[0, position_bound)``; the rotation tables are then gathered from one table of
   ``arange(position_bound)``, which depends on no step input: a decode loop computes it once
   instead of the sin/cos of all ``M`` positions at every step.
+
+  ``rotated`` (static): the keys are already rotated at ``positions`` (:func:`rotate_kv`), for
+  caches whose entries never move (a KV cache, FocusLLM's chunk caches) and whose RoPE does not
+  depend on the call (not dynamic NTK): a decode step then reads them as they are instead of
+  rotating the whole cache again at every token (a pass over every cached key per layer, most of
+  a long context's decode step on CPU).
   """
   k: jax.Array
   v: jax.Array
   positions: jax.Array
   meta: TokenMeta
   position_bound: Optional[int] = dataclasses.field(default=None, metadata=dict(static=True))
+  rotated: bool = dataclasses.field(default=False, metadata=dict(static=True))
+
+
+def caches_rotated(cfg: ModelConfig) -> bool:
+  """Whether a cache of this model may hold rotated keys (``KVPrefix.rotated``): dynamic NTK
+  rotates with a scale that depends on the call's longest position, so its keys are rotated at
+  use, as the whole sequence run at once would rotate them."""
+  return cfg.rope_type != "dynamic"
+
+
+def rotate_kv(cfg: ModelConfig, k, positions):
+  """Keys ``[L, B, T, Hkv, D]`` (pre-RoPE, as the decoder returns them) rotated at ``positions
+  [B, T]``: exactly what the decoder computes from them at use."""
+  cos, sin = rope_tables(cfg, positions)
+  return jax.vmap(apply_rope, in_axes=(0, None, None))(k, cos, sin)
 
 
 class RMSNorm(nn.Module):
@@ -123,8 +144,10 @@ class Attention(nn.Module):
       kv = jax.lax.all_gather(jnp.stack([k_rot, v.astype(k_rot.dtype)]), self.seq_axis, axis=2,
                               tiled=True)
       k_rot, v = kv[0], kv[1].astype(v.dtype)
-    if mem_k is not None:
-      k_rot = jnp.concatenate([apply_rope(mem_k.astype(k.dtype), *rope_mem), k_rot], axis=1)
+    if mem_k is not None:  # rope_mem None: the memory's keys are rotated already
+      mem_rot = (mem_k.astype(k.dtype) if rope_mem is None
+                 else apply_rope(mem_k.astype(k.dtype), *rope_mem))
+      k_rot = jnp.concatenate([mem_rot, k_rot], axis=1)
       v = jnp.concatenate([mem_v.astype(v.dtype), v], axis=1)
     out = attention(q, k_rot, v, q_meta, k_meta, self.rule, window=window, impl=self.impl)
     out = self._project("o", out, alt, cfg.hidden_size, axis=(-2, -1))
@@ -238,7 +261,12 @@ class Decoder(nn.Module):
       k_meta = self_meta
     else:
       mem_k, mem_v = memory.k, memory.v
-      if memory.position_bound is None:
+      if memory.rotated:
+        if not caches_rotated(cfg):
+          raise ModelConfigError(f"KVPrefix(rotated=True) with {cfg.rope_type} RoPE: its keys "
+                                 "must be rotated at use (caches_rotated)")
+        rope_mem = None
+      elif memory.position_bound is None:
         rope_mem = rope_tables(cfg, memory.positions, seq_len)
       else:
         table = rope_tables(cfg, jnp.arange(memory.position_bound, dtype=jnp.int32), seq_len)

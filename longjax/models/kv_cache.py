@@ -1,7 +1,9 @@
 """Fixed-capacity KV cache for incremental decoding with the plain decoder.
 
-The cache is a pytree (``KVCache``): pre-RoPE keys/values ``[L, B, capacity, Hkv, D]`` and an
-explicit per-row ``length``. Every call attends to the whole buffer with the unfilled part masked,
+The cache is a pytree (``KVCache``): keys/values ``[L, B, capacity, Hkv, D]`` and an explicit
+per-row ``length``. Entry ``i`` of a row sits at position ``i`` for good, so its key is stored
+rotated (``KVPrefix.rotated``): a decode step reads the cache as it is instead of rotating every
+cached key again (pre-RoPE only for dynamic NTK RoPE, whose rotation depends on the call). Every call attends to the whole buffer with the unfilled part masked,
 so one compiled step serves every length. Rows have independent lengths, which is what makes a
 batch of prompts of different lengths equal to running each prompt alone.
 """
@@ -15,7 +17,7 @@ import jax.numpy as jnp
 from longjax.kernels import TokenMeta
 from longjax.models.config import ModelConfig
 from longjax.models import inputs
-from longjax.models.decoder import Decoder, KVPrefix
+from longjax.models.decoder import Decoder, KVPrefix, caches_rotated, rotate_kv
 from longjax.errors import LongjaxError
 
 
@@ -30,7 +32,7 @@ class CacheFullError(KVCacheError):
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class KVCache:
-  k: jax.Array  # [L, B, capacity, Hkv, D], pre-RoPE
+  k: jax.Array  # [L, B, capacity, Hkv, D]: rotated at their positions (pre-RoPE: dynamic NTK)
   v: jax.Array
   length: jax.Array  # [B] int32: filled entries per row (entry i sits at position i)
 
@@ -78,7 +80,8 @@ def cache_forward(model: Decoder, params, cache: KVCache, tokens, valid=None, *,
   if not fresh:
     slots = jnp.broadcast_to(jnp.arange(cache.capacity, dtype=jnp.int32), (b, cache.capacity))
     memory = KVPrefix(cache.k, cache.v, slots,
-                      TokenMeta.causal(slots, valid=slots < cache.length[:, None]))
+                      TokenMeta.causal(slots, valid=slots < cache.length[:, None]),
+                      rotated=caches_rotated(model.cfg))
   positions = cache.length[:, None] + jnp.arange(t, dtype=jnp.int32)
   head_rows = None
   if last_only:
@@ -87,6 +90,8 @@ def cache_forward(model: Decoder, params, cache: KVCache, tokens, valid=None, *,
                                q_meta=TokenMeta.causal(positions, valid=valid), memory=memory)
   if last_only:
     logits = logits[:, 0]
+  if caches_rotated(model.cfg):
+    k = rotate_kv(model.cfg, k, positions)
 
   def write(buf, new, start):  # buf [L, cap, H, D], new [L, T, H, D] for one row
     return jax.lax.dynamic_update_slice(buf, new.astype(buf.dtype), (0, start, 0, 0))
