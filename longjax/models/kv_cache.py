@@ -3,8 +3,9 @@
 The cache is a pytree (``KVCache``): keys/values ``[L, B, capacity, Hkv, D]`` and an explicit
 per-row ``length``. Entry ``i`` of a row sits at position ``i`` for good, so its key is stored
 rotated (``KVPrefix.rotated``): a decode step reads the cache as it is instead of rotating every
-cached key again (pre-RoPE only for dynamic NTK RoPE, whose rotation depends on the call). Every call attends to the whole buffer with the unfilled part masked,
-so one compiled step serves every length. Rows have independent lengths, which is what makes a
+cached key again (pre-RoPE only for dynamic NTK RoPE, whose rotation depends on the call).
+Every call attends to the whole buffer with the unfilled part masked, so one compiled step serves
+every length. Rows have independent lengths, which is what makes a
 batch of prompts of different lengths equal to running each prompt alone.
 """
 from __future__ import annotations
