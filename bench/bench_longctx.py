@@ -39,10 +39,13 @@ if __package__ in (None, ""):
 
 from bench import harness as H  # noqa: E402
 from bench import bench_beacon as BB  # noqa: E402
+from longjax.methods import Beacon, Focus, Plain  # noqa: E402
 
-METHODS = ("beacon", "focus", "plain", "hf")
-FULL_ATTENTION = ("plain", "hf")
-ASSETS = dict(beacon="smollm2_beacon", focus="smollm2_focus")
+# the series: the longjax methods by their registry names, and "hf" (transformers, SDPA)
+BEACON, FOCUS, PLAIN, HF = Beacon.name, Focus.name, Plain.name, "hf"
+METHODS = (BEACON, FOCUS, PLAIN, HF)
+FULL_ATTENTION = (PLAIN, HF)
+ASSETS = {BEACON: "smollm2_beacon", FOCUS: "smollm2_focus"}
 SEED = 7
 
 
@@ -62,16 +65,16 @@ def _load(method: str, length: int, n_dec: int):
     reg = methods.get(method)
     cfg, settings, params = reg.load_asset(assets_root() / ASSETS[method], base)
   else:
-    reg, settings = methods.get("plain"), None
+    reg, settings = methods.get(PLAIN), None
     cfg, params = load_any(base)
   need = length + n_dec + 1
   limit = reg.token_limit(cfg, settings)[0] if settings is not None else cfg.max_positions
   past = limit is not None and need > limit
   if past:  # timing only: the RoPE table extended past the base's positions
     cfg = cfg.replace(max_position_embeddings=max(cfg.max_positions, need) * 2)
-  if method == "beacon":
+  if method == BEACON:
     lm = reg.inference_model(cfg, settings, max_length=round_up(need, settings.window))
-  elif method == "focus":
+  elif method == FOCUS:
     lm = reg.inference_model(cfg, settings)
   else:
     from longjax.plain import PlainLM
@@ -106,10 +109,10 @@ def worker_jax(spec: dict) -> dict:
 
 
 def _setting(method, settings) -> str:
-  if method == "beacon":
+  if method == BEACON:
     return (f"W {settings.window}, S {settings.stride}, ratios {settings.ratios}, "
             f"{settings.attn}")
-  if method == "focus":
+  if method == FOCUS:
     return (f"W {settings.local_window}, S {settings.chunk_stride}, prompt cap "
             f"{settings.prompt_cap}")
   return "full attention"
@@ -117,7 +120,7 @@ def _setting(method, settings) -> str:
 
 def _flops(method, cfg, settings, t_len, n_dec):
   """Analytic model FLOPs (MFU); FocusLLM's depend on its chunk plan: not counted (0)."""
-  if method == "beacon":
+  if method == BEACON:
     ratio = max(settings.positive_ratios or (1,))
     return (H.beacon_prefill_flops(cfg, t_len, settings.window, ratio, settings.sink_size),
             H.beacon_decode_flops(cfg, t_len, n_dec, settings.window, ratio))
@@ -227,8 +230,8 @@ def ratios(rows) -> list:
   ok = {(r["method"], r["length"]): r for r in rows if r.get("status") == "ok"}
   out = []
   for (m, length), r in sorted(ok.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-    ref = ok.get(("hf", length))
-    if m == "hf" or ref is None:
+    ref = ok.get((HF, length))
+    if m == HF or ref is None:
       continue
     out.append(dict(length=length, method=m,
                     prefill=H.ratio(ref["prefill_s"], r["prefill_s"]),
@@ -288,7 +291,7 @@ def main(argv=None):
   args = ap.parse_args(argv)
   if args.worker:
     spec = json.loads(args.worker)
-    H.emit(worker_hf(spec) if spec["method"] == "hf" else worker_jax(spec))
+    H.emit(worker_hf(spec) if spec["method"] == HF else worker_jax(spec))
     return
   methods = [m.strip() for m in args.methods.split(",") if m.strip()]
   bad = [m for m in methods if m not in METHODS]
