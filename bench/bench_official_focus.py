@@ -125,27 +125,13 @@ def summarise(rows, gaps=None) -> list:
   gaps = gaps or {}
   out = []
   for length in sorted({r["length"] for r in rows}):
-    ok = {m: [r for r in rows if r["length"] == length and r.get("method") == m
-              and r.get("status") == "ok"] for m in (LONGJAX, OFFICIAL)}
-    if not ok[LONGJAX] or not ok[OFFICIAL]:
+    pair = H.paired_sides(rows, length, LONGJAX, OFFICIAL)
+    if pair is None:
       out.append(dict(length=length, status="incomplete"))
       continue
-    med = {m: dict(prefill_s=H.median([r["prefill_s"] for r in rs]),
-                   decode_ms=H.median([r["decode_ms_per_token"] for r in rs]))
-           for m, rs in ok.items()}
-    toks = {json.dumps(r["tokens"]) for rs in ok.values() for r in rs}
-    loads = [r["load_average"][0] for rs in ok.values() for r in rs if r.get("load_average")]
     gap, margin = gaps.get(length, (None, None))
-    out.append(dict(
-        length=length, chunks=(length - BF.LOCAL) // BF.STRIDE,
-        rounds=min(len(ok[LONGJAX]), len(ok[OFFICIAL])),
-        longjax_prefill_s=med[LONGJAX]["prefill_s"], official_prefill_s=med[OFFICIAL]["prefill_s"],
-        prefill_speedup=H.ratio(med[OFFICIAL]["prefill_s"], med[LONGJAX]["prefill_s"]),
-        longjax_decode_ms=med[LONGJAX]["decode_ms"], official_decode_ms=med[OFFICIAL]["decode_ms"],
-        decode_speedup=H.ratio(med[OFFICIAL]["decode_ms"], med[LONGJAX]["decode_ms"]),
-        tokens_identical=len(toks) == 1, tokens=sorted(toks),
-        max_abs_dlogit=gap, longjax_top2_margin=margin,
-        load_1min=[round(min(loads), 2), round(max(loads), 2)] if loads else None))
+    out.append(dict(length=length, chunks=(length - BF.LOCAL) // BF.STRIDE, **pair,
+                    max_abs_dlogit=gap, longjax_top2_margin=margin))
   return out
 
 

@@ -464,3 +464,26 @@ def ratio(a, b):
 
 def isclose(a, b):
   return math.isclose(a, b, rel_tol=1e-9)
+
+
+def paired_sides(rows, length: int, ours: str, theirs: str) -> Optional[dict]:
+  """Two implementations timed in alternating processes at ``length`` (the official-code
+  benchmarks): each side's median over its processes, the speed-ups (theirs / ours), whether every
+  process decoded the same greedy tokens, and the load range; None unless both sides have a run."""
+  ok = {m: [r for r in rows if r["length"] == length and r.get("method") == m
+            and r.get("status") == "ok"] for m in (ours, theirs)}
+  if not ok[ours] or not ok[theirs]:
+    return None
+  med = {m: dict(prefill_s=median([r["prefill_s"] for r in rs]),
+                 decode_ms=median([r["decode_ms_per_token"] for r in rs]))
+         for m, rs in ok.items()}
+  toks = {json.dumps(r["tokens"]) for rs in ok.values() for r in rs}
+  loads = [r["load_average"][0] for rs in ok.values() for r in rs if r.get("load_average")]
+  return dict(
+      rounds=min(len(ok[ours]), len(ok[theirs])),
+      longjax_prefill_s=med[ours]["prefill_s"], official_prefill_s=med[theirs]["prefill_s"],
+      prefill_speedup=ratio(med[theirs]["prefill_s"], med[ours]["prefill_s"]),
+      longjax_decode_ms=med[ours]["decode_ms"], official_decode_ms=med[theirs]["decode_ms"],
+      decode_speedup=ratio(med[theirs]["decode_ms"], med[ours]["decode_ms"]),
+      tokens_identical=len(toks) == 1, tokens=sorted(toks),
+      load_1min=[round(min(loads), 2), round(max(loads), 2)] if loads else None)
