@@ -159,18 +159,7 @@ def worker_hf(spec: dict) -> dict:
   box = {}
 
   def run(ids=ids):
-    with torch.inference_mode():
-      t0 = time.perf_counter()
-      out = model(input_ids=ids, use_cache=True, logits_to_keep=1)
-      logits, past = out.logits[:, -1], out.past_key_values
-      t1 = time.perf_counter()
-      box["logits"], box["past"] = logits.clone(), past
-      for _ in range(n_dec):
-        nxt = logits.argmax(-1, keepdim=True)
-        out = model(input_ids=nxt, past_key_values=past, use_cache=True)
-        logits, past = out.logits[:, -1], out.past_key_values
-      t2 = time.perf_counter()
-    return {"prefill": t1 - t0, "decode": t2 - t1}
+    return hf_prefill_and_decode(model, ids, n_dec, box)
 
   # torch has no compilation: warm up (lazy init, allocator) on a 1024-token prompt.
   short = min(t_len, 1024)
@@ -186,6 +175,27 @@ def worker_hf(spec: dict) -> dict:
   return _summary(spec, res, peak, flops_p, flops_d, state_bytes, rss_loaded,
                   dict(attention_choice="torch sdpa", torch_threads=torch.get_num_threads(),
                        warmup_input=short))
+
+
+def hf_prefill_and_decode(model, ids, n_dec: int, box: dict) -> dict:
+  """One timed run of a transformers model as ``generate`` runs it: prefill with
+  ``logits_to_keep=1``, then ``n_dec`` greedy tokens over ``past_key_values``. ``box`` receives the
+  prefill's next-token ``logits``, the final ``past`` and the ``n_dec + 1`` greedy ``tokens`` of row
+  0; returns ``{"prefill": s, "decode": s}``."""
+  import torch
+  with torch.inference_mode():
+    t0 = time.perf_counter()
+    out = model(input_ids=ids, use_cache=True, logits_to_keep=1)
+    logits, past = out.logits[:, -1], out.past_key_values
+    t1 = time.perf_counter()
+    box["logits"], picks = logits.clone(), [logits.argmax(-1, keepdim=True)]
+    for _ in range(n_dec):
+      out = model(input_ids=picks[-1], past_key_values=past, use_cache=True)
+      logits, past = out.logits[:, -1], out.past_key_values
+      picks.append(logits.argmax(-1, keepdim=True))
+    t2 = time.perf_counter()
+  box["past"], box["tokens"] = past, [int(p[0, 0]) for p in picks]
+  return {"prefill": t1 - t0, "decode": t2 - t1}
 
 
 def _cache_bytes(past) -> int:

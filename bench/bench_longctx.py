@@ -31,7 +31,6 @@ import argparse
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 if __package__ in (None, ""):
@@ -146,20 +145,7 @@ def worker_hf(spec: dict) -> dict:
   box = {}
 
   def run(ids=ids):
-    with torch.inference_mode():
-      t0 = time.perf_counter()
-      out = model(input_ids=ids, use_cache=True, logits_to_keep=1)
-      logits, past = out.logits[:, -1], out.past_key_values
-      t1 = time.perf_counter()
-      box["past"], toks = past, [int(logits.argmax(-1)[0])]
-      for _ in range(n_dec):
-        out = model(input_ids=logits.argmax(-1, keepdim=True), past_key_values=past,
-                    use_cache=True)
-        logits, past = out.logits[:, -1], out.past_key_values
-        toks.append(int(logits.argmax(-1)[0]))
-      t2 = time.perf_counter()
-    box["tokens"] = toks
-    return {"prefill": t1 - t0, "decode": t2 - t1}
+    return BB.hf_prefill_and_decode(model, ids, n_dec, box)
 
   # no compilation: the warm-up (lazy init, allocator) runs a 1024-token prompt
   res = H.timed_runs(run, runs=spec["runs"], budget_s=spec["budget"],
