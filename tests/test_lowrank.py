@@ -1,6 +1,7 @@
 """Trained projections stored as low-rank deltas from the base (longjax/ckpts/lowrank.py): the
-codec against the Eckart-Young error of a truncated SVD, the loaders on low-rank and full-tensor
-assets, and the committed SmolLM2 assets."""
+codec against the Eckart-Young error of a truncated SVD (plain and calibrated on the inputs), the
+calibration of a beacon asset (longjax/beacon/calibrate.py), the loaders on low-rank and
+full-tensor assets, and the committed SmolLM2 assets."""
 import json
 
 import ml_dtypes
@@ -55,6 +56,59 @@ def test_codec_error_is_the_truncated_spectrum():
   got = lowrank.expand(stored, entry, {REF: base}, "t")[NAME]
   delta = trained - base
   assert np.abs(got - trained).max() < 2 ** -7 * np.abs(delta).max()
+
+
+def test_calibrated_codec_is_best_for_its_inputs(tmp_path):
+  """With the inputs' second moment C = E[x x^T], the factors minimise the output error
+  E|(W - W') x|^2 (the dropped singular values of delta C^1/2, checked by brute force against
+  every other rank-r delta tried here), beat the plain truncation on those inputs, keep a delta
+  of rank <= r exactly; and a calibration file missing a tensor, or of the wrong shape, is one
+  error naming the fix."""
+  rng = np.random.default_rng(3)
+  base, trained = _matrices()
+  delta = trained.astype(np.float64) - base
+  # anisotropic inputs: a few directions carry most of the energy, as in an LLM's hidden states
+  x = rng.normal(0, 1, (4000, 40)) * np.geomspace(30, 0.1, 40)
+  moment = x.T @ x / len(x)
+
+  def out_err(d):
+    return float(np.einsum("oi,ij,oj->", d, moment, d))
+
+  lam, q = np.linalg.eigh(moment)
+  s = np.linalg.svd(delta @ (q * np.sqrt(lam)), compute_uv=False)
+  for r in (4, 12):
+    stored, entry = lowrank.compress({NAME: trained}, {REF: base}, r, "float32", {NAME: moment})
+    assert entry["calibration"] and entry["energy_kept"] == pytest.approx(
+        (s[:r] ** 2).sum() / (s ** 2).sum(), abs=1e-4)
+    got = lowrank.expand(stored, entry, {REF: base}, "t")[NAME].astype(np.float64)
+    err = out_err(trained - got)
+    assert err == pytest.approx((s[r:] ** 2).sum(), rel=1e-3)
+    plain, pe = lowrank.compress({NAME: trained}, {REF: base}, r, "float32")
+    plain_err = out_err(trained - lowrank.expand(plain, pe, {REF: base}, "t")[NAME])
+    assert err < 0.7 * plain_err
+    for _ in range(20):  # no other rank-r delta nearby does better on these inputs
+      u, v = stored[NAME + lowrank.U_SUFFIX], stored[NAME + lowrank.V_SUFFIX]
+      other = (u + rng.normal(0, 0.02, u.shape)) @ (v + rng.normal(0, 0.02, v.shape)).T
+      assert out_err(delta - other) >= err * (1 - 1e-9)
+  base3, trained3 = _matrices(rank_of_delta=3)
+  stored, entry = lowrank.compress({NAME: trained3}, {REF: base3}, 3, "float32", {NAME: moment})
+  np.testing.assert_allclose(lowrank.expand(stored, entry, {REF: base3}, "t")[NAME], trained3,
+                             atol=5e-5)
+
+  with pytest.raises(AssetError, match="no input moment.*calibrate"):
+    lowrank.compress({NAME: trained}, {REF: base}, 4, "float32", {})
+  with pytest.raises(AssetError, match="wrong-shaped"):
+    lowrank.compress({NAME: trained}, {REF: base}, 4, "float32", {NAME: moment[:5, :5]})
+  bad = tmp_path / "calib.npz"
+  np.savez(bad, **{NAME: np.ones((3, 4))})
+  with pytest.raises(AssetError, match="not a finite square matrix"):
+    lowrank.read_calibration(bad)
+  good = tmp_path / "good.npz"
+  np.savez(good, **{NAME: moment, lowrank.ABOUT: np.asarray("twelve documents")})
+  got, about = lowrank.read_calibration(good)
+  assert about == "twelve documents" and set(got) == {NAME}
+  with pytest.raises(AssetError, match="cannot read the calibration file"):
+    lowrank.read_calibration(tmp_path / "missing.npz")
 
 
 def test_codec_refuses_what_it_cannot_reconstruct():
@@ -123,20 +177,23 @@ def test_low_rank_and_full_assets_load_the_same(tmp_path):
     load_beacon_asset(small, other)
 
 
-def test_committed_focus_asset_is_small_and_reconstructs(smollm2_dir):
-  """assets/smollm2_focus: <= 8 MB, every trained matrix stored as factors, and the loaded
-  tensor of a layer equals base + U @ V.T computed here from the files (the beacon asset is
-  stored whole: test_beacon_asset.py loads it)."""
+@pytest.mark.parametrize("stem", ["beacon", "focus"])
+def test_committed_assets_are_small_and_reconstruct(smollm2_dir, stem):
+  """assets/smollm2_{beacon,focus}: <= 8 MB, every trained matrix stored as rank-32 factors (the
+  beacons' calibrated on their inputs), and the loaded tensor of a layer equals base + U @ V.T
+  computed here from the files."""
   from safetensors import safe_open
   from conftest import REPO
+  from longjax.beacon.asset import load_beacon_asset
   from longjax.ckpts.hf import hf_tensors
   from longjax.focus.asset import load_focus_asset
-  stem = "focus"
   asset = REPO / "assets" / f"smollm2_{stem}"
   assert sum(f.stat().st_size for f in asset.iterdir()) <= 8_000_000
   meta = json.loads((asset / f"{stem}.json").read_text())
   assert meta["lowrank"]["rank"] == lowrank.DEFAULT_RANK
-  cfg, _, params = load_focus_asset(asset, smollm2_dir)
+  assert ("calibration" in meta["lowrank"]) == (stem == "beacon")
+  load = load_beacon_asset if stem == "beacon" else load_focus_asset
+  cfg, _, params = load(asset, smollm2_dir)
   loaded = dict(hf_tensors(cfg, params))
   name = "model.layers.7.self_attn.beacon_o_proj.weight"
   with safe_open(asset / f"{stem}.safetensors", framework="np") as f:
@@ -147,3 +204,51 @@ def test_committed_focus_asset_is_small_and_reconstructs(smollm2_dir):
     ref = f.get_tensor(name.replace("beacon_", "")).astype(np.float64)
   assert u.shape == (576, lowrank.DEFAULT_RANK) and v.shape == (576, lowrank.DEFAULT_RANK)
   np.testing.assert_allclose(loaded[name], ref + u @ v.T, atol=1e-5)
+
+
+def test_calibration_reads_the_beacon_inputs_and_feeds_the_codec(tmp_path):
+  """longjax.beacon.calibrate: one input moment per trained projection; at layer 0 every beacon
+  token's q/k/v input is the normalised beacon embedding (computed here from the HF tensors),
+  so that moment is its outer product: no raw token and no padding slot is counted. The file
+  written, given to compress_asset, gives an asset that records the calibration and loads."""
+  from longjax.beacon import BeaconLM
+  from longjax.beacon import calibrate
+  from longjax.ckpts.hf import hf_tensors
+  base, cfg, bcfg, params = _trained_beacon(tmp_path)
+  lm = BeaconLM(cfg, bcfg, max_length=256, progress=False, remat=False)
+  rng = np.random.default_rng(1)
+  docs = [rng.integers(3, cfg.vocab_size, n).tolist() for n in (96, 77)]  # 77: a partial window
+  moments = calibrate.input_moments(lm, params, docs)
+  names = {n for n, _ in hf_tensors(cfg, params) if lowrank.reference_name(n)
+           and n.endswith("_proj.weight")}
+  assert set(moments) == names and len(names) == 4 * cfg.num_layers
+  hf = dict(hf_tensors(cfg, params))
+  emb = np.asarray(hf["model.beacon_embed_tokens.weight"], np.float64)[0]
+  n = emb / np.sqrt(np.mean(emb ** 2) + cfg.rms_norm_eps)
+  n = n * np.asarray(hf["model.layers.0.input_layernorm.weight"], np.float64)
+  for p in "qkv":
+    np.testing.assert_allclose(moments[f"model.layers.0.self_attn.beacon_{p}_proj.weight"],
+                               np.outer(n, n), rtol=1e-4, atol=1e-6 * np.abs(n).max() ** 2)
+  o = moments["model.layers.1.self_attn.beacon_o_proj.weight"]
+  assert o.shape == (cfg.num_heads * cfg.head_dim,) * 2
+  assert np.linalg.eigvalsh(o).min() > -1e-6 * np.abs(o).max()
+  calib = tmp_path / "calib.npz"
+  calibrate.save_moments(moments, calib, "random ids")
+  full = save_beacon_asset(tmp_path / "full", cfg, bcfg, params, base=str(base))
+  entry = lowrank.compress_asset(full, tmp_path / "aa", rank=2, calibration=calib)
+  assert entry["calibration"] == "activation-aware: random ids"
+  assert entry["energy_kept"] > 0.999  # the move is of rank 2
+  _, _, got = load_beacon_asset(tmp_path / "aa")
+  for p in "qkvo":
+    want = np.asarray(params["layers"]["attn"][f"alt_{p}_proj"]["kernel"])
+    delta = np.abs(want - np.asarray(params["layers"]["attn"][f"{p}_proj"]["kernel"])).max()
+    assert np.abs(np.asarray(got["layers"]["attn"][f"alt_{p}_proj"]["kernel"]) - want).max() \
+        < 2 ** -5 * delta, p
+  with pytest.raises(calibrate.CalibrationError, match="fewer than --docs"):
+    calibrate.read_documents([str(tmp_path / "d.jsonl")] if (tmp_path / "d.jsonl").write_text(
+        '{"text": "a b"}\n') else [], _ByteTok(), 1, 100)
+
+
+class _ByteTok:
+  def encode(self, text):
+    return list(text.encode())

@@ -40,9 +40,10 @@ KEY = "lowrank"  # the settings JSON's entry
 FORMAT = 1
 REFERENCE_RULE = ("the base model's tensor of the same name without 'beacon_' (the official init "
                   "copies it); W = base + U @ V.T")
-# 30 layers of SmolLM2's q/k/v/o at rank 32 take 7.4 MB in bf16. Measured (docs/learning.md, "Small
-# assets"): FocusLLM's candidates keep their held-out scores at rank 32; the beacons keep their keys
-# but lose 1 % of held-out perplexity, so beacon exports stay whole unless --rank is given.
+# 30 layers of SmolLM2's q/k/v/o at rank 32 take 7.4 MB in bf16. Measured (docs/learning-log.md,
+# "Small assets" and part 2): FocusLLM's candidates keep their held-out scores at rank 32; the
+# beacons lose 0.7 % of held-out perplexity by the plain SVD and 0.07 % calibrated on their inputs,
+# so beacon exports are written whole and then compressed with a calibration.
 DEFAULT_RANK = 32
 
 Reference = Union[Mapping[str, np.ndarray], Callable[[str], Optional[np.ndarray]]]
@@ -74,11 +75,60 @@ def _lookup(reference: Reference, name: str):
   return reference.get(name)
 
 
+def _truncate(delta: np.ndarray, rank: int, moment: Optional[np.ndarray]):
+  """``(U (out, r), V (in, r), kept, total)`` with ``U @ V.T`` the rank-``rank`` approximation of
+  ``delta`` that is best for the inputs whose second moment ``E[x x^T]`` is ``moment`` (None: for
+  inputs in every direction alike, the plain truncated SVD). ``kept / total``: the share of the
+  output energy ``E|delta x|^2`` the factors keep (of ``|delta|_F^2`` without a moment)."""
+  if moment is None:
+    u, s, vt = np.linalg.svd(delta, full_matrices=False)
+    root = np.sqrt(s[:rank])
+    kept, total = float((s[:rank] ** 2).sum()), float((s ** 2).sum())
+    return u[:, :rank] * root, vt[:rank].T * root, kept, total
+  # With moment = S S^T, E|(delta - D) x|^2 = |(delta - D) S|_F^2: truncate delta S by its SVD and
+  # map the input side back through S^-1. The eigenvalues get a small floor so that directions
+  # the inputs never take keep a finite (and irrelevant) weight.
+  lam, q = np.linalg.eigh(moment.astype(np.float64))
+  lam = np.maximum(lam, 1e-6 * max(float(lam.max()), 1e-30))
+  u, s, vt = np.linalg.svd(delta @ (q * np.sqrt(lam)), full_matrices=False)
+  root = np.sqrt(s[:rank])
+  v = (q / np.sqrt(lam)) @ vt[:rank].T
+  return u[:, :rank] * root, v * root, float((s[:rank] ** 2).sum()), float((s ** 2).sum())
+
+
+ABOUT = "_about"  # a calibration file's description of its data (a string array)
+
+
+def read_calibration(path):
+  """``(moments, about)`` of a calibration file: ``.npz``, one ``(in, in)`` array of input second
+  moments per trained tensor name, and optionally ``_about``, a line saying what data gave them
+  (recorded in the asset's settings). Arrays only, never pickles."""
+  path = Path(path)
+  try:
+    with np.load(path, allow_pickle=False) as f:
+      about = str(f[ABOUT]) if ABOUT in f.files else f"input second moments from {path.name}"
+      moments = {n: np.asarray(f[n], np.float64) for n in f.files if n != ABOUT}
+  except (OSError, ValueError) as e:
+    raise AssetError(f"cannot read the calibration file {path}: {e}; write it with "
+                     "python -m longjax.beacon.calibrate") from None
+  bad = [n for n, m in moments.items() if m.ndim != 2 or m.shape[0] != m.shape[1]
+         or not np.isfinite(m).all()]
+  if bad:
+    raise AssetError(f"{path}: {bad[0]} is not a finite square matrix of input second moments; "
+                     "write the file again with python -m longjax.beacon.calibrate")
+  return moments, about
+
+
 def compress(tensors: Mapping[str, np.ndarray], reference: Reference, rank: int,
-             factor_dtype: str = "bfloat16"):
+             factor_dtype: str = "bfloat16", calibration: Optional[Mapping[str, np.ndarray]] = None,
+             calibration_note: str = ""):
   """``(stored tensors, settings entry)``: every 2-D tensor with a reference of its shape as
   rank-``rank`` factors of its delta, the rest as they are (cast to ``factor_dtype``); the entry
-  is None when no matrix was made smaller (then the tensors are all stored whole)."""
+  is None when no matrix was made smaller (then the tensors are all stored whole).
+
+  ``calibration`` (tensor name -> ``(in, in)`` second moment of that tensor's inputs): truncate
+  each delta where those inputs make it matter (activation-aware), instead of by its Frobenius
+  norm; every factored tensor must have one. The stored format is the same either way."""
   import ml_dtypes
   if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
     raise AssetError(f"the low-rank rank must be a positive integer, got {rank!r}")
@@ -97,18 +147,25 @@ def compress(tensors: Mapping[str, np.ndarray], reference: Reference, rank: int,
     if ref.shape != value.shape:
       raise AssetError(f"{name} has shape {value.shape} but the base's {ref_name} has "
                        f"{ref.shape}: not the base it was trained on")
+    moment = None
+    if calibration is not None:
+      moment = calibration.get(name)
+      if moment is None or moment.shape != (value.shape[1],) * 2:
+        raise AssetError(f"the calibration has {'no' if moment is None else 'a wrong-shaped'} "
+                         f"input moment for {name} (inputs of size {value.shape[1]}): calibrate "
+                         "on this asset")
     refs[ref_name] = ref
-    u, s, vt = np.linalg.svd(value.astype(np.float64) - ref, full_matrices=False)
-    root = np.sqrt(s[:rank])
-    out[name + U_SUFFIX] = np.ascontiguousarray((u[:, :rank] * root).astype(np_dtype))
-    out[name + V_SUFFIX] = np.ascontiguousarray((vt[:rank].T * root).astype(np_dtype))
-    kept += float((s[:rank] ** 2).sum())
-    total += float((s ** 2).sum())
+    u, v, k, t = _truncate(value.astype(np.float64) - ref, rank, moment)
+    out[name + U_SUFFIX] = np.ascontiguousarray(u.astype(np_dtype))
+    out[name + V_SUFFIX] = np.ascontiguousarray(v.astype(np_dtype))
+    kept, total = kept + k, total + t
   if not refs:  # nothing smaller as factors (a tiny model): the full tensors, no entry
     return out, None
   entry = dict(format=FORMAT, rank=rank, factor_dtype=factor_dtype, reference=REFERENCE_RULE,
                base_fingerprint=fingerprint(refs),
                energy_kept=round(kept / total, 4) if total > 0 else 1.0)
+  if calibration is not None:
+    entry["calibration"] = calibration_note or "input second moments"
   return out, entry
 
 
@@ -200,9 +257,11 @@ def _asset_kind(asset_dir: Path) -> str:
 
 
 def compress_asset(asset_dir, out_dir, rank: int = DEFAULT_RANK, overwrite: bool = False,
-                   base_dir: Optional[str] = None) -> dict:
+                   base_dir: Optional[str] = None, calibration=None) -> dict:
   """Write the asset at ``asset_dir`` again at ``out_dir`` with its trained matrices as
-  rank-``rank`` deltas from its base; returns the ``"lowrank"`` entry written."""
+  rank-``rank`` deltas from its base; returns the ``"lowrank"`` entry written. ``calibration``:
+  a file of the trained tensors' input second moments (:func:`read_calibration`), for
+  activation-aware truncation."""
   from longjax.ckpts.atomic_dir import atomic_dir, check_output_apart
   from longjax.ckpts import assets
   asset_dir = Path(asset_dir)
@@ -213,8 +272,12 @@ def compress_asset(asset_dir, out_dir, rank: int = DEFAULT_RANK, overwrite: bool
     raise AssetError(f"{asset_dir} already stores low-rank deltas (rank "
                      f"{meta[KEY].get('rank') if isinstance(meta[KEY], dict) else '?'})")
   base = assets.base_of(asset_dir, meta, f"{stem}.json", base_dir)
+  moments = note = None
+  if calibration is not None:
+    moments, about = read_calibration(calibration)
+    note = f"activation-aware: {about}"
   stored, entry = compress(assets.read_tensors(asset_dir, stem), base_reader(base), rank,
-                           meta.get("dtype", "bfloat16"))
+                           meta.get("dtype", "bfloat16"), moments, note)
   if entry is None:
     raise AssetError(f"no matrix of {asset_dir} is smaller as rank-{rank} factors: "
                      "keep it as it is")
@@ -234,12 +297,16 @@ def main(argv=None):
   ap.add_argument("--out", required=True)
   ap.add_argument("--rank", type=int, default=DEFAULT_RANK)
   ap.add_argument("--base", default=None, help="the base model directory (default: the asset's)")
+  ap.add_argument("--calibration", default=None,
+                  help="an .npz of the trained tensors' input second moments "
+                       "(python -m longjax.beacon.calibrate): truncate where the inputs are")
   ap.add_argument("--overwrite", action="store_true")
   ap.add_argument("--debug", action="store_true", help="show tracebacks")
   args = ap.parse_args(argv)
 
   def run():
-    entry = compress_asset(args.asset, args.out, args.rank, args.overwrite, args.base)
+    entry = compress_asset(args.asset, args.out, args.rank, args.overwrite, args.base,
+                           args.calibration)
     print(f"wrote {args.out}: rank {entry['rank']}, energy kept {entry['energy_kept']}")
   return cli.run("python -m longjax.ckpts.lowrank", run, debug=args.debug)
 
