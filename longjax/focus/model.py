@@ -37,7 +37,7 @@ from longjax.models.protocol import DevicePlan, Segment
 from longjax.models.inputs import (check_kv_fits, check_max_new_tokens, check_room,
                                    check_token_ids)
 from longjax.models.config import ModelConfig
-from longjax.models.decoder import Decoder
+from longjax.models.decoder import Decoder, decode_decoder
 from longjax.models.head import lm_head
 
 
@@ -118,6 +118,10 @@ class FocusLLM:
     check_model(cfg, fcfg)
     self.cfg, self.fcfg, self.mesh, self.axis = cfg, fcfg, mesh, axis
     self.model = Decoder(cfg, impl=impl)
+    # Condensing keeps only each layer's K/V of the chunk rows. As a Python loop over the layers
+    # (on CPU, as decode loops run) XLA drops the work nothing reads: the last layer's queries,
+    # attention, o projection and MLP, 1/L of the condensing; a scanned loop computes them.
+    self.condense_model = decode_decoder(self.model)
     if chunk_bucket != "pow2" and not (isinstance(chunk_bucket, (int, np.integer))
                                        and int(chunk_bucket) >= 1):
       raise FocusError(f"chunk_bucket must be 'pow2' or an int >= 1, got {chunk_bucket!r}")
@@ -170,8 +174,11 @@ class FocusLLM:
     """Chunk caches ``[L, N, capacity, Hkv, D]`` and candidates, ``chunk_batch_size`` rows per
     forward (per device on a mesh), written in place into the capacity-sized buffers."""
     kw = dict(batch_size=self.chunk_batch_size, capacity=capacity)
-    fn = (functools.partial(C.condense, self.model, **kw) if self.mesh is None
-          else C.condense_sharded(self.model, self.mesh, self.axis, **kw))
+    if self.mesh is None:
+      model = self.condense_model
+      fn, params = functools.partial(C.condense, model, **kw), model.prepare_params(params)
+    else:
+      fn = C.condense_sharded(self.model, self.mesh, self.axis, **kw)
     return fn(params, cb.tokens, cb.positions, cb.valid, cb.lengths)
 
   def _prefill_impl(self, params, cb: ChunkBatch, lb: LocalBatch, *, cache_cap: int,
