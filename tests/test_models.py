@@ -136,6 +136,31 @@ def test_kv_cache_full_raises_on_the_jitted_path():
     lm.step(params, state, np.array([3], np.int32))
 
 
+def test_cache_writes_land_per_row_in_place():
+  """write_entries: each row's new entries at its own start (numpy reference), entries past the
+  capacity dropped (never shifted over earlier ones); compiled with the buffer donated, the write
+  holds no copy of the whole buffer (the vmapped per-row dynamic_update_slice it replaced copied
+  it, and changed its layout, at every decode step)."""
+  from longjax.models.kv_cache import write_entries
+  rng = np.random.default_rng(0)
+  buf = rng.normal(size=(3, 4, 10, 2, 5)).astype(np.float32)
+  new = rng.normal(size=(3, 4, 2, 2, 5)).astype(np.float32)
+  starts = np.array([0, 3, 8, 9], np.int32)
+  want = buf.copy()
+  for b, s in enumerate(starts):
+    for t in range(2):
+      if s + t < 10:
+        want[:, b, s + t] = new[:, b, t]
+  got = np.asarray(write_entries(jnp.asarray(buf), jnp.asarray(new), jnp.asarray(starts)))
+  np.testing.assert_array_equal(got, want)
+  big = jax.ShapeDtypeStruct((4, 8, 256, 2, 16), jnp.float32)
+  one = jax.ShapeDtypeStruct((4, 8, 1, 2, 16), jnp.float32)
+  hlo = jax.jit(write_entries, donate_argnums=0).lower(
+      big, one, jax.ShapeDtypeStruct((8,), jnp.int32)).compile().as_text()
+  copies = [ln for ln in hlo.splitlines() if "f32[4,8,256,2,16]" in ln and " copy(" in ln]
+  assert not copies, copies
+
+
 @pytest.mark.parametrize("tied", [False, True])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_lm_head_equals_the_decoders_own(tied, dtype):

@@ -30,6 +30,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from longjax.focus.config import FocusError
 from longjax.kernels import TokenMeta
 from longjax.models.decoder import Decoder, KVPrefix, caches_rotated, rotate_kv
+from longjax.models.kv_cache import write_entries
 from longjax.models.head import lm_head, vocab_slice
 from longjax.runtime.tree_cache import TreeCache, live_arrays
 
@@ -188,13 +189,10 @@ def chunk_step(model: Decoder, params, cache_k, cache_v, cache_len, prev, new, r
                           q_meta=TokenMeta.causal(positions, valid=valid), alt=alt,
                           memory=memory, head=False)
 
-  def write(buf, kv, start):  # buf [L, cap, H, D]; kv [L, H, D] (the re-encoded previous token)
-    return jax.lax.dynamic_update_slice(buf, kv[:, None].astype(buf.dtype), (0, start, 0, 0))
-
-  write_rows = jax.vmap(write, in_axes=(1, 1, 0), out_axes=1)
-  prev_k = rotate_kv(model.cfg, k[:, :, :1], positions[:, :1])[:, :, 0] if rotated else k[:, :, 0]
-  cache_k = write_rows(cache_k, prev_k, cache_len)
-  cache_v = write_rows(cache_v, v[:, :, 0], cache_len)
+  # the re-encoded previous token (not a candidate any more) joins each row's cache
+  prev_k = rotate_kv(model.cfg, k[:, :, :1], positions[:, :1]) if rotated else k[:, :, :1]
+  cache_k = write_entries(cache_k, prev_k, cache_len)
+  cache_v = write_entries(cache_v, v[:, :, :1], cache_len)
   return cache_k, cache_v, cache_len + row_valid.astype(jnp.int32), k[:, :, 1], v[:, :, 1]
 
 

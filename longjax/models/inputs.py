@@ -141,7 +141,7 @@ def check_room(used, new: int, capacity: int, fail: Callable[[int], Exception]) 
   """Host side, before a fixed-capacity buffer is written: the fullest row's ``used`` entries
   (an int or one per row) plus ``new`` must fit ``capacity``; else ``fail(need)`` is raised (the
   caller's error, which says which buffer and how to make it larger). Inside a trace the lengths
-  are unknown; an overfull write there would be clamped by ``dynamic_update_slice`` silently, so
+  are unknown; an overfull write there would lose entries silently (clamped or dropped), so
   every method calls this on concrete lengths first."""
   need = int(np.max(np.asarray(used))) + int(new)
   if need > capacity:
