@@ -80,19 +80,18 @@ def _truncate(delta: np.ndarray, rank: int, moment: Optional[np.ndarray]):
   ``delta`` that is best for the inputs whose second moment ``E[x x^T]`` is ``moment`` (None: for
   inputs in every direction alike, the plain truncated SVD). ``kept / total``: the share of the
   output energy ``E|delta x|^2`` the factors keep (of ``|delta|_F^2`` without a moment)."""
-  if moment is None:
-    u, s, vt = np.linalg.svd(delta, full_matrices=False)
-    root = np.sqrt(s[:rank])
-    kept, total = float((s[:rank] ** 2).sum()), float((s ** 2).sum())
-    return u[:, :rank] * root, vt[:rank].T * root, kept, total
   # With moment = S S^T, E|(delta - D) x|^2 = |(delta - D) S|_F^2: truncate delta S by its SVD and
   # map the input side back through S^-1. The eigenvalues get a small floor so that directions
   # the inputs never take keep a finite (and irrelevant) weight.
-  lam, q = np.linalg.eigh(moment.astype(np.float64))
-  lam = np.maximum(lam, 1e-6 * max(float(lam.max()), 1e-30))
-  u, s, vt = np.linalg.svd(delta @ (q * np.sqrt(lam)), full_matrices=False)
-  root = np.sqrt(s[:rank])
-  v = (q / np.sqrt(lam)) @ vt[:rank].T
+  target = delta
+  if moment is not None:
+    lam, q = np.linalg.eigh(moment.astype(np.float64))
+    lam = np.maximum(lam, 1e-6 * max(float(lam.max()), 1e-30))
+    target = delta @ (q * np.sqrt(lam))
+  u, s, vt = np.linalg.svd(target, full_matrices=False)
+  root, v = np.sqrt(s[:rank]), vt[:rank].T
+  if moment is not None:
+    v = (q / np.sqrt(lam)) @ v
   return u[:, :rank] * root, v * root, float((s[:rank] ** 2).sum()), float((s ** 2).sum())
 
 
