@@ -215,6 +215,28 @@ def test_chunked_causal_trimming_matches_dense(tiling):
       assert rel_err(a, r) < 1e-5, rel_err(a, r)
 
 
+def test_chunked_causal_bands_match_dense():
+  """``causal_offset`` with the default blocks on a call that fits whole tiles: query bands, each
+  over the keys up to its last query, give the dense reference's output, lse and gradients (a
+  fresh prefill and one after cached entries; a partial last band with padding queries)."""
+  from longjax.kernels.chunked import causal_band_ends
+  q, k, v, qm, km, mem = _cached_prefill_case()
+  ends = causal_band_ends(q.shape[1])
+  assert len(ends) >= 3 and ends[-1] == q.shape[1] and ends[-1] - ends[-2] < ends[0], ends
+  rule = MaskRule(causal=True)
+  for offset, args in ((mem, (q, k, v, qm, km)),
+                       (0, (q, k[:, mem:], v[:, mem:], qm, qm))):
+    out, lse = chunked_attention(*args, rule, causal_offset=offset)
+    check_forward(out, lse, *args, rule, NO_WINDOW)
+    fn = lambda q, k, v, a=args: chunked_attention(q, k, v, a[3], a[4], rule,
+                                                   causal_offset=offset)[0]
+    ref = lambda q, k, v, a=args: dense_attention(q, k, v, a[3], a[4], rule)[0]
+    g = jax.grad(lambda *x: jnp.sum(fn(*x) ** 2), argnums=(0, 1, 2))(*args[:3])
+    g_ref = jax.grad(lambda *x: jnp.sum(ref(*x) ** 2), argnums=(0, 1, 2))(*args[:3])
+    for a, r in zip(g, g_ref):
+      assert rel_err(a, r) < 1e-5, rel_err(a, r)
+
+
 # ------------------------------------------------------------------------------------------------
 # Pallas kernels in interpret mode.
 # ------------------------------------------------------------------------------------------------

@@ -102,11 +102,11 @@ class FocusLoss:
     self.teacher = Decoder(cfg, rule=CAUSAL_PREFILL, impl=impl)  # the base on the whole sample
     if mesh is not None:
       self.n_shards = int(mesh.shape[axis])
-      self._condense = C.condense_candidates_sharded(self.model, mesh, axis)
+      self._condense = C.condense_candidates_sharded(C.row_decoder(self.model), mesh, axis)
     else:
       self.n_shards = 1
       # Candidates only: the rest of each chunk row runs forward-only (no backward through it).
-      self._condense = functools.partial(C.condense_candidates, self.model)
+      self._condense = functools.partial(C.condense_candidates, C.row_decoder(self.model))
     self.loss = jax.jit(self._loss)
     self.value_and_grad = jax.jit(jax.value_and_grad(self._loss))
 

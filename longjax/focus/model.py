@@ -121,7 +121,8 @@ class FocusLLM:
     # Condensing keeps only each layer's K/V of the chunk rows. As a Python loop over the layers
     # (on CPU, as decode loops run) XLA drops the work nothing reads: the last layer's queries,
     # attention, o projection and MLP, 1/L of the condensing; a scanned loop computes them.
-    self.condense_model = decode_decoder(self.model)
+    self.row_model = C.row_decoder(self.model)
+    self.condense_model = decode_decoder(self.row_model)
     if chunk_bucket != "pow2" and not (isinstance(chunk_bucket, (int, np.integer))
                                        and int(chunk_bucket) >= 1):
       raise FocusError(f"chunk_bucket must be 'pow2' or an int >= 1, got {chunk_bucket!r}")
@@ -178,7 +179,7 @@ class FocusLLM:
       model = self.condense_model
       fn, params = functools.partial(C.condense, model, **kw), model.prepare_params(params)
     else:
-      fn = C.condense_sharded(self.model, self.mesh, self.axis, **kw)
+      fn = C.condense_sharded(self.row_model, self.mesh, self.axis, **kw)
     return fn(params, cb.tokens, cb.positions, cb.valid, cb.lengths)
 
   def _prefill_impl(self, params, cb: ChunkBatch, lb: LocalBatch, *, cache_cap: int,

@@ -20,7 +20,9 @@ backward and XLA fallback) pays per KV block for a layout made for the kernels. 
   skips it, ``lax.cond``), and divides the ``[.., D]`` output by the softmax denominator instead
   of the probabilities: two passes over each tile's scores (max, exp-and-sum);
 * with ``causal_offset`` (a causal prefill), skips the tiles after a step's last query
-  (``lax.cond``): about half the work of a fresh prefill, from one compiled loop body.
+  (``lax.cond``): about half the work of a fresh prefill, from one compiled loop body; a call
+  small enough for whole tiles is cut into query bands instead, each reading only the keys up to
+  its last query.
 
 Same contract as :func:`longjax.kernels.reference.dense_attention` (``(out, lse)``; a query that
 sees no key gives zeros and ``lse = -inf``). Differentiable by plain autodiff; above
@@ -138,6 +140,10 @@ PARALLEL_BLOCKS = 2
 # as one tile: as fast there (1152 queries x 3.7K keys), and no tile loop to compile for each of
 # the many memory sizes a Beacon prefill goes through.
 WHOLE_Q = 64
+# A causal call that fits whole tiles is cut into this many query bands (``_causal_bands``).
+# Measured on one FocusLLM chunk row (1,152 tokens, 8 / 2 and 9 / 3 heads): 4 bands 1.4-1.6x,
+# 8 bands 1.45-1.65x faster than the whole square; at 2K tokens the same as the tiled skip.
+CAUSAL_BANDS = 8
 WHOLE_TILE_BYTES = 16 * 2**20
 
 
@@ -160,8 +166,12 @@ def chunked_attention(q, k, v, q_meta: TokenMeta, k_meta: TokenMeta, rule: MaskR
   b, tq, hq, d = q.shape
   tk = k.shape[1]
   scale = d ** -0.5 if scale is None else scale
-  whole = (causal_offset is None
-           and b * hq * min(WHOLE_Q, round_up(tq, 8)) * round_up(tk, 8) * 4 <= WHOLE_TILE_BYTES)
+  fits_whole = b * hq * min(WHOLE_Q, round_up(tq, 8)) * round_up(tk, 8) * 4 <= WHOLE_TILE_BYTES
+  if (causal_offset is not None and fits_whole
+      and all(x is None for x in (block_q, block_k, parallel_blocks))):
+    return _causal_bands(q, k, v, q_meta, k_meta, rule, window, scale, int(causal_offset),
+                         remat_scores)
+  whole = causal_offset is None and fits_whole
   if whole:
     block_q, block_k, parallel_blocks = block_q or WHOLE_Q, block_k or tk, parallel_blocks or 1
   parallel_blocks = parallel_blocks or PARALLEL_BLOCKS
@@ -213,6 +223,31 @@ def chunked_attention(q, k, v, q_meta: TokenMeta, k_meta: TokenMeta, rule: MaskR
   out = out.reshape(b, steps * par * bq, hq, d)[:, :tq]
   lse = lse.reshape(b, hq, steps * par * bq)[..., :tq]
   return out.astype(q.dtype), lse
+
+
+def causal_band_ends(tq: int):
+  """Query ends of the bands a short causal call is cut into (``CAUSAL_BANDS`` of whole
+  ``WHOLE_Q`` blocks, the last one ending at ``tq``)."""
+  size = round_up(-(-tq // CAUSAL_BANDS), WHOLE_Q)
+  return list(range(size, tq, size)) + [tq]
+
+
+def _causal_bands(q, k, v, q_meta, k_meta, rule, window, scale, offset, remat_scores):
+  """A causal call small enough for whole tiles (a FocusLLM chunk row, a short prefill): the
+  queries cut into bands, each attending, in whole tiles, only to the keys up to its last query
+  (``offset`` + its end). About 9/16 of the score work at 8 bands, in independent programs the
+  CPU runtime can run side by side; the tiled path's per-tile skipping pays a tile loop instead."""
+  outs, lses, s = [], [], 0
+  for e in causal_band_ends(q.shape[1]):
+    kend = min(k.shape[1], offset + e)
+    out, lse = chunked_attention(
+        q[:, s:e], k[:, :kend], v[:, :kend], jax.tree.map(lambda x: x[:, s:e], q_meta),
+        jax.tree.map(lambda x: x[:, :kend], k_meta), rule, window=window, scale=scale,
+        remat_scores=remat_scores)
+    outs.append(out)
+    lses.append(lse)
+    s = e
+  return jnp.concatenate(outs, axis=1), jnp.concatenate(lses, axis=2)
 
 
 def _pad_keys(meta: TokenMeta, n: int) -> TokenMeta:
