@@ -194,23 +194,28 @@ class FocusLLM:
         n_chunks=lb.n_chunks)
     return self._local_logits(params, state, all_logits), state
 
-  def _local_logits(self, params, s: FocusState, all_logits: bool):
-    args = (self.model, params, s.cand_k, s.cand_v, s.gather, s.cand_valid, s.local_tokens,
-            s.local_len, s.n_chunks)
+  def _local_logits(self, params, s: FocusState, all_logits: bool, model=None):
+    args = (model or self.model, params, s.cand_k, s.cand_v, s.gather, s.cand_valid,
+            s.local_tokens, s.local_len, s.n_chunks)
     if all_logits:
       return lm_head(self.cfg, params, C.local_hidden(*args, mesh=self.mesh, axis=self.axis))
     return C.local_next_logits(*args, mesh=self.mesh, axis=self.axis)
 
-  def _step_impl(self, params, s: FocusState, tokens):
+  def _step_impl(self, params, s: FocusState, tokens, model=None):
+    """One cached decode step. ``model``: the decoder to step with, ``params`` in its layout
+    (default: ``self.model``, stacked); only without a mesh (the sharded chunk step is built
+    for ``self.model``)."""
     tokens = tokens.astype(jnp.int32)
     new = tokens[jnp.maximum(s.owner, 0)]
-    ck, cv, cl, cand_k, cand_v = self._chunk_step(params, s.cache_k, s.cache_v, s.cache_len,
-                                                  s.prev, new, s.row_valid)
+    chunk_step = (self._chunk_step if model is None
+                  else functools.partial(C.chunk_step, model))
+    ck, cv, cl, cand_k, cand_v = chunk_step(params, s.cache_k, s.cache_v, s.cache_len, s.prev,
+                                            new, s.row_valid)
     b = tokens.shape[0]
     local_tokens = s.local_tokens.at[jnp.arange(b), s.local_len].set(tokens, mode="drop")
     s = dataclasses.replace(s, cache_k=ck, cache_v=cv, cache_len=cl, prev=new, cand_k=cand_k,
                             cand_v=cand_v, local_tokens=local_tokens, local_len=s.local_len + 1)
-    return self._local_logits(params, s, False), s
+    return self._local_logits(params, s, False, model), s
 
   # -------------------------------------------------------------------------------------------
   # Method interface (longjax.generate).
@@ -247,7 +252,8 @@ class FocusLLM:
     """The cached decode step for ``longjax.generate``'s device loop: the state already has fixed
     shapes (prefill sized the local context and chunk caches for max_new_tokens)."""
     self._check_decode_room(state, n_feeds)  # the host step's check, for the last of n_feeds
-    return DevicePlan(state, [Segment(n_feeds, FocusStep(self))])
+    decoder = decode_decoder(self.model) if self.mesh is None else self.model
+    return DevicePlan(state, [Segment(n_feeds, FocusStep(self, decoder))])
 
   # -------------------------------------------------------------------------------------------
   # Whole-prompt forwards (tests, fixtures, the closed-form decode path).
@@ -276,11 +282,18 @@ class FocusLLM:
 @dataclasses.dataclass(frozen=True)
 class FocusStep:
   """``FocusLLM``'s cached decode step as a static argument of the device loop (hashed by the
-  model object: one compiled loop per FocusLLM, as its jitted step)."""
+  model object and the decoder it steps with: one compiled loop per FocusLLM, as its jitted step).
+
+  ``model``: the decoder of the chunk rows' step and of the local forward. On CPU, without a mesh,
+  the per-layer one (``decode_decoder``): a step reads every weight once, and the layer scan's
+  per-layer slices copied each weight and each layer's chunk caches first (a tenth of a SmolLM2
+  step at 8K)."""
   focus: FocusLLM
+  model: Decoder
 
   def prepare_params(self, params):  # on the host, before the loop (decode_loop.step_params)
-    return self.focus.place_params(params)
+    return self.model.prepare_params(self.focus.place_params(params))
 
   def __call__(self, params, state: FocusState, x, tokens):
-    return self.focus._step_impl(params, state, tokens)
+    model = None if self.model is self.focus.model else self.model
+    return self.focus._step_impl(params, state, tokens, model)
