@@ -137,3 +137,29 @@ def test_memory_rope_from_one_table_equals_per_position_tables(rope_scaling):
   # the positions matter (a table indexed wrongly would show): all-zero positions move the logits
   zero = run(D.KVPrefix(k, v, jnp.zeros_like(pos), meta, position_bound=m))
   assert np.abs(zero - per_position).max() > 1e-3
+
+
+@pytest.mark.parametrize("layer_loop", D.LAYER_LOOPS)
+def test_mlp_row_blocks_match_one_block(monkeypatch, layer_loop):
+  """The MLP run in row blocks (CPU, long calls; a partial last block, two rows of a batch) gives
+  the one-block MLP's logits and gradients."""
+  params = D.init_params(CFG, seed=1)
+  model = D.Decoder(CFG, rule=D.CAUSAL_PREFILL, layer_loop=layer_loop)
+  rng = np.random.default_rng(3)
+  tokens = jnp.asarray(rng.integers(3, CFG.vocab_size, (2, 45)), jnp.int32)
+  positions = jnp.arange(45)[None].repeat(2, 0)
+  assert D.mlp_row_blocks(tokens.size) is None  # the default threshold: one block here
+
+  def loss(p):
+    logits, _ = model.apply({"params": model.prepare_params(p)}, tokens, positions,
+                            q_meta=TokenMeta.causal(positions))
+    return jnp.sum(jax.nn.log_softmax(logits) * jax.nn.softmax(logits * 0.5)), logits
+
+  (ref, ref_logits), ref_grads = jax.value_and_grad(loss, has_aux=True)(params)
+  monkeypatch.setattr(D, "MLP_BLOCKED_MIN_ROWS", 16)
+  monkeypatch.setattr(D, "MLP_ROW_BLOCK", 32)  # 90 rows: blocks of 32, 32, 26 + 6 padding
+  assert D.mlp_row_blocks(tokens.size) == 32
+  (out, logits), grads = jax.value_and_grad(loss, has_aux=True)(params)
+  np.testing.assert_allclose(np.asarray(logits), np.asarray(ref_logits), rtol=1e-5, atol=1e-5)
+  for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
