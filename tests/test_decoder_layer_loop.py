@@ -157,7 +157,7 @@ def test_mlp_row_blocks_match_one_block(monkeypatch, layer_loop):
 
   (ref, ref_logits), ref_grads = jax.value_and_grad(loss, has_aux=True)(params)
   monkeypatch.setattr(D, "MLP_BLOCKED_MIN_ROWS", 16)
-  monkeypatch.setattr(D, "MLP_ROW_BLOCK", 32)  # 90 rows: blocks of 32, 32, 26 + 6 padding
+  monkeypatch.setattr(D, "MLP_ROW_BLOCK", 32)  # 2 rows x 45 tokens: blocks of 16 tokens, 3 padding
   assert D.mlp_row_blocks(tokens.size) == 32
   (out, logits), grads = jax.value_and_grad(loss, has_aux=True)(params)
   np.testing.assert_allclose(np.asarray(logits), np.asarray(ref_logits), rtol=1e-5, atol=1e-5)

@@ -190,12 +190,15 @@ class MLP(nn.Module):
       h = nn.silu(jnp.dot(xb, kg.astype(dt))) * jnp.dot(xb, ku.astype(dt))
       return jnp.dot(h, kd.astype(dt))
 
-    flat = x.reshape(-1, x.shape[-1])
-    n = flat.shape[0]
-    nb = -(-n // block)
-    flat = jnp.pad(flat, ((0, nb * block - n), (0, 0)))  # padding rows: computed, then cut
-    out = jax.lax.map(rows, flat.reshape(nb, block, -1)).reshape(nb * block, -1)[:n]
-    return out.reshape(x.shape[:-1] + (cfg.hidden_size,))
+    # blocks along the tokens, the leading (batch) axes kept whole: a batch-sharded call stays
+    # sharded the same way in every block
+    lead, t = x.shape[:-2], x.shape[-2]
+    bt = max(1, block // max(1, int(np.prod(lead))))
+    nb = -(-t // bt)
+    xs = jnp.pad(x, [(0, 0)] * len(lead) + [(0, nb * bt - t), (0, 0)])  # padding: cut below
+    xs = jnp.moveaxis(xs.reshape(lead + (nb, bt, x.shape[-1])), len(lead), 0)
+    out = jnp.moveaxis(jax.lax.map(rows, xs), 0, len(lead))
+    return out.reshape(lead + (nb * bt, cfg.hidden_size))[..., :t, :]
 
 
 class Block(nn.Module):
