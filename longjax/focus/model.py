@@ -195,8 +195,8 @@ class FocusLLM:
     return self._local_logits(params, state, all_logits), state
 
   def _local_logits(self, params, s: FocusState, all_logits: bool, model=None):
-    args = (model or self.model, params, s.cand_k, s.cand_v, s.gather, s.cand_valid,
-            s.local_tokens, s.local_len, s.n_chunks)
+    args = (self.model if model is None else model, params, s.cand_k, s.cand_v, s.gather,
+            s.cand_valid, s.local_tokens, s.local_len, s.n_chunks)
     if all_logits:
       return lm_head(self.cfg, params, C.local_hidden(*args, mesh=self.mesh, axis=self.axis))
     return C.local_next_logits(*args, mesh=self.mesh, axis=self.axis)
