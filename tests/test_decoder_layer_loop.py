@@ -163,3 +163,56 @@ def test_mlp_row_blocks_match_one_block(monkeypatch, layer_loop):
   np.testing.assert_allclose(np.asarray(logits), np.asarray(ref_logits), rtol=1e-5, atol=1e-5)
   for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("layer_loop", D.LAYER_LOOPS)
+@pytest.mark.parametrize("alt_kind", ["slots", "mask"])
+@pytest.mark.parametrize("with_memory", [False, True])
+def test_head_rows_last_layer_equals_the_full_call(layer_loop, alt_kind, with_memory):
+  """With ``head_rows`` the last layer computes only those rows' outputs: their logits / hidden
+  states and every token's keys and values equal the full call's (rows with and without the
+  alternative projections, a repeated row, and R = 0: keys and values only), with gradients."""
+  params = D.init_params(CFG, 3)
+  model = D.Decoder(CFG, rule=D.CAUSAL_PREFILL, layer_loop=layer_loop)
+  p = model.prepare_params(params)
+  rng = np.random.default_rng(5)
+  b, t, m = 2, 7, 4
+  tokens = jnp.asarray(rng.integers(3, CFG.vocab_size, (b, t)), jnp.int32)
+  positions = m + jnp.arange(t)[None].repeat(b, 0)
+  slots = jnp.asarray([[1, 6], [0, 9]], jnp.int32)  # 9 >= T: padding
+  alt = slots if alt_kind == "slots" else jnp.zeros((b, t), bool).at[[0, 0, 1], [1, 6, 0]].set(True)
+  memory = None
+  if with_memory:
+    shape = (CFG.num_layers, b, m, CFG.num_kv_heads, CFG.head_dim)
+    pos = jnp.arange(m)[None].repeat(b, 0)
+    memory = D.KVPrefix(jnp.asarray(rng.standard_normal(shape), jnp.float32),
+                        jnp.asarray(rng.standard_normal(shape), jnp.float32), pos,
+                        TokenMeta.causal(pos, valid=jnp.asarray([[True] * m, [True, False] * 2])))
+  rows = jnp.asarray([[6, 1, 3], [0, 2, 2]], jnp.int32)
+  run = lambda p, **kw: model.apply({"params": p}, tokens, positions, alt=alt, memory=memory,
+                                    q_meta=TokenMeta.causal(positions), **kw)
+  full, (k, v) = run(p)
+  part, (k_r, v_r) = run(p, head_rows=rows)
+  want = np.take_along_axis(np.asarray(full), np.asarray(rows)[..., None], axis=1)
+  np.testing.assert_allclose(np.asarray(part), want, atol=1e-5, rtol=0)
+  np.testing.assert_allclose(np.asarray(k_r), np.asarray(k), atol=1e-6, rtol=0)
+  np.testing.assert_allclose(np.asarray(v_r), np.asarray(v), atol=1e-6, rtol=0)
+  hidden, _ = run(p, head=False)
+  hidden_r, _ = run(p, head=False, head_rows=rows)
+  np.testing.assert_allclose(np.asarray(hidden_r),
+                             np.take_along_axis(np.asarray(hidden), np.asarray(rows)[..., None], 1),
+                             atol=1e-5, rtol=0)
+  none, (k0, v0) = run(p, head=False, head_rows=jnp.zeros((b, 0), jnp.int32))
+  assert none.shape == (b, 0, CFG.hidden_size)
+  np.testing.assert_allclose(np.asarray(k0), np.asarray(k), atol=1e-6, rtol=0)
+  np.testing.assert_allclose(np.asarray(v0), np.asarray(v), atol=1e-6, rtol=0)
+
+  def loss(p, **kw):
+    logits, (k, v) = run(p, **kw)
+    sel = logits if kw else jnp.take_along_axis(logits, rows[..., None], axis=1)
+    return jnp.sum(jnp.tanh(sel)) + jnp.sum(jnp.sin(k[-1])) + jnp.sum(v[-1] ** 2)
+
+  g_full = jax.grad(loss)(p)
+  g_rows = jax.grad(lambda p: loss(p, head_rows=rows))(p)
+  for a, b_ in zip(jax.tree.leaves(g_rows), jax.tree.leaves(g_full)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b_), rtol=1e-4, atol=1e-6)

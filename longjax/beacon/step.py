@@ -156,14 +156,18 @@ def window_step(model: Decoder, sink_cap: int, params, carry: Carry, plan: Windo
   # m == 0: nothing valid in memory (the first window): attend to the window only
   memory = _memory_prefix(carry.k, carry.v, plan, m, sink_cap, kinds) if m > 0 else None
   q_meta = TokenMeta.causal(plan.order, valid=plan.valid, kind=plan.kind if kinds else None)
+  last = jnp.maximum(plan.last_slot, 0)
+  # Reading (no loss, no hidden states): only the last raw token's output is used, so the last
+  # layer computes only it besides every token's keys and values.
+  rows = None if (want_loss or want_hidden) else last[:, None]
   hidden, (nk, nv) = model.apply({"params": params}, plan.tokens, plan.pos, q_meta=q_meta,
-                                 alt=plan.alt_slot, memory=memory, head=False)
+                                 alt=plan.alt_slot, memory=memory, head=False, head_rows=rows)
   write = _append if plan.append_only else _write_back
   k = write(carry.k, nk, plan, sink_cap)
   v = write(carry.v, nv, plan, sink_cap)
 
-  last = jnp.maximum(plan.last_slot, 0)
-  h_last = jnp.take_along_axis(hidden, last[:, None, None], axis=1)[:, 0]
+  h_last = (hidden if rows is not None
+            else jnp.take_along_axis(hidden, last[:, None, None], axis=1))[:, 0]
   last = jnp.where((plan.last_slot >= 0)[:, None], lm_head(cfg, params, h_last), carry.last)
   if want_loss:
     h = jnp.take_along_axis(hidden, plan.label_slot[..., None], axis=1)  # [B, L, H]

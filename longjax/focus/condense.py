@@ -55,6 +55,11 @@ def default_batch_size(platform: str) -> int:
   return DEFAULT_BATCH_SIZE.get(str(platform).lower(), ACCELERATOR_BATCH_SIZE)
 
 
+def _no_rows(tokens):
+  """``head_rows`` for a call that keeps only the keys and values (no row's output)."""
+  return jnp.zeros((tokens.shape[0], 0), jnp.int32)
+
+
 def row_decoder(model: Decoder) -> Decoder:
   """The decoder that condenses chunk rows: the same weights and mask, with the promise that a
   row's tokens are its own keys in order (positions ``0..T-1``, padding after them), so each token
@@ -70,7 +75,8 @@ def _condense_rows(model: Decoder, params, tokens, positions, valid, lengths):
   # The candidate slot of each row (t = none: an empty row): only it gets the candidate q/k/v/o.
   alt = jnp.where(lengths > 0, last, t)[:, None].astype(jnp.int32)
   _, (k, v) = model.apply({"params": params}, tokens, positions,
-                          q_meta=TokenMeta.causal(positions, valid=valid), alt=alt, head=False)
+                          q_meta=TokenMeta.causal(positions, valid=valid), alt=alt, head=False,
+                          head_rows=_no_rows(tokens))
   pick = lambda a: jnp.take_along_axis(a, last[None, :, None, None, None], axis=2)[:, :, 0]
   # the candidates stay pre-RoPE (the local forward places them at 0..C-1); the cache entries
   # keep their positions for good: rotated once here instead of at every decode step
@@ -155,7 +161,8 @@ def condense_candidates(model: Decoder, params, tokens, positions, valid, length
   before = valid & (slots < last[:, None])
   _, (k, v) = model.apply({"params": params}, tokens, positions,
                           q_meta=TokenMeta.causal(positions, valid=before),
-                          alt=jnp.full((n, 1), t, jnp.int32), head=False)
+                          alt=jnp.full((n, 1), t, jnp.int32), head=False,
+                          head_rows=_no_rows(tokens))
   k, v = jax.lax.stop_gradient(k), jax.lax.stop_gradient(v)
 
   def candidate(slot):  # slot [N]: each row's candidate, over the ordinary KV before it
@@ -165,7 +172,8 @@ def condense_candidates(model: Decoder, params, tokens, positions, valid, length
     cand_pos = jnp.take_along_axis(positions, slot[:, None], axis=1)
     _, (ck, cv) = model.apply({"params": params}, cand_tok, cand_pos,
                               q_meta=TokenMeta.causal(cand_pos, valid=lengths[:, None] > 0),
-                              alt=jnp.zeros((n, 1), jnp.int32), memory=memory, head=False)
+                              alt=jnp.zeros((n, 1), jnp.int32), memory=memory, head=False,
+                              head_rows=_no_rows(cand_tok))
     return ck[:, :, 0], cv[:, :, 0]
 
   if steps == 1:
@@ -195,7 +203,7 @@ def chunk_step(model: Decoder, params, cache_k, cache_v, cache_len, prev, new, r
   valid = jnp.broadcast_to(row_valid[:, None], (n, 2))
   _, (k, v) = model.apply({"params": params}, tokens, positions,
                           q_meta=TokenMeta.causal(positions, valid=valid), alt=alt,
-                          memory=memory, head=False)
+                          memory=memory, head=False, head_rows=_no_rows(tokens))
 
   # the re-encoded previous token (not a candidate any more) joins each row's cache
   prev_k = rotate_kv(model.cfg, k[:, :, :1], positions[:, :1]) if rotated else k[:, :, :1]
@@ -245,9 +253,10 @@ def local_next_logits(model: Decoder, params, cand_k, cand_v, gather, cand_valid
   device reading the whole output projection for the same row."""
   cfg = model.cfg
   if mesh is None:
-    hidden = local_hidden(model, params, cand_k, cand_v, gather, cand_valid, tokens, lengths,
-                          n_chunks)
-    return lm_head(cfg, params, last_hidden(hidden, lengths))
+    hidden = _local_slice(model, params, gather_candidates(cand_k, gather),
+                          gather_candidates(cand_v, gather), cand_valid, tokens, lengths, n_chunks,
+                          0, rows=jnp.maximum(lengths - 1, 0)[:, None])
+    return lm_head(cfg, params, hidden[:, 0])
   mem_k, mem_v = gather_candidates(cand_k, gather), gather_candidates(cand_v, gather)
   seq = _sequence_split(model, mesh, axis, tokens)
   n = int(mesh.shape[axis])
@@ -280,9 +289,10 @@ def _sequence_split(model: Decoder, mesh, axis: str, tokens) -> Decoder:
 
 
 def _local_slice(model: Decoder, params, mem_k, mem_v, cand_valid, tokens, lengths, n_chunks,
-                 start):
+                 start, rows=None):
   """The local forward of the tokens at local indices ``start .. start+U'-1`` (all of them on one
-  device; one device's slice under a sequence-split mesh)."""
+  device; one device's slice under a sequence-split mesh); ``rows [B, R]``: only those rows'
+  hidden states (``Decoder``'s ``head_rows``)."""
   b, u = tokens.shape
   cmax = mem_k.shape[2]
   slots = jnp.broadcast_to(jnp.arange(cmax, dtype=jnp.int32), (b, cmax))
@@ -291,7 +301,7 @@ def _local_slice(model: Decoder, params, mem_k, mem_v, cand_valid, tokens, lengt
   positions = n_chunks[:, None] + j
   q_meta = TokenMeta.causal(positions, valid=j < lengths[:, None])
   hidden, _ = model.apply({"params": params}, tokens, positions, q_meta=q_meta, memory=memory,
-                          head=False)
+                          head=False, head_rows=rows)
   return hidden
 
 

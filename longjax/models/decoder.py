@@ -131,15 +131,24 @@ class Attention(nn.Module):
     return base.at[rows, alt].set(other.astype(base.dtype), mode="drop")
 
   @nn.compact
-  def __call__(self, x, alt, rope_q, rope_mem, mem_k, mem_v, q_meta, k_meta, window):
+  def __call__(self, x, alt, rope_q, rope_mem, mem_k, mem_v, q_meta, k_meta, window, rows=None):
+    """``rows [B, R]``: only those tokens' outputs are computed (``[B, R, H]``); every token's
+    keys and values still are. ``R = 0``: keys and values only (output ``None``)."""
     cfg = self.cfg
     bias = cfg.attention_bias
-    q = self._project("q", x, alt, (cfg.num_heads, cfg.head_dim), bias=bias)
     k = self._project("k", x, alt, (cfg.num_kv_heads, cfg.head_dim), bias=bias)
     v = self._project("v", x, alt, (cfg.num_kv_heads, cfg.head_dim), bias=bias)
     new_kv = (k, v)
-    q = apply_rope(q, *rope_q)
     k_rot = apply_rope(k, *rope_q)
+    rule = self.rule
+    if rows is not None:
+      if rows.shape[1] == 0:
+        return None, new_kv
+      # the queries are some tokens, not the call's last ones in order: no suffix promise
+      x, alt, rope_q, q_meta = _take_rows(rows, x, alt, rope_q, q_meta)
+      rule = dataclasses.replace(rule, suffix_queries=False)
+    q = self._project("q", x, alt, (cfg.num_heads, cfg.head_dim), bias=bias)
+    q = apply_rope(q, *rope_q)
     if self.seq_axis is not None:  # every device's slice of the sequence, in one collective
       kv = jax.lax.all_gather(jnp.stack([k_rot, v.astype(k_rot.dtype)]), self.seq_axis, axis=2,
                               tiled=True)
@@ -149,9 +158,20 @@ class Attention(nn.Module):
                  else apply_rope(mem_k.astype(k.dtype), *rope_mem))
       k_rot = jnp.concatenate([mem_rot, k_rot], axis=1)
       v = jnp.concatenate([mem_v.astype(v.dtype), v], axis=1)
-    out = attention(q, k_rot, v, q_meta, k_meta, self.rule, window=window, impl=self.impl)
+    out = attention(q, k_rot, v, q_meta, k_meta, rule, window=window, impl=self.impl)
     out = self._project("o", out, alt, cfg.hidden_size, axis=(-2, -1))
     return out, new_kv
+
+
+def _take_rows(rows, x, alt, rope_q, q_meta):
+  """The query side of a call restricted to ``rows [B, R]``: ``x``, ``alt`` (as a ``[B, R]``
+  mask: which of those rows use the alternative projections), the rotation tables and
+  ``q_meta``."""
+  take = lambda a: jnp.take_along_axis(a, rows.reshape(rows.shape + (1,) * (a.ndim - 2)), axis=1)
+  if alt is not None:
+    alt = (take(alt) if alt.dtype == jnp.bool_
+           else jnp.any(rows[:, :, None] == alt[:, None, :], axis=-1))
+  return take(x), alt, tuple(take(t) for t in rope_q), jax.tree.map(take, q_meta)
 
 
 # On CPU, XLA's dot over many rows at once runs well below its peak: SmolLM2's MLP maps at 16K
@@ -209,13 +229,19 @@ class Block(nn.Module):
   seq_axis: Optional[str] = None
 
   @nn.compact
-  def __call__(self, x, layer_in, shared):
+  def __call__(self, x, layer_in, shared, rows=None):
+    """``rows [B, R]`` (the last layer of a call whose caller needs only those rows): returns
+    ``x`` at those rows only (``[B, R, H]``), with every token's keys and values."""
     cfg = self.cfg
     mem_k, mem_v, window = layer_in
     alt, rope_q, rope_mem, q_meta, k_meta = shared
     h = RMSNorm(cfg.rms_norm_eps, cfg.params_dtype, name="input_norm")(x)
     a, new_kv = Attention(cfg, self.rule, self.impl, self.seq_axis, name="attn")(
-        h, alt, rope_q, rope_mem, mem_k, mem_v, q_meta, k_meta, window)
+        h, alt, rope_q, rope_mem, mem_k, mem_v, q_meta, k_meta, window, rows)
+    if rows is not None:
+      x = jnp.take_along_axis(x, rows[..., None], axis=1)
+      if a is None:  # R = 0
+        return x, new_kv
     x = x + a
     h = RMSNorm(cfg.rms_norm_eps, cfg.params_dtype, name="post_attention_norm")(x)
     x = x + MLP(cfg, name="mlp")(h)
@@ -270,9 +296,11 @@ class Decoder(nn.Module):
                memory: Optional[KVPrefix] = None, head: bool = True, head_rows=None):
     """Run ``tokens [B, T]`` at ``positions [B, T]``.
 
-    ``head_rows [B, R]`` (int) computes logits only at those rows (``[B, R, V]``): prefill needs
-    the last row only, and full-vocabulary logits for every prompt token are the largest tensor
-    of a long forward.
+    ``head_rows [B, R]`` (int): the only rows whose outputs the caller needs: logits
+    ``[B, R, V]`` (or final hidden ``[B, R, H]`` with ``head=False``). Prefill needs the last row
+    only, and full-vocabulary logits for every prompt token are the largest tensor of a long
+    forward; the last layer then also computes only the keys and values of the other tokens.
+    ``R = 0`` (FocusLLM's chunk rows): keys and values only.
 
     Returns ``(logits [B, T, V] fp32 — or final hidden [B, T, H] when head=False, (k, v))`` with
     ``k``/``v`` the new tokens' pre-RoPE keys/values, ``[L, B, T, Hkv, D]``.
@@ -314,29 +342,56 @@ class Decoder(nn.Module):
                 else jax.checkpoint_policies.nothing_saveable)
       block = nn.remat(block, prevent_cse=False, policy=policy)
     shared = (alt, rope_q, rope_mem, q_meta, k_meta)
+    rows = None if head_rows is None else jnp.asarray(head_rows, jnp.int32)
+    # Only ``rows`` leave the last layer: the other tokens need its keys and values (the
+    # caller's cache) but not its queries, attention, output projection and MLP, ~1/L of a long
+    # prefill. A sequence-split call keeps the plain path (its rows are global positions).
+    last_rows = rows if (self.seq_axis is None and not self.is_initializing()) else None
+    if self.layer_loop not in LAYER_LOOPS:
+      raise ModelConfigError(f"Decoder.layer_loop must be one of {LAYER_LOOPS}, "
+                             f"got {self.layer_loop!r}")
     if self.layer_loop == "unrolled":
       windows, kvs = self.layer_windows(), []
       for i in range(cfg.num_layers):
         layer_in = (None if mem_k is None else mem_k[i], None if mem_v is None else mem_v[i],
                     windows[i])
         x, kv = block(cfg, self.rule, self.impl, self.seq_axis, name=f"layers_{i}")(
-            x, layer_in, shared)
+            x, layer_in, shared, last_rows if i == cfg.num_layers - 1 else None)
         kvs.append(kv)
       new_kv = jax.tree.map(lambda *a: jnp.stack(a), *kvs)
-    elif self.layer_loop == "scan":
+    elif last_rows is not None:
+      x, new_kv = self._split_scan(block, x, mem_k, mem_v, shared, last_rows)
+    else:
       stack = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True},
                       in_axes=(0, nn.broadcast), length=cfg.num_layers)
       x, new_kv = stack(cfg, self.rule, self.impl, self.seq_axis, name="layers")(
           x, (mem_k, mem_v, self.layer_windows()), shared)
-    else:
-      raise ModelConfigError(f"Decoder.layer_loop must be one of {LAYER_LOOPS}, "
-                             f"got {self.layer_loop!r}")
+    if rows is not None and last_rows is None:
+      x = jnp.take_along_axis(x, rows[..., None], axis=1)
     x = RMSNorm(cfg.rms_norm_eps, cfg.params_dtype, name="final_norm")(x)
     if not head:
       return x, new_kv
-    if head_rows is not None:
-      x = jnp.take_along_axis(x, jnp.asarray(head_rows, jnp.int32)[..., None], axis=1)
     return self._logits(x), new_kv
+
+  def _split_scan(self, block, x, mem_k, mem_v, shared, rows):
+    """The stacked layers as a scan over the first ``L - 1`` and the last one alone, which
+    computes only ``rows``' outputs (and every token's keys and values)."""
+    cfg = self.cfg
+    stacked = self.variables["params"]["layers"]
+    first = lambda a: None if a is None else jax.tree.map(lambda b: b[:-1], a)
+    last = lambda a: None if a is None else jax.tree.map(lambda b: b[-1], a)
+    windows = self.layer_windows()
+    kv_first = None
+    if cfg.num_layers > 1:
+      stack = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True},
+                      in_axes=(0, nn.broadcast), length=cfg.num_layers - 1)
+      x, kv_first = stack(cfg, self.rule, self.impl, parent=None).apply(
+          {"params": first(stacked)}, x, (first(mem_k), first(mem_v), windows[:-1]), shared)
+    x, kv_last = block(cfg, self.rule, self.impl, parent=None).apply(
+        {"params": last(stacked)}, x, (last(mem_k), last(mem_v), windows[-1]), shared, rows)
+    if kv_first is None:
+      return x, jax.tree.map(lambda b: b[None], kv_last)
+    return x, jax.tree.map(lambda a, b: jnp.concatenate([a, b[None]]), kv_first, kv_last)
 
   def _embed(self, tokens):
     cfg = self.cfg
