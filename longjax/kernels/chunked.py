@@ -52,10 +52,12 @@ def _group_queries(qb, hkv):
   return qb.reshape(b, bq, hkv, g, d).transpose(0, 2, 3, 1, 4).reshape(b, hkv, g * bq, d)
 
 
-def _tile(qg, kt, v, ok, g):
-  """Scores of one key tile: ``qg [B, Hkv, G*bq, D]``, ``kt [B, Hkv, D, bk]``, ``v [B, Hkv, bk,
-  D]``, ``ok [B, bq, bk]`` -> ``(m [B, Hkv, G, bq], l [same], o [B, Hkv, G, bq, D])``: the tile's
-  row max, its sum of ``exp(s - m)`` and the unnormalised output."""
+def _tile(qg, kt, v, ok, g, state=None):
+  """One key tile: ``qg [B, Hkv, G*bq, D]``, ``kt [B, Hkv, D, bk]``, ``v [B, Hkv, bk, D]``, ``ok
+  [B, bq, bk]`` -> ``(m [B, Hkv, G, bq], l [same], o [B, Hkv, G, bq, D])``: the row max, the sum
+  of ``exp(s - m)`` and the unnormalised output, of this tile alone or, given the ``state`` of
+  the tiles before it, of all of them (the online softmax: the tile's probabilities are taken at
+  the running max, so only the earlier state is rescaled)."""
   b, hkv, gbq, d = qg.shape
   bq = gbq // g
   s = jnp.einsum("bhqd,bhdk->bhqk", qg, kt, preferred_element_type=jnp.float32)
@@ -63,10 +65,17 @@ def _tile(qg, kt, v, ok, g):
   if ok is not None:  # None: every key of the tile is visible to every query of the block
     s = s + jnp.where(ok, 0.0, _MASKED)[:, None, None]
   m = jnp.max(s, axis=-1)
+  if state is not None:
+    m0, l0, o0 = state
+    m = jnp.maximum(m0, m)
   p = jnp.exp(s - m[..., None])
   o = jnp.einsum("bhqk,bhkd->bhqd", p.reshape(b, hkv, gbq, -1).astype(v.dtype), v,
-                 preferred_element_type=jnp.float32)
-  return m, jnp.sum(p, axis=-1), o.reshape(b, hkv, g, bq, d)
+                 preferred_element_type=jnp.float32).reshape(b, hkv, g, bq, d)
+  l = jnp.sum(p, axis=-1)
+  if state is None:
+    return m, l, o
+  a0 = jnp.exp(m0 - m)
+  return m, l0 * a0 + l, o0 * a0[..., None] + o
 
 
 def _blocks(qbs, kt_tiles, v_tiles, km_tiles, mbs, rule, window, limit=None):
@@ -82,26 +91,23 @@ def _blocks(qbs, kt_tiles, v_tiles, km_tiles, mbs, rule, window, limit=None):
   g = qbs[0].shape[2] // hkv
   qgs = [_group_queries(qb, hkv) for qb in qbs]
 
-  def tiles(j_tiles):
+  def tiles(j_tiles, states=None):
     kt, v, km = j_tiles
     out = []
-    for qg, mb in zip(qgs, mbs):
+    for i, (qg, mb) in enumerate(zip(qgs, mbs)):
       ok = allowed(mb, km, rule, window)
+      st = None if states is None else states[i]
       # A tile that masks nothing (most of a long causal prefill's, all but the diagonal ones)
       # skips the bias: one pass less over its scores.
-      out.append(jax.lax.cond(jnp.all(ok), lambda qg, kt, v, ok: _tile(qg, kt, v, None, g),
-                              lambda qg, kt, v, ok: _tile(qg, kt, v, ok, g), qg, kt, v, ok))
+      out.append(jax.lax.cond(jnp.all(ok), lambda qg, kt, v, ok, st: _tile(qg, kt, v, None, g, st),
+                              lambda qg, kt, v, ok, st: _tile(qg, kt, v, ok, g, st),
+                              qg, kt, v, ok, st))
     return out
 
   state = tiles(jax.tree.map(lambda x: x[0], (kt_tiles, v_tiles, km_tiles)))
   if kt_tiles.shape[0] > 1:
     def update(carry, j_tiles):
-      out = []
-      for (m0, l0, o0), (mj, lj, oj) in zip(carry, tiles(j_tiles)):
-        m1 = jnp.maximum(m0, mj)
-        a0, aj = jnp.exp(m0 - m1), jnp.exp(mj - m1)
-        out.append((m1, l0 * a0 + lj * aj, o0 * a0[..., None] + oj * aj[..., None]))
-      return out
+      return tiles(j_tiles, carry)
 
     def step(carry, xs):
       j, j_tiles = xs
