@@ -84,7 +84,10 @@ def input_moments(lm, params, documents: Sequence[Sequence[int]]) -> dict:
     unrolled = model.prepare_params(params)
     with nn.intercept_methods(interceptor):
       for ids in documents:
-        out = lm.forward(unrolled, np.asarray(ids, np.int32)[None], use_scan=False)
+        # collect_logits: every token through every layer (a reading forward would run the
+        # last layer's queries and o projection for the last raw token only)
+        out = lm.forward(unrolled, np.asarray(ids, np.int32)[None], use_scan=False,
+                         collect_logits=True)
         jax.block_until_ready(out.next_logits)
         jax.effects_barrier()
   finally:
