@@ -242,6 +242,20 @@ def local_hidden(model: Decoder, params, cand_k, cand_v, gather, cand_valid, tok
                            params, mem_k, mem_v, cand_valid, tokens, lengths, n_chunks)
 
 
+def local_last_hidden(model: Decoder, params, cand_k, cand_v, gather, cand_valid, tokens,
+                      lengths, n_chunks, mesh=None, axis: str = "chunks"):
+  """:func:`local_hidden` at each prompt's last real row only (``[B, H]``). Without a mesh the
+  last layer runs only that row (``Decoder``'s ``head_rows``); on a chunk mesh the sequence-split
+  forward computes every row and the last one is taken."""
+  if mesh is not None:
+    return last_hidden(local_hidden(model, params, cand_k, cand_v, gather, cand_valid, tokens,
+                                    lengths, n_chunks, mesh, axis), lengths)
+  mem_k, mem_v = gather_candidates(cand_k, gather), gather_candidates(cand_v, gather)
+  hidden = _local_slice(model, params, mem_k, mem_v, cand_valid, tokens, lengths, n_chunks, 0,
+                        rows=jnp.maximum(lengths - 1, 0)[:, None])
+  return hidden[:, 0]
+
+
 def local_next_logits(model: Decoder, params, cand_k, cand_v, gather, cand_valid, tokens,
                       lengths, n_chunks, mesh=None, axis: str = "chunks"):
   """Next-token logits ``[B, V]`` (fp32) after each prompt's local context: the head on
@@ -253,10 +267,8 @@ def local_next_logits(model: Decoder, params, cand_k, cand_v, gather, cand_valid
   device reading the whole output projection for the same row."""
   cfg = model.cfg
   if mesh is None:
-    hidden = _local_slice(model, params, gather_candidates(cand_k, gather),
-                          gather_candidates(cand_v, gather), cand_valid, tokens, lengths, n_chunks,
-                          0, rows=jnp.maximum(lengths - 1, 0)[:, None])
-    return lm_head(cfg, params, hidden[:, 0])
+    return lm_head(cfg, params, local_last_hidden(model, params, cand_k, cand_v, gather,
+                                                  cand_valid, tokens, lengths, n_chunks))
   mem_k, mem_v = gather_candidates(cand_k, gather), gather_candidates(cand_v, gather)
   seq = _sequence_split(model, mesh, axis, tokens)
   n = int(mesh.shape[axis])

@@ -138,9 +138,8 @@ class FocusLoss:
       gather = (cb.gather[:, None, :] * j + jnp.arange(j, dtype=cb.gather.dtype)[None, :, None])
       gather = gather.reshape(b * j, -1)
       cand_valid = jnp.repeat(cb.cand_valid, j, axis=0)
-    hidden = C.local_hidden(self.model, params, cand_k, cand_v, gather, cand_valid,
-                            lb.tokens, lb.lengths, lb.n_chunks)
-    return C.last_hidden(hidden, lb.lengths)
+    return C.local_last_hidden(self.model, params, cand_k, cand_v, gather, cand_valid,
+                               lb.tokens, lb.lengths, lb.n_chunks)
 
   def per_sample(self, params, batch: TrainBatch):
     """Each sample's NLL ``[B]`` (with J decode steps: the mean over its steps)."""
