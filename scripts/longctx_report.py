@@ -61,6 +61,8 @@ METHODS = {
 }
 TRAINED_POSITIONS = 8192
 PPL_SCORED = 256
+# a generation cell keeps each answer cut to this many characters (the curve shows how it answers)
+ANSWER_CHARS = 160
 # past the shortest length, the default grid runs these only (CPU time)
 SHORTEST = 4096
 LONG_TASKS = ("niah_single_1", "passkey", "perplexity")
@@ -90,9 +92,20 @@ def run_ruler(lm, task, length, n, tok_dir):
   import lm_eval
   res = lm_eval.simple_evaluate(model=lm, tasks=[task], limit=n, apply_chat_template=True,
                                 metadata={"tokenizer": str(tok_dir), "max_seq_lengths": [length]},
-                                log_samples=False)
+                                log_samples=True)
+  answers = [answer_record(s.get("target"), (s.get("resps") or [[""]])[0])
+             for s in res.get("samples", {}).get(task, [])]
   return (float(res["results"][task][f"{length},none"]),
-          int(res["n-samples"][task]["effective"]))
+          int(res["n-samples"][task]["effective"]), answers)
+
+
+def answer_record(target, resp) -> dict:
+  """What a generation cell keeps of one sample: the expected answer and the model's text (cut
+  to ANSWER_CHARS), so that a curve shows *how* a method answers, e.g. in one fixed sentence."""
+  if isinstance(resp, (list, tuple)):
+    resp = resp[0] if resp else ""
+  return dict(target=target if isinstance(target, (str, int)) else list(map(str, target)),
+              answer=str(resp)[:ANSWER_CHARS])
 
 
 def run_passkey(lm, length, n, seed=2024):
@@ -103,7 +116,7 @@ def run_passkey(lm, length, n, seed=2024):
   # truncation baseline's middle truncation would keep
   depths = [round(100 * (i + 0.5) / n, 2) for i in range(n)]
   grid = passkey.beacon_grid([length], depths, seed=seed)
-  hits = []
+  hits, answers = [], []
   for cell in grid:
     s = passkey.depth_sample(tok, cell["length"], cell["depth"],
                              passkey.INFO.format(key=cell["key"]), passkey.QUESTION)
@@ -111,7 +124,8 @@ def run_passkey(lm, length, n, seed=2024):
     req = type("R", (), {"args": (prompt, {"until": [], "max_gen_toks": 16})})()
     text = lm.generate_until([req], disable_tqdm=True)[0]
     hits.append(float(scorers.first_int(text) == str(cell["key"])))
-  return float(np.mean(hits)), len(hits)
+    answers.append(answer_record(str(cell["key"]), text))
+  return float(np.mean(hits)), len(hits), answers
 
 
 def held_out_text(data: str) -> str:
@@ -355,14 +369,17 @@ def main(argv=None):
         t0 = time.time()
       lm = lm_cache[m]
       tok_dir = lm.parts.tokenizer.name
+      answers = None
       if t in RULER:
-        score, count = run_ruler(lm, t, n, args.samples, tok_dir)
+        score, count, answers = run_ruler(lm, t, n, args.samples, tok_dir)
       elif t == "passkey":
-        score, count = run_passkey(lm, n, args.samples)
+        score, count, answers = run_passkey(lm, n, args.samples)
       else:
         score, count = run_perplexity(lm, n, args.samples, args.ppl_data)
       rec.update(score=score, n=count, seconds=round(time.time() - t0, 1),
                  load=[round(load0, 2), round(os.getloadavg()[0], 2)])
+      if answers is not None:
+        rec["answers"] = answers
     except SkipCell as e:
       rec.update(not_run=str(e))
     write_atomic(path, json.dumps(rec))

@@ -290,3 +290,35 @@ def test_report_cells_run_at_their_own_lengths():
   assert ("focus", "perplexity", 8192) in d.skipped and ("focus", "perplexity", 4096) not in (
       d.skipped)
   assert ("plain", "passkey", 32768) in d.skipped and len(d.skipped) == 5
+
+
+def test_report_generation_cells_keep_what_was_answered(monkeypatch):
+  """A RULER cell keeps each sample's target and the model's text (cut short), never the
+  document: the curve shows how a method answers, e.g. one fixed sentence for every question."""
+  import importlib.util
+  import lm_eval
+  from conftest import REPO
+  spec = importlib.util.spec_from_file_location("longctx_report",
+                                                REPO / "scripts" / "longctx_report.py")
+  rep = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(rep)
+  long_text = "The special magic number is 7654321. " * 20
+  fake = {"results": {"niah_single_1": {"4096,none": 0.5}},
+          "n-samples": {"niah_single_1": {"effective": 2}},
+          "samples": {"niah_single_1": [
+              {"doc": {"input": "haystack " * 100}, "target": ["7654321"],
+               "resps": [[long_text]]},
+              {"doc": {"input": "haystack"}, "target": ["1234567"],
+               "resps": [["The pass key is 12345."]]}]}}
+  seen = {}
+
+  def simple_evaluate(**kw):
+    seen.update(kw)
+    return fake
+
+  monkeypatch.setattr(lm_eval, "simple_evaluate", simple_evaluate)
+  score, n, answers = rep.run_ruler(object(), "niah_single_1", 4096, 2, "tok")
+  assert (score, n) == (0.5, 2) and seen["log_samples"] is True
+  assert answers == [{"target": ["7654321"], "answer": long_text[:rep.ANSWER_CHARS]},
+                     {"target": ["1234567"], "answer": "The pass key is 12345."}]
+  assert len(answers[0]["answer"]) == rep.ANSWER_CHARS < len(long_text)
