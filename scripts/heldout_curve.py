@@ -49,8 +49,8 @@ def measure(method: str, asset, cells: str, samples: int, where: Path) -> dict:
   out = {}
   for p in sorted((where / "longctx_cells").glob(f"{method}__*.json")):
     c = json.loads(p.read_text())
-    out[f"{c['task']}:{c['length']}"] = {k: c[k] for k in ("score", "n", "seconds", "answers")
-                                         if k in c}
+    out[f"{c['task']}:{c['length']}"] = {k: c[k] for k in ("score", "n", "seconds", "answers",
+                                                              "top_prefix_share") if k in c}
   return out
 
 

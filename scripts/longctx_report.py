@@ -9,6 +9,10 @@ lm-eval model ``longjax`` (longjax/eval/harness.py), greedy, chat template appli
   (``limit``), scored by RULER's case-insensitive string match (0-1);
 * ``passkey``: the project's passkey (longjax/eval/passkey.py: the Activation Beacon layout,
   5-digit keys at the middles of ``n`` equal depth bins), exact match of the first integer;
+* ``heldout_qa``: the held-out split of the project's training-data generator
+  (longjax/data/haystack.py, seed 1000: pydoc prose and station logs, needles of many kinds with
+  distractors, questions about the content, phrasings no training file uses), correct when the
+  answer holds the target and no distractor, in any wording;
 * ``perplexity``: held-out text (``--ppl_data``: by default Python's ``pydoc_data.topics``, never
   trained on) read through the method, the last 256 tokens of a ``length``-token window scored;
   lower is better.
@@ -51,7 +55,9 @@ from longjax.eval import harness  # noqa: E402
 
 RULER = ("niah_single_1", "niah_multikey_2", "niah_multikey_3", "ruler_vt", "ruler_cwe",
          "ruler_fwe")
-TASKS = RULER + ("passkey", "perplexity")
+# heldout_qa: the project's own generator, held-out split only (longjax.data.haystack: pydoc prose
+# and station logs, phrasings no training file uses; docs/learning.md "Training data")
+TASKS = RULER + ("passkey", "heldout_qa", "perplexity")
 # the lm-eval model_args of each method (names from the registry, through the adapter)
 METHODS = {
     harness.PLAIN: f"method={harness.PLAIN},checkpoint=smollm2",
@@ -96,7 +102,7 @@ def run_ruler(lm, task, length, n, tok_dir):
   answers = [answer_record(s.get("target"), (s.get("resps") or [[""]])[0])
              for s in res.get("samples", {}).get(task, [])]
   return (float(res["results"][task][f"{length},none"]),
-          int(res["n-samples"][task]["effective"]), answers)
+          int(res["n-samples"][task]["effective"]), dict(answers=answers))
 
 
 def answer_record(target, resp) -> dict:
@@ -125,7 +131,35 @@ def run_passkey(lm, length, n, seed=2024):
     text = lm.generate_until([req], disable_tqdm=True)[0]
     hits.append(float(scorers.first_int(text) == str(cell["key"])))
     answers.append(answer_record(str(cell["key"]), text))
-  return float(np.mean(hits)), len(hits), answers
+  return float(np.mean(hits)), len(hits), dict(answers=answers)
+
+
+HELDOUT_SEED = 1000  # the held-out set's seed (docs/learning.md)
+HELDOUT_QA_TOKENS = 48  # generation budget: an answer in the model's own words, one sentence
+
+
+def run_heldout_qa(lm, length, n):
+  """The first ``n`` held-out documents of ``length`` tokens (the question inside, as the base
+  sees any user turn): correct when the answer holds the target and no distractor, whatever
+  its wording (``haystack.score``)."""
+  import numpy as np
+  from longjax.data import haystack
+  recs = haystack.generate(lm.parts.tokenizer, "heldout", n, (length, length), HELDOUT_SEED,
+                           chat=False)
+  recs = list(recs)
+  hits, answers, texts = [], [], []
+  for rec in recs:
+    prompt = lm.apply_chat_template([{"role": "user", "content": rec["input"]}])
+    req = type("R", (), {"args": (prompt, {"until": [], "max_gen_toks": HELDOUT_QA_TOKENS})})()
+    text = lm.generate_until([req], disable_tqdm=True)[0]
+    hits.append(float(haystack.score(rec, text)["correct"]))
+    answers.append(answer_record(rec["target"], text))
+    texts.append(text)
+  # one fixed sentence for every question shows as a top_prefix_share near 1
+  summary = haystack.summarise(recs, texts)
+  return float(np.mean(hits)), len(hits), dict(
+      answers=answers, top_prefix=summary["top_prefix"],
+      top_prefix_share=summary["top_prefix_share"])
 
 
 def held_out_text(data: str) -> str:
@@ -369,17 +403,17 @@ def main(argv=None):
         t0 = time.time()
       lm = lm_cache[m]
       tok_dir = lm.parts.tokenizer.name
-      answers = None
+      extra = {}  # what a generation cell keeps besides its score: the answers
       if t in RULER:
-        score, count, answers = run_ruler(lm, t, n, args.samples, tok_dir)
+        score, count, extra = run_ruler(lm, t, n, args.samples, tok_dir)
       elif t == "passkey":
-        score, count, answers = run_passkey(lm, n, args.samples)
+        score, count, extra = run_passkey(lm, n, args.samples)
+      elif t == "heldout_qa":
+        score, count, extra = run_heldout_qa(lm, n, args.samples)
       else:
         score, count = run_perplexity(lm, n, args.samples, args.ppl_data)
       rec.update(score=score, n=count, seconds=round(time.time() - t0, 1),
-                 load=[round(load0, 2), round(os.getloadavg()[0], 2)])
-      if answers is not None:
-        rec["answers"] = answers
+                 load=[round(load0, 2), round(os.getloadavg()[0], 2)], **extra)
     except SkipCell as e:
       rec.update(not_run=str(e))
     write_atomic(path, json.dumps(rec))

@@ -317,8 +317,47 @@ def test_report_generation_cells_keep_what_was_answered(monkeypatch):
     return fake
 
   monkeypatch.setattr(lm_eval, "simple_evaluate", simple_evaluate)
-  score, n, answers = rep.run_ruler(object(), "niah_single_1", 4096, 2, "tok")
+  score, n, extra = rep.run_ruler(object(), "niah_single_1", 4096, 2, "tok")
+  answers = extra["answers"]
   assert (score, n) == (0.5, 2) and seen["log_samples"] is True
   assert answers == [{"target": ["7654321"], "answer": long_text[:rep.ANSWER_CHARS]},
                      {"target": ["1234567"], "answer": "The pass key is 12345."}]
   assert len(answers[0]["answer"]) == rep.ANSWER_CHARS < len(long_text)
+
+
+def test_heldout_qa_cell_scores_the_generators_heldout_split(monkeypatch):
+  """``heldout_qa``: the generator's held-out documents (seed 1000), the question inside the user
+  turn; an answer is right when it holds the target (no distractor) in any wording, and the cell
+  records how often the answers open with the same words."""
+  import importlib.util
+  from conftest import REPO
+  from longjax.data import haystack
+  from longjax.data.tokenizers import get_tokenizer
+  spec = importlib.util.spec_from_file_location("longctx_report",
+                                                REPO / "scripts" / "longctx_report.py")
+  rep = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(rep)
+  tok = get_tokenizer("byte")
+  recs = list(haystack.generate(tok, "heldout", 3, (900, 900), rep.HELDOUT_SEED, chat=False))
+  assert {r["haystack"] for r in recs} <= set(haystack.HELDOUT_HAYSTACKS)
+  replies = iter([f"It is {recs[0]['target']}.", "The pass key is 12345.",
+                  "The pass key is 67890."])
+  prompts = []
+
+  class FakeLM:
+    parts = type("P", (), {"tokenizer": tok})()
+
+    def apply_chat_template(self, turns):
+      return "<user>" + turns[0]["content"] + "<assistant>"
+
+    def generate_until(self, reqs, disable_tqdm=False):
+      prompts.append(reqs[0].args)
+      return [next(replies)]
+
+  score, n, extra = rep.run_heldout_qa(FakeLM(), 900, 3)
+  assert (score, n) == (pytest.approx(1 / 3), 3)
+  assert [p[0] for p in prompts] == [f"<user>{r['input']}<assistant>" for r in recs]
+  assert all(p[1]["max_gen_toks"] == rep.HELDOUT_QA_TOKENS for p in prompts)
+  assert [a["target"] for a in extra["answers"]] == [r["target"] for r in recs]
+  assert extra["top_prefix"] == "the pass key is" and extra["top_prefix_share"] == pytest.approx(
+      2 / 3, abs=1e-3)
