@@ -113,6 +113,8 @@ def main(argv=None):
                   "<workdir>/../curve_<workdir name>)")
   args = ap.parse_args(argv)
   steps = [int(s) for s in args.steps.split(",") if s.strip()]
+  if args.init:  # step 0 is the starting asset itself: nothing to export from the workdir
+    steps = [s for s in steps if s != 0]
   scratch = args.scratch or args.workdir.parent / f"curve_{args.workdir.name}"
   given = dict(method=args.method, cells=args.cells, samples=args.samples,
                asset_args=args.asset_args)

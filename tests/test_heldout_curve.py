@@ -56,3 +56,18 @@ def test_a_curve_keeps_its_yardstick(tmp_path, monkeypatch, capsys):
   with pytest.raises(SystemExit):
     mod.main(base + ["--steps", "15", "--samples", "5"])
   assert "measured with 3" in capsys.readouterr().err
+
+
+def test_step_0_with_init_is_the_starting_asset(tmp_path, monkeypatch):
+  """``--steps 0 --init DIR`` measures DIR as step 0 and exports nothing from the workdir."""
+  mod = _module()
+  exported = []
+  monkeypatch.setattr(mod, "export", lambda m, w, step, out, a: exported.append(step))
+  monkeypatch.setattr(mod, "measure", lambda method, asset, cells, samples, where: {
+      "passkey:1024": {"score": 0.5, "n": samples, "seconds": 1.0}})
+  out = tmp_path / "curve.json"
+  assert mod.main(["--method", "beacon", "--workdir", str(tmp_path / "run"), "--steps", "0",
+                   "--init", str(tmp_path / "start"), "--out", str(out),
+                   "--cells", "passkey:1024"]) == 0
+  assert exported == []
+  assert [p["step"] for p in json.loads(out.read_text())["points"]] == [0]
