@@ -142,24 +142,20 @@ def run_heldout_qa(lm, length, n):
   """The first ``n`` held-out documents of ``length`` tokens (the question inside, as the base
   sees any user turn): correct when the answer holds the target and no distractor, whatever
   its wording (``haystack.score``)."""
-  import numpy as np
   from longjax.data import haystack
-  recs = haystack.generate(lm.parts.tokenizer, "heldout", n, (length, length), HELDOUT_SEED,
-                           chat=False)
-  recs = list(recs)
-  hits, answers, texts = [], [], []
+  recs = list(haystack.generate(lm.parts.tokenizer, "heldout", n, (length, length),
+                                HELDOUT_SEED, chat=False))
+  texts = []
   for rec in recs:
     prompt = lm.apply_chat_template([{"role": "user", "content": rec["input"]}])
     req = type("R", (), {"args": (prompt, {"until": [], "max_gen_toks": HELDOUT_QA_TOKENS})})()
-    text = lm.generate_until([req], disable_tqdm=True)[0]
-    hits.append(float(haystack.score(rec, text)["correct"]))
-    answers.append(answer_record(rec["target"], text))
-    texts.append(text)
-  # one fixed sentence for every question shows as a top_prefix_share near 1
+    texts.append(lm.generate_until([req], disable_tqdm=True)[0])
+  # the scorer's summary: the correct answers, and the share opening with the same words (near 1
+  # when one fixed sentence answers every question)
   summary = haystack.summarise(recs, texts)
-  return float(np.mean(hits)), len(hits), dict(
-      answers=answers, top_prefix=summary["top_prefix"],
-      top_prefix_share=summary["top_prefix_share"])
+  return summary["correct"] / len(recs), len(recs), dict(
+      answers=[answer_record(r["target"], t) for r, t in zip(recs, texts)],
+      top_prefix=summary["top_prefix"], top_prefix_share=summary["top_prefix_share"])
 
 
 def held_out_text(data: str) -> str:
