@@ -7,7 +7,10 @@ scores it on ``--cells`` (RULER through the lm-eval model ``longjax``, the proje
 held-out perplexity: never trained on) and appends the point to ``--out`` (json, written
 atomically) and its figure (``.png`` beside it). ``--init DIR`` adds the campaign's starting asset
 as step 0. Finished points are kept: a rerun measures only the new steps, so the curve grows
-while the run trains.
+while the run trains. ``--reuse CURVE`` starts a new run's curve from a committed one measured
+with the same yardstick: its baselines, and its step 0 when both start from the same asset
+(identified by the sha256 of its files), are copied instead of measured again (~25 minutes on
+two cores at 10 samples a cell).
 
   python scripts/heldout_curve.py --method beacon --workdir runs/general/beacon \\
       --asset_args="--stride 128 --ratios 8" --steps 25,50 --out results/curve_beacon.json
@@ -15,6 +18,7 @@ while the run trains.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shlex
@@ -28,6 +32,37 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from scripts import longctx_report as report  # noqa: E402
 
 DEFAULT_CELLS = "niah_single_1:4096,passkey:1024,passkey:4096,perplexity:4096"
+
+
+def fingerprint(asset: Path) -> dict:
+  """An asset's identity: its path and the sha256 over its files' relative paths and bytes."""
+  h = hashlib.sha256()
+  for f in sorted(p for p in Path(asset).rglob("*") if p.is_file()):
+    h.update(str(f.relative_to(asset)).encode() + b"\0" + f.read_bytes())
+  return dict(path=str(asset), sha256=h.hexdigest())
+
+
+def reuse(curve: dict, other_path: Path, init) -> list:
+  """Copy ``other_path``'s baselines (and its step 0 when it started from the same asset as
+  ``init``) into ``curve``; refused unless it was measured with the same yardstick. Returns what
+  was copied."""
+  other = json.loads(Path(other_path).read_text())
+  for key in ("method", "cells", "samples", "asset_args"):
+    if other.get(key) != curve[key]:
+      raise SystemExit(f"--reuse {other_path}: measured with {key} {other.get(key)!r}, this "
+                       f"curve with {curve[key]!r}; only a curve with the same yardstick can be "
+                       f"reused")
+  copied = []
+  for name, cells in other.get("baselines", {}).items():
+    if name not in curve["baselines"]:
+      curve["baselines"][name] = cells
+      copied.append(name)
+  start = [p for p in other["points"] if p["step"] == 0]
+  if (init is not None and start and other.get("init", {}).get("sha256") == init["sha256"]
+      and not any(p["step"] == 0 for p in curve["points"])):
+    curve["points"].append(start[0])
+    copied.append("step 0")
+  return copied
 
 
 def export(method: str, workdir: Path, step: int, out: Path, asset_args: str):
@@ -108,6 +143,8 @@ def main(argv=None):
   ap.add_argument("--samples", type=int, default=None, help="samples per cell (default 5)")
   ap.add_argument("--baselines", default="truncation", help="methods measured once on the same "
                   "cells, drawn as lines (e.g. truncation,plain; '' for none)")
+  ap.add_argument("--reuse", type=Path, help="a curve measured with the same yardstick whose "
+                  "baselines (and step 0, when it started from the same --init asset) are copied")
   ap.add_argument("--title", default="", help="the figure's title (default: method and workdir)")
   ap.add_argument("--scratch", type=Path, help="exports and per-step reports (default: "
                   "<workdir>/../curve_<workdir name>)")
@@ -130,6 +167,15 @@ def main(argv=None):
                  samples=args.samples or 5, asset_args=args.asset_args or "", points=[],
                  baselines={})
   args.cells, args.samples, args.asset_args = curve["cells"], curve["samples"], curve["asset_args"]
+  init = fingerprint(args.init) if args.init else None
+  if init is not None and "init" in curve and curve["init"]["sha256"] != init["sha256"]:
+    ap.error(f"--init {args.init}: the curve {args.out} started from {curve['init']['path']} "
+             f"(other files); write another --out")
+  if init is not None and not any(p["step"] == 0 for p in curve["points"]):
+    curve["init"] = init  # step 0 is measured (or reused) from this asset
+  if args.reuse:
+    copied = reuse(curve, args.reuse, init)
+    print(f"reused from {args.reuse}: {', '.join(copied) or 'nothing new'}", flush=True)
   for name in (b.strip() for b in args.baselines.split(",") if b.strip()):
     if name not in curve["baselines"]:
       curve["baselines"][name] = measure(name, None, args.cells, args.samples,

@@ -71,3 +71,38 @@ def test_step_0_with_init_is_the_starting_asset(tmp_path, monkeypatch):
                    "--cells", "passkey:1024"]) == 0
   assert exported == []
   assert [p["step"] for p in json.loads(out.read_text())["points"]] == [0]
+
+
+def test_reuse_copies_baselines_and_the_same_starting_point(tmp_path, monkeypatch, capsys):
+  """``--reuse`` copies a same-yardstick curve's baselines, and its step 0 only when it started
+  from an asset with the same bytes; another yardstick is refused."""
+  import pytest
+  mod = _module()
+  monkeypatch.setattr(mod, "export", lambda *a: None)
+  calls = []
+  monkeypatch.setattr(mod, "measure", lambda method, asset, cells, samples, where: calls.append(
+      method if asset is None else asset.name) or {"passkey:1024": {"score": 0.5, "n": samples}})
+  start = tmp_path / "start"
+  start.mkdir()
+  (start / "w.safetensors").write_bytes(b"one")
+  base = ["--method", "beacon", "--workdir", str(tmp_path / "run"), "--init", str(start),
+          "--cells", "passkey:1024", "--baselines", "truncation,plain"]
+  first = tmp_path / "first.json"
+  assert mod.main(base + ["--steps", "10", "--out", str(first)]) == 0
+  assert calls == ["truncation", "plain", "start", "asset_10"]
+  assert json.loads(first.read_text())["init"] == mod.fingerprint(start)
+  calls.clear()
+  second = tmp_path / "second.json"
+  assert mod.main(base + ["--steps", "20", "--out", str(second), "--reuse", str(first)]) == 0
+  assert calls == ["asset_20"]  # baselines and step 0 copied
+  curve = json.loads(second.read_text())
+  assert [p["step"] for p in curve["points"]] == [0, 20]
+  assert set(curve["baselines"]) == {"truncation", "plain"}
+  (start / "w.safetensors").write_bytes(b"two")  # another starting asset: step 0 measured anew
+  calls.clear()
+  third = tmp_path / "third.json"
+  assert mod.main(base + ["--steps", "30", "--out", str(third), "--reuse", str(first)]) == 0
+  assert calls == ["start", "asset_30"]
+  with pytest.raises(SystemExit, match="same yardstick"):
+    mod.main(base + ["--steps", "40", "--out", str(tmp_path / "fourth.json"), "--reuse",
+                     str(first), "--samples", "7"])
