@@ -108,6 +108,49 @@ def test_distill_loss_and_gradient_match_a_dense_reference(model, alpha, top_k):
   assert max(float(jnp.abs(x).max()) for x in jax.tree.leaves(ga)) > 0
 
 
+def test_answer_weight_counts_the_answer_span_that_many_times(model):
+  """``distill.answer_weight`` multiplies the KL of the answer-span targets (the record's output)
+  and nothing else: the dense reference with those terms weighted, value and gradient; the
+  first window's answer tokens stay unscored, and at weight 1 the loss is the plain one."""
+  cfg, params = model
+  bcfg = BeaconConfig(window=W, stride=W, ratios=(4,))
+  ids = np.random.default_rng(5).integers(3, VOCAB, 3 * W + 9)
+  ans = np.zeros(len(ids), bool)
+  ans[-6:] = True  # the answer: the last 6 tokens
+  ans[3] = True  # inside the first window: the teacher sees what the student sees, unscored
+  weight = 7.0
+
+  def ours(p, w):
+    task = BeaconTask(cfg, bcfg, max_length=8 * W, seed=0, layout="inference", remat=False,
+                      distill=DistillSettings(top_k=VOCAB, answer_weight=w),
+                      default_objective="distill")
+    ds = Dataset([ids.astype(np.int32)], [ans], {}, None)
+    batch = task.prepare(ds, np.arange(1), step=0)
+    ls, lc = task.loss(frozen_base(p), jax.tree.map(jnp.asarray, batch["plans"]))
+    return ls[0] / lc[0]
+
+  def ref(p):
+    lm = BeaconLM(cfg, bcfg, max_length=8 * W)
+    out = lm.forward(frozen_base(p), ids, collect_logits=True, training=False)
+    q = jax.nn.log_softmax(out.raw_logits[0], axis=-1)
+    t_logits, _ = Decoder(cfg).apply({"params": jax.lax.stop_gradient(frozen_base(p))},
+                                     ids[None], jnp.arange(len(ids))[None])
+    pt = jax.nn.log_softmax(t_logits[0], axis=-1)
+    kl = jnp.sum(jnp.exp(pt) * (pt - q), axis=-1)[W - 1:len(ids) - 1]  # targets W .. T-1
+    w = jnp.where(jnp.asarray(ans[W:]), weight, 1.0)
+    return jnp.sum(kl * w) / kl.shape[0]
+
+  a, ga = jax.value_and_grad(ours)(params, weight)
+  b, gb = jax.value_and_grad(ref)(params)
+  np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+  for x, y in zip(jax.tree.leaves(ga), jax.tree.leaves(gb)):
+    np.testing.assert_allclose(x, y, rtol=1e-3, atol=1e-6)
+  plain = ours(params, 1.0)
+  assert float(a) > 1.5 * float(plain)  # the weight changes the loss (the test can fail)
+  np.testing.assert_allclose(plain, _reference_kl(cfg, bcfg, frozen_base(params), ids),
+                             rtol=1e-4)
+
+
 def test_token_weights_by_hand():
   w = token_weights(jnp.array([-1.0, -3.0, -0.5, -2.0]), jnp.array([-2.0, -1.0, -4.0, -2.0]), 0.5)
   # log p_full - log p_trunc = 1, -2, 3.5, 0 -> clipped 1, 0, 2, 0
@@ -272,4 +315,8 @@ def test_bad_objective_settings_are_refused_before_anything_loads():
     from_config(c)
   c.train.distill = ml_collections.ConfigDict(dict(top_k=8, alpha=0.0, rest="renormalize"))
   with pytest.raises(ConfigError, match="train.distill.rest must be 'bucket'"):
+    from_config(c)
+  c.train.distill = ml_collections.ConfigDict(dict(top_k=8, alpha=0.0, rest="bucket",
+                                                   answer_weight=0.0))
+  with pytest.raises(ConfigError, match="answer_weight > 0"):
     from_config(c)

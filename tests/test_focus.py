@@ -389,6 +389,12 @@ def test_decode_steps_bad_input():
   cfg, _ = tiny_model()
   with pytest.raises(FocusError, match="focus.steps=0"):
     FocusTask(cfg, tiny_focus(), dict(window=24, strides=(16,), steps=0), seed=0)
+  from longjax.run_config.sections import DistillSettings
+  for settings, match in ((DistillSettings(alpha=1.0), "alpha"),
+                          (DistillSettings(answer_weight=5.0), "answer_weight")):
+    with pytest.raises(FocusError, match=match):  # beacon-only weights, refused by name
+      FocusTask(cfg, tiny_focus(), dict(window=24, strides=(16,), steps=1), seed=0,
+                distill=settings)
 
 
 def test_decode_step_draws_leave_room_for_every_target():

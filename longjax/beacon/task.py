@@ -99,7 +99,8 @@ class BeaconTask:
     tpos = np.asarray(plan.labels)  # [n, B, L] target positions, IGNORE where unlabelled
     labels = np.full(tpos.shape, IGNORE, np.int32)
     soft = np.zeros(tpos.shape, bool)
-    for b, (ids, lab, obj) in enumerate(zip(rows_ids, rows_labels, objectives)):
+    scale = np.ones(tpos.shape, np.float32)  # distill.answer_weight on the answer spans
+    for b, (i, ids, lab, obj) in enumerate(zip(idx, rows_ids, rows_labels, objectives)):
       t = tpos[:, b]
       ok = t >= 0
       tok = np.where(ok, lab[np.clip(t, 0, None)], IGNORE)
@@ -107,6 +108,9 @@ class BeaconTask:
         ok &= t >= self.bcfg.window
         tok = np.where(ok, ids[np.clip(t, 0, None)], IGNORE)
         soft[:, b] = ok
+        ans = ds.answer[int(i)]
+        if ans is not None:
+          scale[:, b] = np.where(ok & ans[np.clip(t, 0, None)], self.distill.answer_weight, 1.0)
       labels[:, b] = np.where(ok, tok, IGNORE)
     # whole windows: one teacher width per window count (batches hold one count), one compile
     width = round_up(max(len(r) for r in rows_ids), self.bcfg.window)
@@ -115,8 +119,10 @@ class BeaconTask:
       teacher_ids[0, b, :len(r)] = r
     plan = dataclasses.replace(plan, labels=labels)
     filled, slots = _occupancy(plan)
-    return dict(plans=dict(plan=plan, teacher_ids=teacher_ids, target_pos=tpos.astype(np.int32),
-                           soft=soft),
+    plans = dict(plan=plan, teacher_ids=teacher_ids, target_pos=tpos.astype(np.int32), soft=soft)
+    if self.distill.answer_weight != 1.0:  # (absent at 1: the default step's inputs unchanged)
+      plans["scale"] = scale
+    return dict(plans=plans,
                 tokens=int(sum(len(r) for r in rows_ids)),
                 occupancy=(filled + int(sum(len(r) for r in rows_ids)),
                            slots + int(teacher_ids.size)))
@@ -171,6 +177,8 @@ def distill_targets(task: "BeaconTask", base, plans):
     weight = token_weights(lp_full, lp_trunc, task.distill.alpha)[bi, row]
   else:
     weight = jnp.ones(rest.shape, jnp.float32)
+  if "scale" in plans:  # distill.answer_weight on the answer spans
+    weight = weight * plans["scale"]
   soft = plans["soft"]
   labels = plan.labels
   k = task.distill.top_k

@@ -39,6 +39,9 @@ class FocusTask:
     if self.distill.alpha:
       raise FocusError("train.distill.alpha weights beacon tokens by what the far context adds; "
                        "FocusLLM distills its scored steps unweighted: leave alpha at 0")
+    if self.distill.answer_weight != 1.0:
+      raise FocusError("train.distill.answer_weight weights a beacon sample's answer span; "
+                       "FocusLLM distills its scored steps unweighted: leave answer_weight at 1")
     self.fc = dict(train_cfg)
     # teacher-forced decode steps scored per sample (docs/focusllm.md §5.1; 1: the official one)
     self.steps = int(self.fc.get("steps", 1))

@@ -131,8 +131,8 @@ def _check_values(rc: RunConfig, entry: method_names.MethodName):
     raise ConfigError(f"data.loss_on='distill' is not for method {rc.method!r} (it does not "
                       "distill)")
   d = rc.train.distill
-  if int(d.top_k) < 1 or float(d.alpha) < 0:
-    raise ConfigError("train.distill needs top_k >= 1 and alpha >= 0")
+  if int(d.top_k) < 1 or float(d.alpha) < 0 or float(d.answer_weight) <= 0:
+    raise ConfigError("train.distill needs top_k >= 1, alpha >= 0 and answer_weight > 0")
   if d.rest not in ("bucket", "renormalise"):
     raise ConfigError(f"train.distill.rest must be 'bucket' (the teacher's mass outside its top_k "
                       f"is one more class) or 'renormalise' (the top_k renormalised to sum to "

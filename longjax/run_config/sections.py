@@ -118,10 +118,16 @@ class DistillSettings:
   and ~13 % of the true next tokens lie there). ``"bucket"``: it is one more target class, the
   student's mass outside those ids: KL over top_k + 1 classes, 0 when the student equals the
   teacher. ``"renormalise"``: the top ``top_k`` are renormalised to sum to 1, which
-  teaches the student to starve the rest of the vocabulary."""
+  teaches the student to starve the rest of the vocabulary.
+
+  ``answer_weight``: each distilled token inside a sample's answer span (the record's ``output``)
+  counts this many times (1: like any other token). The answer is the few tokens of a question
+  document that need what the memory holds; among thousands of prose and question tokens they
+  are otherwise too few to keep exact values (digits, codes) in the memory."""
   top_k: int = 32
   alpha: float = 0.0
   rest: str = "bucket"
+  answer_weight: float = 1.0
 
 
 @dataclasses.dataclass(frozen=True)
