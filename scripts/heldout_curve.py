@@ -144,7 +144,8 @@ def main(argv=None):
   ap.add_argument("--baselines", default="truncation", help="methods measured once on the same "
                   "cells, drawn as lines (e.g. truncation,plain; '' for none)")
   ap.add_argument("--reuse", type=Path, help="a curve measured with the same yardstick whose "
-                  "baselines (and step 0, when it started from the same --init asset) are copied")
+                  "baselines (and step 0, when it started from the same --init asset) are copied; "
+                  "a new curve takes its settings unless given")
   ap.add_argument("--title", default="", help="the figure's title (default: method and workdir)")
   ap.add_argument("--scratch", type=Path, help="exports and per-step reports (default: "
                   "<workdir>/../curve_<workdir name>)")
@@ -162,10 +163,13 @@ def main(argv=None):
         ap.error(f"--{key} {value!r}: the curve {args.out} was measured with {curve.get(key)!r}; "
                  f"give the same (or leave it out) or write another --out")
   else:
+    # a new curve measures with the settings given, else those of the curve it reuses
+    like = json.loads(args.reuse.read_text()) if args.reuse else {}
     curve = dict(title=args.title or f"{args.method}: {args.workdir} (held-out cells)",
-                 method=args.method, cells=args.cells or DEFAULT_CELLS,
-                 samples=args.samples or 5, asset_args=args.asset_args or "", points=[],
-                 baselines={})
+                 method=args.method, cells=args.cells or like.get("cells", DEFAULT_CELLS),
+                 samples=args.samples or like.get("samples", 5),
+                 asset_args=like.get("asset_args", "") if args.asset_args is None
+                 else args.asset_args, points=[], baselines={})
   args.cells, args.samples, args.asset_args = curve["cells"], curve["samples"], curve["asset_args"]
   init = fingerprint(args.init) if args.init else None
   if init is not None and "init" in curve and curve["init"]["sha256"] != init["sha256"]:
