@@ -8,9 +8,10 @@ held-out perplexity: never trained on) and appends the point to ``--out`` (json,
 atomically) and its figure (``.png`` beside it). ``--init DIR`` adds the campaign's starting asset
 as step 0. Finished points are kept: a rerun measures only the new steps, so the curve grows
 while the run trains. ``--reuse CURVE`` starts a new run's curve from a committed one measured
-with the same yardstick: its baselines, and its step 0 when both start from the same asset
-(identified by the sha256 of its files), are copied instead of measured again (~25 minutes on
-two cores at 10 samples a cell).
+with the same yardstick: its baselines, and the point that measured this curve's starting asset
+(its step 0 from the same ``--init``, or a step exported as the same files: every point records
+the sha256 of the asset it measured), are copied instead of measured again (~12 minutes a point
+on two cores at 10 samples a cell).
 
   python scripts/heldout_curve.py --method beacon --workdir runs/general/beacon \\
       --asset_args="--stride 128 --ratios 8" --steps 25,50 --out results/curve_beacon.json
@@ -57,11 +58,16 @@ def reuse(curve: dict, other_path: Path, init) -> list:
     if name not in curve["baselines"]:
       curve["baselines"][name] = cells
       copied.append(name)
-  start = [p for p in other["points"] if p["step"] == 0]
-  if (init is not None and start and other.get("init", {}).get("sha256") == init["sha256"]
-      and not any(p["step"] == 0 for p in curve["points"])):
-    curve["points"].append(start[0])
-    copied.append("step 0")
+  if init is None or any(p["step"] == 0 for p in curve["points"]):
+    return copied
+  # the starting asset measured there: its step 0 (same init), or a point exported as these bytes
+  for p in sorted(other["points"], key=lambda p: p["step"]):
+    same = (p["step"] == 0 and other.get("init", {}).get("sha256") == init["sha256"]
+            or p.get("asset", {}).get("sha256") == init["sha256"])
+    if same:
+      curve["points"].append(dict(p, step=0))
+      copied.append("step 0" if p["step"] == 0 else f"step 0 (its step {p['step']})")
+      break
   return copied
 
 
@@ -193,7 +199,7 @@ def main(argv=None):
       asset = scratch / f"asset_{step}"
       export(args.method, args.workdir, step, asset, args.asset_args)
     cells = measure(args.method, asset, args.cells, args.samples, scratch / f"report_{step}")
-    curve["points"].append(dict(step=step, cells=cells))
+    curve["points"].append(dict(step=step, cells=cells, asset=fingerprint(asset)))
     curve["points"].sort(key=lambda p: p["step"])
     write_atomic(args.out, json.dumps(curve, indent=1))
     figure(args.out, curve)

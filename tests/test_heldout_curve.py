@@ -107,3 +107,36 @@ def test_reuse_copies_baselines_and_the_same_starting_point(tmp_path, monkeypatc
   with pytest.raises(SystemExit, match="same yardstick"):
     mod.main(base + ["--steps", "40", "--out", str(tmp_path / "fourth.json"), "--reuse",
                      str(first), "--samples", "7"])
+
+
+def test_reuse_finds_the_starting_asset_among_the_measured_steps(tmp_path, monkeypatch):
+  """A run started from another run's exported step reuses that step's point as its step 0
+  (every point records the sha256 of the asset it measured)."""
+  mod = _module()
+
+  def export(method, workdir, step, out, asset_args):
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "w.safetensors").write_bytes(f"{workdir.name} {step}".encode())
+
+  monkeypatch.setattr(mod, "export", export)
+  calls = []
+  monkeypatch.setattr(mod, "measure", lambda method, asset, cells, samples, where: calls.append(
+      asset.name) or {"passkey:1024": {"score": 0.25 * len(calls), "n": samples}})
+  start = tmp_path / "start"
+  start.mkdir()
+  (start / "w.safetensors").write_bytes(b"asset")
+  first = tmp_path / "first.json"
+  assert mod.main(["--method", "beacon", "--workdir", str(tmp_path / "run1"), "--init",
+                   str(start), "--cells", "passkey:1024", "--baselines", "", "--steps", "20",
+                   "--out", str(first)]) == 0
+  assert calls == ["start", "asset_20"]
+  step20 = tmp_path / "curve_run1" / "asset_20"
+  calls.clear()
+  second = tmp_path / "second.json"
+  assert mod.main(["--method", "beacon", "--workdir", str(tmp_path / "run2"), "--init",
+                   str(step20), "--baselines", "", "--steps", "10", "--reuse", str(first),
+                   "--out", str(second)]) == 0
+  assert calls == ["asset_10"]  # run1's step 20 is run2's step 0: not measured again
+  points = json.loads(second.read_text())["points"]
+  assert [(p["step"], p["cells"]["passkey:1024"]["score"]) for p in points] == [(0, 0.5),
+                                                                                (10, 0.25)]
