@@ -43,11 +43,22 @@ def fingerprint(asset: Path) -> dict:
   return dict(path=str(asset), sha256=h.hexdigest())
 
 
-def reuse(curve: dict, other_path: Path, init) -> list:
-  """Copy ``other_path``'s baselines (and its step 0 when it started from the same asset as
-  ``init``) into ``curve``; refused unless it was measured with the same yardstick. Returns what
-  was copied."""
-  other = json.loads(Path(other_path).read_text())
+def load_reused(path: Path) -> dict:
+  """The curve named by ``--reuse``, or one line saying why it cannot be."""
+  try:
+    other = json.loads(Path(path).read_text())
+  except (OSError, ValueError) as e:
+    raise SystemExit(f"--reuse {path}: not a readable curve ({e}); give a curve .json written "
+                     f"by this script") from None
+  if not isinstance(other, dict) or not {"method", "cells", "points"} <= set(other):
+    raise SystemExit(f"--reuse {path}: not a curve of this script (no method, cells or points)")
+  return other
+
+
+def reuse(curve: dict, other: dict, other_path: Path, init) -> list:
+  """Copy the reused curve's baselines, and the point that measured ``init`` (its step 0 from the
+  same starting asset, or any step exported as the same files), into ``curve``; refused unless
+  it was measured with the same yardstick. Returns what was copied."""
   for key in ("method", "cells", "samples", "asset_args"):
     if other.get(key) != curve[key]:
       raise SystemExit(f"--reuse {other_path}: measured with {key} {other.get(key)!r}, this "
@@ -150,13 +161,16 @@ def main(argv=None):
   ap.add_argument("--baselines", default="truncation", help="methods measured once on the same "
                   "cells, drawn as lines (e.g. truncation,plain; '' for none)")
   ap.add_argument("--reuse", type=Path, help="a curve measured with the same yardstick whose "
-                  "baselines (and step 0, when it started from the same --init asset) are copied; "
-                  "a new curve takes its settings unless given")
+                  "baselines (and its point for the --init asset, if it measured those files) are "
+                  "copied; a new curve takes its settings unless given")
   ap.add_argument("--title", default="", help="the figure's title (default: method and workdir)")
   ap.add_argument("--scratch", type=Path, help="exports and per-step reports (default: "
                   "<workdir>/../curve_<workdir name>)")
   args = ap.parse_args(argv)
   steps = [int(s) for s in args.steps.split(",") if s.strip()]
+  if args.init and not args.init.is_dir():
+    ap.error(f"--init {args.init}: no such asset directory (the campaign's starting asset)")
+  reused = load_reused(args.reuse) if args.reuse else {}
   if args.init:  # step 0 is the starting asset itself: nothing to export from the workdir
     steps = [s for s in steps if s != 0]
   scratch = args.scratch or args.workdir.parent / f"curve_{args.workdir.name}"
@@ -170,11 +184,10 @@ def main(argv=None):
                  f"give the same (or leave it out) or write another --out")
   else:
     # a new curve measures with the settings given, else those of the curve it reuses
-    like = json.loads(args.reuse.read_text()) if args.reuse else {}
     curve = dict(title=args.title or f"{args.method}: {args.workdir} (held-out cells)",
-                 method=args.method, cells=args.cells or like.get("cells", DEFAULT_CELLS),
-                 samples=args.samples or like.get("samples", 5),
-                 asset_args=like.get("asset_args", "") if args.asset_args is None
+                 method=args.method, cells=args.cells or reused.get("cells", DEFAULT_CELLS),
+                 samples=args.samples or reused.get("samples", 5),
+                 asset_args=reused.get("asset_args", "") if args.asset_args is None
                  else args.asset_args, points=[], baselines={})
   args.cells, args.samples, args.asset_args = curve["cells"], curve["samples"], curve["asset_args"]
   init = fingerprint(args.init) if args.init else None
@@ -184,7 +197,7 @@ def main(argv=None):
   if init is not None and not any(p["step"] == 0 for p in curve["points"]):
     curve["init"] = init  # step 0 is measured (or reused) from this asset
   if args.reuse:
-    copied = reuse(curve, args.reuse, init)
+    copied = reuse(curve, reused, args.reuse, init)
     print(f"reused from {args.reuse}: {', '.join(copied) or 'nothing new'}", flush=True)
   for name in (b.strip() for b in args.baselines.split(",") if b.strip()):
     if name not in curve["baselines"]:

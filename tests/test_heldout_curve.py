@@ -26,6 +26,7 @@ def test_curve_grows_point_by_point_and_resumes(tmp_path, monkeypatch):
 
   monkeypatch.setattr(mod, "measure", measure)
   out = tmp_path / "curve.json"
+  (tmp_path / "start").mkdir()
   argv = ["--method", "focus", "--workdir", str(tmp_path / "run"), "--steps", "20,10",
           "--init", str(tmp_path / "start"), "--out", str(out), "--cells", "passkey:1024"]
   assert mod.main(argv) == 0
@@ -66,6 +67,7 @@ def test_step_0_with_init_is_the_starting_asset(tmp_path, monkeypatch):
   monkeypatch.setattr(mod, "measure", lambda method, asset, cells, samples, where: {
       "passkey:1024": {"score": 0.5, "n": samples, "seconds": 1.0}})
   out = tmp_path / "curve.json"
+  (tmp_path / "start").mkdir()
   assert mod.main(["--method", "beacon", "--workdir", str(tmp_path / "run"), "--steps", "0",
                    "--init", str(tmp_path / "start"), "--out", str(out),
                    "--cells", "passkey:1024"]) == 0
@@ -140,3 +142,25 @@ def test_reuse_finds_the_starting_asset_among_the_measured_steps(tmp_path, monke
   points = json.loads(second.read_text())["points"]
   assert [(p["step"], p["cells"]["passkey:1024"]["score"]) for p in points] == [(0, 0.5),
                                                                                 (10, 0.25)]
+
+
+def test_a_missing_start_or_reused_curve_is_one_line_before_measuring(tmp_path, monkeypatch,
+                                                                      capsys):
+  import pytest
+  mod = _module()
+  measured = []
+  monkeypatch.setattr(mod, "measure", lambda *a: measured.append(a) or {})
+  base = ["--method", "beacon", "--workdir", str(tmp_path / "run"), "--steps", "10",
+          "--out", str(tmp_path / "c.json")]
+  with pytest.raises(SystemExit):
+    mod.main(base + ["--init", str(tmp_path / "nowhere")])
+  assert "no such asset directory" in capsys.readouterr().err
+  (tmp_path / "bad.json").write_text("{not json")
+  for path, msg in ((tmp_path / "absent.json", "not a readable curve"),
+                    (tmp_path / "bad.json", "not a readable curve")):
+    with pytest.raises(SystemExit, match=msg):
+      mod.main(base + ["--reuse", str(path)])
+  (tmp_path / "other.json").write_text('{"rows": []}')
+  with pytest.raises(SystemExit, match="not a curve of this script"):
+    mod.main(base + ["--reuse", str(tmp_path / "other.json")])
+  assert measured == [] and not (tmp_path / "c.json").exists()
