@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from longjax.data.errors import DataError  # noqa: E402
 from longjax.data.haystack import (HELDOUT_HAYSTACKS, SPLITS, allowed_haystacks,  # noqa: E402
-                                   check_haystacks, generate, parse_tokens, score_files,
-                                   write_jsonl)
+                                   check_haystacks, check_needle_kinds, generate,
+                                   parse_tokens, score_files, write_jsonl)
 
 
 def load_tokenizer(spec: str):
@@ -57,6 +57,9 @@ def build_parser():
                        f"{','.join(HELDOUT_HAYSTACKS)})")
   ap.add_argument("--tokenizer", default="smollm2",
                   help="'smollm2' (fetched and cached once), 'byte' or a HF tokenizer directory")
+  ap.add_argument("--needle_kinds", default="",
+                  help="qa documents plant needles of these kinds only, no content questions "
+                       "(comma-separated subset of number,word,name,date,code,fact; default: all)")
   ap.add_argument("--no_chat", action="store_true",
                   help="leave the prompt unwrapped (else the tokenizer's chat template, if any)")
   ap.add_argument("--allow_missing", action="store_true",
@@ -81,10 +84,16 @@ def _main(args) -> int:
   hs = [h.strip() for h in args.haystacks.split(",") if h.strip()] or None
   if hs:
     check_haystacks(args.split, hs)
+  kinds = None
+  if args.needle_kinds:
+    if args.kind != "qa":
+      raise DataError("--needle_kinds applies to --kind qa documents; leave it out with --kind "
+                      "prose")
+    kinds = check_needle_kinds(args.needle_kinds)
   tokens = parse_tokens(args.tokens)
   tok = load_tokenizer(args.tokenizer)
   n = write_jsonl(args.out, generate(tok, args.split, args.count, tokens, args.seed, hs,
-                                     not args.no_chat, args.kind, args.allow_missing),
+                                     not args.no_chat, args.kind, args.allow_missing, kinds),
                   args.overwrite)
   print(f"wrote {n} {args.split} {args.kind} records to {args.out}")
   return 0

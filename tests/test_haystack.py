@@ -136,6 +136,30 @@ def test_every_needle_kind_and_task_with_its_answer_in_the_document(fake_sources
       assert re.search(rf"Record {key}: {re.escape(r['target'])},", doc)
 
 
+def test_needle_kinds_plant_only_those_kinds_and_leave_the_default_file_unchanged(
+    fake_sources, tmp_path, capsys):
+  recs = _records("train", 40, (600, 1400), seed=11, needle_kinds="number,date")
+  assert {r["task"] for r in recs} == {"needle"}  # no content questions
+  assert {r["needle_kind"] for r in recs} == {"number", "date"}
+  for r in recs:
+    assert r["needles"][0]["value"] == r["target"] and r["target"] in r["input"]
+  # without the option the records are the ones the default run writes, draw for draw
+  plain = _records("train", 40, (600, 1400), seed=11)
+  assert plain == _records("train", 40, (600, 1400), seed=11, needle_kinds=None)
+  assert any(r["task"] != "needle" or r["needle_kind"] not in ("number", "date") for r in plain)
+  with pytest.raises(DataError, match="unknown kind colour; give a comma-separated subset of"):
+    _records("train", 1, needle_kinds="number,colour")
+  cli = haystack_cli()
+  out = tmp_path / "o.jsonl"
+  for extra, said in ((["--needle_kinds", "word", "--kind", "prose"], "--kind qa documents"),
+                      (["--needle_kinds", "digits"], "unknown kind digits")):
+    rc = cli.main(["--split", "train", "--tokenizer", "byte", "--out", str(out), "--count", "2",
+                   "--tokens", "800"] + extra)
+    err = capsys.readouterr().err
+    assert rc == 1 and err.count("\n") == 1 and said in err, err
+    assert not out.exists()
+
+
 def test_jsonl_reader_takes_the_output_as_the_answer(fake_sources, tmp_path):
   p = tmp_path / "d.jsonl"
   H.write_jsonl(p, H.generate(BYTE, "train", 3, (600, 800), 2))

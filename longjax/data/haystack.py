@@ -505,8 +505,8 @@ def _fit(doc: _Doc, units, budget: int):
   _settle(doc, budget)
 
 
-def _needle_doc(tok, rng, P, ii, units, n_tokens, chat, sep, rec):
-  nk = _pick(rng, NEEDLE_KINDS)
+def _needle_doc(tok, rng, P, ii, units, n_tokens, chat, sep, rec, kinds=NEEDLE_KINDS):
+  nk = _pick(rng, kinds)
   noun = _pick(rng, NOUNS[nk])
   count = 1 + int(rng.integers(0, 4))
   keys, values = [], []
@@ -583,10 +583,11 @@ def _draw_haystack(rng, names, texts) -> str:
 
 
 def make_record(tok, split: str, index: int, seed: int, n_tokens: int, texts: dict,
-                haystacks=None, chat: bool = True, kind: str = "qa") -> dict:
+                haystacks=None, chat: bool = True, kind: str = "qa", needle_kinds=None) -> dict:
   """Document ``index`` of a split: a function of ``(seed, split, index)`` and the arguments
   only. ``texts``: :func:`load_texts`; ``kind``: ``qa`` (instruction, haystack, question) or
-  ``prose`` (a window of real prose)."""
+  ``prose`` (a window of real prose); ``needle_kinds``: every document plants needles of these
+  kinds only (default: content questions too, and every kind)."""
   haystacks = check_haystacks(split, haystacks or allowed_haystacks(split))
   rng = np.random.default_rng([seed, SPLITS.index(split), index])
   rid = f"{split}-{seed}-{index:06d}"
@@ -612,7 +613,8 @@ def make_record(tok, split: str, index: int, seed: int, n_tokens: int, texts: di
   sep = "\n" if hay in ("records", "logs") else " "
   units = _units(hay, rng, texts)
   r = float(rng.uniform())
-  task = ("record" if hay in ("records", "logs") and r < 0.4 else
+  task = ("needle" if needle_kinds else
+          "record" if hay in ("records", "logs") and r < 0.4 else
           "next" if hay != "repeat" and r < 0.25 else "needle")
   ii = int(rng.integers(len(P["instruction"])))
   rec = dict(id=rid, split=split, haystack=hay, task=task)
@@ -622,7 +624,8 @@ def make_record(tok, split: str, index: int, seed: int, n_tokens: int, texts: di
     if built is None:  # no unit fit for the question at this budget: plant needles instead
       rec["task"] = "needle"
   if built is None:
-    built = _needle_doc(tok, rng, P, ii, units, n_tokens, chat, sep, rec)
+    built = _needle_doc(tok, rng, P, ii, units, n_tokens, chat, sep, rec,
+                        check_needle_kinds(needle_kinds) if needle_kinds else NEEDLE_KINDS)
   doc, question, target, distractors, needles = built
   text = doc.text()
   n = _count(tok, text)
@@ -709,16 +712,30 @@ def parse_tokens(spec: str) -> tuple:
   return lo, hi
 
 
+def check_needle_kinds(kinds) -> tuple:
+  """``kinds`` (names or one comma-separated string) as a tuple of :data:`NEEDLE_KINDS`."""
+  names = [k.strip() for k in (kinds.split(",") if isinstance(kinds, str) else kinds)]
+  bad = [k for k in names if k not in NEEDLE_KINDS]
+  if bad or not names:
+    raise DataError(f"--needle_kinds {','.join(names)!r}: unknown kind {', '.join(bad) or '(none)'}"
+                    f"; give a comma-separated subset of {','.join(NEEDLE_KINDS)}")
+  return tuple(names)
+
+
 def generate(tok, split: str, count: int, tokens: tuple, seed: int, haystacks=None,
-             chat: bool = True, kind: str = "qa", allow_missing: bool = False):
+             chat: bool = True, kind: str = "qa", allow_missing: bool = False,
+             needle_kinds=None):
   """``count`` records; document ``i``'s budget is drawn from ``tokens`` (lo, hi) by its own
-  generator, so a prefix of a longer run is the same as a shorter run."""
+  generator, so a prefix of a longer run is the same as a shorter run. ``needle_kinds``: plant
+  needles of these kinds only, in every document (:func:`make_record`)."""
   haystacks = check_haystacks(split, haystacks or allowed_haystacks(split))
+  if needle_kinds:
+    needle_kinds = check_needle_kinds(needle_kinds)
   texts = load_texts(haystacks, allow_missing)
   lo, hi = tokens
   for i in range(count):
     n = int(np.random.default_rng([seed, SPLITS.index(split), i, 1]).integers(lo, hi + 1))
-    yield make_record(tok, split, i, seed, n, texts, haystacks, chat, kind)
+    yield make_record(tok, split, i, seed, n, texts, haystacks, chat, kind, needle_kinds)
 
 
 def write_jsonl(path, records, overwrite: bool = False) -> int:
