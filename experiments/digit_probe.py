@@ -29,6 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
+from longjax.eval.harness import BEACON, PLAIN  # noqa: E402
+
 
 def ruler_prompts(lm, task: str, length: int, n: int, tok_dir: str):
   """``[(prompt, target)]``: the contexts lm-eval would send to ``generate_until``."""
@@ -55,7 +57,7 @@ def digit_logits(lm, ids):
   """Next-token logits ``[len(ids), V]`` of every position (one inference forward)."""
   p = lm.parts
   p.model = p.registry.with_room_for(p.model, p.cfg, p.settings, len(ids) + 1)
-  if p.method == "beacon":
+  if p.method == BEACON:
     out = p.model.forward(p.params, np.asarray(ids, np.int32), training=False,
                           collect_logits=True)
     return np.asarray(out.raw_logits[0] if isinstance(out.raw_logits, list) else out.raw_logits)
@@ -106,19 +108,19 @@ def summarise(rows) -> list:
 
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  ap.add_argument("--method", choices=("beacon", "plain"), default="beacon")
+  ap.add_argument("--method", choices=(BEACON, PLAIN), default=BEACON)
   ap.add_argument("--asset", default="assets/smollm2_beacon")
   ap.add_argument("--samples", type=int, default=10)
   ap.add_argument("--length", type=int, default=4096)
   ap.add_argument("--out", help="also write the samples and the summary to this JSON file")
   a = ap.parse_args(argv)
-  if a.method == "beacon" and not Path(a.asset).is_dir():
+  if a.method == BEACON and not Path(a.asset).is_dir():
     ap.error(f"--asset {a.asset}: no such directory (an exported beacon asset)")
   from longjax.ckpts import smollm2
   from longjax.eval.harness import LongjaxLM
   base = str(smollm2.get())
   args = dict(method=a.method, checkpoint="smollm2")
-  if a.method == "beacon":
+  if a.method == BEACON:
     args["asset"] = a.asset
   lm = LongjaxLM(**args)
   tok = lm.parts.tokenizer
@@ -138,7 +140,7 @@ def main(argv=None):
     rows.append(rec)
     print(json.dumps(rec), flush=True)
   summary = summarise(rows)
-  result = dict(method=a.method, asset=a.asset if a.method == "beacon" else None,
+  result = dict(method=a.method, asset=a.asset if a.method == BEACON else None,
                 task="niah_single_1", length=a.length, summary=summary)
   print(json.dumps(result), flush=True)
   if a.out:  # whole or not at all
