@@ -114,8 +114,12 @@ def main(argv=None):
   ap.add_argument("--length", type=int, default=4096)
   ap.add_argument("--out", help="also write the samples and the summary to this JSON file")
   a = ap.parse_args(argv)
-  if a.method == BEACON and not Path(a.asset).is_dir():
-    ap.error(f"--asset {a.asset}: no such directory (an exported beacon asset)")
+  bad = (f"--asset {a.asset}: no such directory (give an exported beacon asset)"
+         if a.method == BEACON and not Path(a.asset).is_dir() else
+         f"--samples {a.samples}: give at least 1" if a.samples < 1 else None)
+  if bad:  # one line, before the model loads
+    print(f"digit_probe.py: error: {bad}", file=sys.stderr)
+    return 2
   from longjax.ckpts import smollm2
   from longjax.eval.harness import LongjaxLM
   base = str(smollm2.get())
@@ -150,4 +154,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-  main()
+  sys.exit(main())

@@ -21,9 +21,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from longjax.data.errors import DataError  # noqa: E402
-from longjax.data.haystack import (HELDOUT_HAYSTACKS, SPLITS, allowed_haystacks,  # noqa: E402
-                                   check_haystacks, check_needle_kinds, generate,
-                                   parse_tokens, score_files, write_jsonl)
+from longjax.data.haystack import (HELDOUT_HAYSTACKS, NEEDLE_KINDS, SPLITS,  # noqa: E402
+                                   allowed_haystacks, check_haystacks, check_needle_kinds,
+                                   generate, parse_tokens, score_files, write_jsonl)
 
 
 def load_tokenizer(spec: str):
@@ -59,7 +59,7 @@ def build_parser():
                   help="'smollm2' (fetched and cached once), 'byte' or a HF tokenizer directory")
   ap.add_argument("--needle_kinds", default="",
                   help="qa documents plant needles of these kinds only, no content questions "
-                       "(comma-separated subset of number,word,name,date,code,fact; default: all)")
+                       f"(comma-separated subset of {','.join(NEEDLE_KINDS)}; default: all)")
   ap.add_argument("--no_chat", action="store_true",
                   help="leave the prompt unwrapped (else the tokenizer's chat template, if any)")
   ap.add_argument("--allow_missing", action="store_true",

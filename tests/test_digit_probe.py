@@ -38,3 +38,11 @@ def test_ranks_among_digits_greedy_and_summary():
   assert [x["digit"] for x in s] == [1, 2]
   assert s[0]["first_among_digits"] == 2 and s[1]["first_among_digits"] == 1
   assert s[1]["greedy"] == ".." and s[0]["n"] == 2
+
+
+def test_bad_input_is_one_line_before_the_model_loads(tmp_path, capsys):
+  for argv, said in ((["--asset", str(tmp_path / "none")], "no such directory"),
+                     (["--asset", str(tmp_path), "--samples", "0"], "--samples 0: give at least")):
+    assert dp.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and said in err, err

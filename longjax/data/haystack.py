@@ -586,8 +586,9 @@ def make_record(tok, split: str, index: int, seed: int, n_tokens: int, texts: di
                 haystacks=None, chat: bool = True, kind: str = "qa", needle_kinds=None) -> dict:
   """Document ``index`` of a split: a function of ``(seed, split, index)`` and the arguments
   only. ``texts``: :func:`load_texts`; ``kind``: ``qa`` (instruction, haystack, question) or
-  ``prose`` (a window of real prose); ``needle_kinds``: every document plants needles of these
-  kinds only (default: content questions too, and every kind)."""
+  ``prose`` (a window of real prose); ``needle_kinds``: a tuple of :data:`NEEDLE_KINDS` (as
+  :func:`check_needle_kinds` returns it): every document plants needles of these kinds only
+  (default: content questions too, and every kind)."""
   haystacks = check_haystacks(split, haystacks or allowed_haystacks(split))
   rng = np.random.default_rng([seed, SPLITS.index(split), index])
   rid = f"{split}-{seed}-{index:06d}"
@@ -625,7 +626,7 @@ def make_record(tok, split: str, index: int, seed: int, n_tokens: int, texts: di
       rec["task"] = "needle"
   if built is None:
     built = _needle_doc(tok, rng, P, ii, units, n_tokens, chat, sep, rec,
-                        check_needle_kinds(needle_kinds) if needle_kinds else NEEDLE_KINDS)
+                        needle_kinds or NEEDLE_KINDS)
   doc, question, target, distractors, needles = built
   text = doc.text()
   n = _count(tok, text)
