@@ -27,9 +27,11 @@ def model():
   return cfg, jax.tree.map(jnp.asarray, tiny_params(cfg))
 
 
-def _task(cfg, bcfg, *, layout="inference", objective="distill", alpha=0.0, top_k=VOCAB):
+def _task(cfg, bcfg, *, layout="inference", objective="distill", alpha=0.0, top_k=VOCAB,
+          base=1.0):
   return BeaconTask(cfg, bcfg, max_length=8 * W, seed=0, layout=layout, remat=False,
-                    distill=DistillSettings(top_k=top_k, alpha=alpha), default_objective=objective)
+                    distill=DistillSettings(top_k=top_k, alpha=alpha, base_weight=base),
+                    default_objective=objective)
 
 
 def _loss(task, params, docs, objectives=None):
@@ -54,7 +56,7 @@ def test_distill_is_zero_when_the_student_sees_what_the_teacher_sees(model):
   assert float(ls4[0]) / float(lc4[0]) > 1e-2
 
 
-def _reference_kl(cfg, bcfg, params, ids, alpha=0.0, top_k=VOCAB):
+def _reference_kl(cfg, bcfg, params, ids, alpha=0.0, top_k=VOCAB, base=1.0):
   """Dense jnp reference: student logits of every raw token from the prefill path (inference
   layout), teacher logits from the plain decoder on the whole document, KL over the vocabulary;
   with ``top_k`` < V, KL over the teacher's top k ids plus one class for all the others."""
@@ -79,26 +81,27 @@ def _reference_kl(cfg, bcfg, params, ids, alpha=0.0, top_k=VOCAB):
     lt = jax.nn.log_softmax(lt[0], axis=-1)
     nxt = jnp.asarray(ids[1:])[:, None]
     w = token_weights(jnp.take_along_axis(p[:-1], nxt, -1)[:, 0],
-                      jnp.take_along_axis(lt[:-1], nxt, -1)[:, 0], alpha)
+                      jnp.take_along_axis(lt[:-1], nxt, -1)[:, 0], alpha, base)
     kl = kl * w[W - 1:]
   return jnp.sum(kl) / kl.shape[0]
 
 
-@pytest.mark.parametrize("alpha,top_k", [(0.0, VOCAB), (0.7, VOCAB), (0.0, 5), (0.7, 5)])
-def test_distill_loss_and_gradient_match_a_dense_reference(model, alpha, top_k):
+@pytest.mark.parametrize("alpha,top_k,base", [(0.0, VOCAB, 1.0), (0.7, VOCAB, 1.0), (0.0, 5, 1.0),
+                                              (0.7, 5, 1.0), (0.7, 5, 0.0)])
+def test_distill_loss_and_gradient_match_a_dense_reference(model, alpha, top_k, base):
   """Top k < V: the teacher's mass outside its top k is one more class (distill.rest="bucket"),
-  compared with the student's mass there."""
+  compared with the student's mass there. Base weight 0: only the tokens the far context helps."""
   cfg, params = model
   bcfg = BeaconConfig(window=W, stride=W, ratios=(4,))
   ids = np.random.default_rng(2).integers(3, VOCAB, 3 * W + 9)
-  task = _task(cfg, bcfg, alpha=alpha, top_k=top_k)
+  task = _task(cfg, bcfg, alpha=alpha, top_k=top_k, base=base)
 
   def ours(p):
     ls, lc = _loss(task, p, [ids])
     return ls[0] / lc[0]
 
   def ref(p):
-    return _reference_kl(cfg, bcfg, frozen_base(p), ids, alpha, top_k)
+    return _reference_kl(cfg, bcfg, frozen_base(p), ids, alpha, top_k, base)
 
   a, ga = jax.value_and_grad(ours)(params)
   b, gb = jax.value_and_grad(ref)(params)
@@ -155,6 +158,9 @@ def test_token_weights_by_hand():
   w = token_weights(jnp.array([-1.0, -3.0, -0.5, -2.0]), jnp.array([-2.0, -1.0, -4.0, -2.0]), 0.5)
   # log p_full - log p_trunc = 1, -2, 3.5, 0 -> clipped 1, 0, 2, 0
   np.testing.assert_allclose(w, [1.5, 1.0, 2.0, 1.0])
+  w0 = token_weights(jnp.array([-1.0, -3.0, -0.5, -2.0]), jnp.array([-2.0, -1.0, -4.0, -2.0]), 0.5,
+                     0.0)  # base weight 0: a token the far context does not help weighs nothing
+  np.testing.assert_allclose(w0, [0.5, 0.0, 1.0, 0.0])
 
 
 def test_mixed_objectives_in_one_batch(model):
@@ -320,3 +326,8 @@ def test_bad_objective_settings_are_refused_before_anything_loads():
                                                    answer_weight=0.0))
   with pytest.raises(ConfigError, match="answer_weight > 0"):
     from_config(c)
+  for alpha, base in ((0.0, 0.0), (1.0, -0.5)):  # every token weighing nothing; a negative floor
+    c.train.distill = ml_collections.ConfigDict(dict(top_k=8, alpha=alpha, rest="bucket",
+                                                     base_weight=base))
+    with pytest.raises(ConfigError, match="train.distill.base_weight="):
+      from_config(c)

@@ -391,7 +391,8 @@ def test_decode_steps_bad_input():
     FocusTask(cfg, tiny_focus(), dict(window=24, strides=(16,), steps=0), seed=0)
   from longjax.run_config.sections import DistillSettings
   for settings, match in ((DistillSettings(alpha=1.0), "alpha"),
-                          (DistillSettings(answer_weight=5.0), "answer_weight")):
+                          (DistillSettings(answer_weight=5.0), "answer_weight"),
+                          (DistillSettings(base_weight=0.0), "base_weight")):
     with pytest.raises(FocusError, match=match):  # beacon-only weights, refused by name
       FocusTask(cfg, tiny_focus(), dict(window=24, strides=(16,), steps=1), seed=0,
                 distill=settings)

@@ -144,9 +144,9 @@ class BeaconTask:
     return loss_sum + const, loss_count
 
 
-def token_weights(logp_full, logp_trunc, alpha: float):
-  """Per-token distillation weight ``1 + alpha * clip(log p_full - log p_trunc, 0, 2)``."""
-  return 1.0 + alpha * jnp.clip(logp_full - logp_trunc, 0.0, 2.0)
+def token_weights(logp_full, logp_trunc, alpha: float, base: float = 1.0):
+  """Per-token distillation weight ``base + alpha * clip(log p_full - log p_trunc, 0, 2)``."""
+  return base + alpha * jnp.clip(logp_full - logp_trunc, 0.0, 2.0)
 
 
 def distill_targets(task: "BeaconTask", base, plans):
@@ -174,7 +174,8 @@ def distill_targets(task: "BeaconTask", base, plans):
     nxt = jnp.concatenate([ids[:, 1:], ids[:, -1:]], axis=1)
     lp_full = jnp.take_along_axis(logp, nxt[..., None], -1)[..., 0]  # from the top-k table above
     lp_trunc = -token_nll(lt, nxt)
-    weight = token_weights(lp_full, lp_trunc, task.distill.alpha)[bi, row]
+    weight = token_weights(lp_full, lp_trunc, task.distill.alpha,
+                           task.distill.base_weight)[bi, row]
   else:
     weight = jnp.ones(rest.shape, jnp.float32)
   if "scale" in plans:  # distill.answer_weight on the answer spans

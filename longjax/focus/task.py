@@ -39,6 +39,9 @@ class FocusTask:
     if self.distill.alpha:
       raise FocusError("train.distill.alpha weights beacon tokens by what the far context adds; "
                        "FocusLLM distills its scored steps unweighted: leave alpha at 0")
+    if self.distill.base_weight != 1.0:
+      raise FocusError("train.distill.base_weight is the floor of alpha's beacon token weights; "
+                       "FocusLLM distills its scored steps unweighted: leave base_weight at 1")
     if self.distill.answer_weight != 1.0:
       raise FocusError("train.distill.answer_weight weights a beacon sample's answer span; "
                        "FocusLLM distills its scored steps unweighted: leave answer_weight at 1")

@@ -110,9 +110,11 @@ class ClusterSection:
 class DistillSettings:
   """``train.distill`` (data.loss_on="distill" or a source "...@distill"): the teacher's top
   ``top_k`` tokens per position are the target; ``alpha`` > 0 weights each token by
-  ``1 + alpha * clip(log p_full - log p_trunc, 0, 2)`` (how much more likely the full-context base
-  finds the next token than the base reading only the last W tokens: the tokens that need far
-  context count up to 1 + 2 alpha times).
+  ``base_weight + alpha * clip(log p_full - log p_trunc, 0, 2)`` (how much more likely the
+  full-context base finds the next token than the base reading only the last W tokens: the tokens
+  that need far context count up to base_weight + 2 alpha times). ``base_weight`` 0 distills only
+  the tokens the far context helps (the rest weigh nothing): the memory is asked for what only it
+  can give, not for a better local language model.
 
   ``rest``: what happens to the teacher's mass outside its top ``top_k`` (on SmolLM2 prose ~12 %,
   and ~13 % of the true next tokens lie there). ``"bucket"``: it is one more target class, the
@@ -128,6 +130,7 @@ class DistillSettings:
   alpha: float = 0.0
   rest: str = "bucket"
   answer_weight: float = 1.0
+  base_weight: float = 1.0
 
 
 @dataclasses.dataclass(frozen=True)
