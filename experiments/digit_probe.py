@@ -19,8 +19,15 @@ then a summary per digit position.
       --out results/digit_probe_beacon.json
   python experiments/digit_probe.py --method plain --samples 10 \
       --out results/digit_probe_plain.json                    # the full-attention base
+  python experiments/digit_probe.py --ratio 4 --samples 10 \
+      --out results/digit_probe_beacon_ratio4.json            # the same beacons read at ratio 4
+
+``--ratio`` reads the asset's beacons at another compression ratio than the one it ships with (the
+tensors serve any ratio that divides the stride): is the memory's precision a matter of the ratio
+alone, or of the ratio the beacons were trained at?
 """
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -106,17 +113,30 @@ def summarise(rows) -> list:
   return out
 
 
+def _ratio_problem(asset: str, ratio: int):
+  """Why ``ratio`` cannot read ``asset``'s beacons (None when it can), from its metadata alone."""
+  stride = json.loads((Path(asset) / "beacon.json").read_text())["beacon_stride"]
+  if ratio < 1 or stride % ratio:
+    return f"--ratio {ratio}: give a positive divisor of the asset's stride ({stride})"
+  return None
+
+
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("--method", choices=(BEACON, PLAIN), default=BEACON)
   ap.add_argument("--asset", default="assets/smollm2_beacon")
   ap.add_argument("--samples", type=int, default=10)
   ap.add_argument("--length", type=int, default=4096)
+  ap.add_argument("--ratio", type=int, help="read the beacons at this compression ratio instead "
+                  "of the asset's (a positive divisor of its stride)")
   ap.add_argument("--out", help="also write the samples and the summary to this JSON file")
   a = ap.parse_args(argv)
   bad = (f"--asset {a.asset}: no such directory (give an exported beacon asset)"
          if a.method == BEACON and not Path(a.asset).is_dir() else
-         f"--samples {a.samples}: give at least 1" if a.samples < 1 else None)
+         f"--samples {a.samples}: give at least 1" if a.samples < 1 else
+         f"--ratio is a beacon reading setting; --method {a.method} has none"
+         if a.ratio is not None and a.method != BEACON else
+         _ratio_problem(a.asset, a.ratio) if a.ratio is not None else None)
   if bad:  # one line, before the model loads
     print(f"digit_probe.py: error: {bad}", file=sys.stderr)
     return 2
@@ -127,6 +147,10 @@ def main(argv=None):
   if a.method == BEACON:
     args["asset"] = a.asset
   lm = LongjaxLM(**args)
+  if a.ratio is not None:
+    p = lm.parts
+    p.settings = dataclasses.replace(p.settings, ratios=(a.ratio,))
+    p.model = p.registry.inference_model(p.cfg, p.settings)
   tok = lm.parts.tokenizer
   digits = [tok.encode(str(d), special=False) for d in range(10)]
   assert all(len(d) == 1 for d in digits), "one token per digit expected"
@@ -145,6 +169,7 @@ def main(argv=None):
     print(json.dumps(rec), flush=True)
   summary = summarise(rows)
   result = dict(method=a.method, asset=a.asset if a.method == BEACON else None,
+                ratio=tuple(lm.parts.settings.ratios) if a.method == BEACON else None,
                 task="niah_single_1", length=a.length, summary=summary)
   print(json.dumps(result), flush=True)
   if a.out:  # whole or not at all
