@@ -115,7 +115,11 @@ def summarise(rows) -> list:
 
 def _ratio_problem(asset: str, ratio: int):
   """Why ``ratio`` cannot read ``asset``'s beacons (None when it can), from its metadata alone."""
-  stride = json.loads((Path(asset) / "beacon.json").read_text())["beacon_stride"]
+  from longjax.beacon.asset import META
+  meta = Path(asset) / META
+  if not meta.is_file():
+    return f"--asset {asset}: no {META} (give an exported beacon asset)"
+  stride = json.loads(meta.read_text())["beacon_stride"]
   if ratio < 1 or stride % ratio:
     return f"--ratio {ratio}: give a positive divisor of the asset's stride ({stride})"
   return None

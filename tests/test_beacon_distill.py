@@ -326,7 +326,7 @@ def test_bad_objective_settings_are_refused_before_anything_loads():
                                                    answer_weight=0.0))
   with pytest.raises(ConfigError, match="answer_weight > 0"):
     from_config(c)
-  for alpha, base in ((0.0, 0.0), (1.0, -0.5)):  # every token weighing nothing; a negative floor
+  for alpha, base in ((0.0, 0.0), (0.0, 0.5), (1.0, -0.5)):  # no alpha to floor; a negative floor
     c.train.distill = ml_collections.ConfigDict(dict(top_k=8, alpha=alpha, rest="bucket",
                                                      base_weight=base))
     with pytest.raises(ConfigError, match="train.distill.base_weight="):

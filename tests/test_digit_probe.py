@@ -41,8 +41,10 @@ def test_ranks_among_digits_greedy_and_summary():
 
 
 def test_bad_input_is_one_line_before_the_model_loads(tmp_path, capsys):
+  (tmp_path / "empty").mkdir()
   (tmp_path / "beacon.json").write_text('{"beacon_stride": 256}')
   for argv, said in ((["--asset", str(tmp_path / "none")], "no such directory"),
+                     (["--asset", str(tmp_path / "empty"), "--ratio", "4"], "no beacon.json"),
                      (["--asset", str(tmp_path), "--samples", "0"], "--samples 0: give at least"),
                      (["--method", "plain", "--ratio", "4"], "--method plain has none"),
                      (["--asset", str(tmp_path), "--ratio", "3"], "stride (256)"),

@@ -133,10 +133,10 @@ def _check_values(rc: RunConfig, entry: method_names.MethodName):
   d = rc.train.distill
   if int(d.top_k) < 1 or float(d.alpha) < 0 or float(d.answer_weight) <= 0:
     raise ConfigError("train.distill needs top_k >= 1, alpha >= 0 and answer_weight > 0")
-  if float(d.base_weight) < 0 or (float(d.base_weight) == 0 and float(d.alpha) == 0):
-    raise ConfigError(f"train.distill.base_weight={d.base_weight} with alpha={d.alpha}: every "
-                      "token would weigh nothing; give base_weight > 0, or alpha > 0 (base_weight "
-                      "0 then distills only the tokens the far context helps)")
+  if float(d.base_weight) < 0 or (float(d.base_weight) != 1 and float(d.alpha) == 0):
+    raise ConfigError(f"train.distill.base_weight={d.base_weight} with alpha={d.alpha}: the base "
+                      "weight is the floor of alpha's per-token weights (>= 0), so it needs "
+                      "alpha > 0; without alpha every distilled token weighs 1")
   if d.rest not in ("bucket", "renormalise"):
     raise ConfigError(f"train.distill.rest must be 'bucket' (the teacher's mass outside its top_k "
                       f"is one more class) or 'renormalise' (the top_k renormalised to sum to "
