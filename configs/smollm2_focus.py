@@ -31,7 +31,8 @@ def get_config():
   c.focus = ml_collections.ConfigDict(dict(local_window=256, stride=256, strides=(256,),
                                            prompt_cap=128, param=("q", "k", "v", "o"),
                                            min_len_threshold=0, min_local=30,
-                                           objective="answer", steps=1))
+                                           objective="answer", steps=1,
+                                           dense_share=0.0))
   c.data = common.data_defaults(sources="jsonl:runs/campaign/prose.jsonl,"
                                         "jsonl:runs/campaign/copy.jsonl,"
                                         "jsonl:runs/campaign/passkey.jsonl",

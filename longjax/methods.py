@@ -178,7 +178,8 @@ class Focus:
     f, tc = config.focus, config.train
     return FocusTask(cfg, settings, dict(window=f.local_window, strides=tuple(f.strides),
                                          min_local=f.min_local, objective=f.objective,
-                                         steps=f.steps),
+                                         steps=f.steps,
+                                         dense_share=f.dense_share),
                      seed=int(config.seed), impl=tc.impl, remat=remat_mode(tc.remat),
                      default_objective=config.data.loss_on, distill=tc.distill)
 

@@ -455,3 +455,107 @@ def test_distill_loss_is_kl_to_the_base_on_every_step(tiny):
   for (path, leaf), t in zip(jax.tree_util.tree_leaves_with_path(g),
                              jax.tree.leaves(trainable_mask(params))):
     assert (np.abs(leaf).max() > 0) == t, jax.tree_util.keystr(path)  # the base stays frozen
+
+
+def _dense_reference(cfg, f, params, x, a, ls):
+  """Per local row k, the inference functions' next-token log-probabilities behind the
+  candidates of ``x[0:a]``'s chunks read with the prompt ``bos(x[a-P:a])``: the chunk rows come
+  from the single-target training layout whose local context is those P tokens, condensed by the
+  inference path (whole-row forward), and each row is its own local forward over
+  ``bos(x[a : a+k+1])``."""
+  from longjax.focus.planner import RowPlan, pack_local, split_training
+  model = Decoder(cfg)
+  p = min(f.prompt_cap, f.chunk_stride)
+  plan = split_training(x, memory_len=a, local_start=a - p, local_size=p,
+                        stride=f.chunk_stride, prompt_cap=f.prompt_cap, bos_id=f.bos_id)
+  cb = pack_chunks([plan], length_multiple=16)
+  ck, cv, _, _ = C.condense(C.row_decoder(model), params, cb.tokens, cb.positions, cb.valid,
+                            cb.lengths)
+  locals_ = [RowPlan(chunks=plan.chunks, prompt=plan.prompt,
+                     local=np.concatenate([[f.bos_id], x[a:a + k + 1]])) for k in range(ls)]
+  lb = pack_local(locals_, length_multiple=16)
+  logits = C.local_next_logits(model, params, ck, cv, np.repeat(cb.gather, ls, axis=0),
+                               np.repeat(cb.cand_valid, ls, axis=0), lb.tokens, lb.lengths,
+                               lb.n_chunks)
+  return np.asarray(jax.nn.log_softmax(logits)), plan.prompt
+
+
+def test_dense_rows_equal_fixed_candidate_prefixes(tiny):
+  """docs/focusllm.md §5.3: every scored local row of a dense sample is the local forward of its
+  own prefix behind candidates built from the memory before the span (so none has read a token
+  it is scored on); the NLL / KL per sample are the means over those rows; the base stays
+  frozen."""
+  from longjax.focus.losses import DenseBatch, dense_teacher_batch, pack_dense_targets
+  from longjax.focus.planner import pack_local, split_dense
+  cfg, params = tiny
+  f = tiny_focus()
+  fl = FocusLoss(cfg, f, bucket=16)
+  xs, spans, k = [prompt(110, 5), prompt(75, 6)], [(60, 24), (33, 20)], 5
+  rows = [split_dense(x, memory_len=a, local_size=ls, stride=f.chunk_stride,
+                      prompt_cap=f.prompt_cap, bos_id=f.bos_id) for x, (a, ls) in zip(xs, spans)]
+  lb = pack_local(rows, length_multiple=16)
+  width = lb.tokens.shape[1]
+  batch = DenseBatch(pack_chunks(rows, length_multiple=16), lb, pack_dense_targets(rows, width))
+  logq = np.asarray(fl.dense_logq(params, batch))
+  tb = dense_teacher_batch(xs, rows, [True, False], width, multiple=16)
+  got = np.asarray(fl.per_sample_dense(params, batch, tb, top_k=k))
+  nll_only = np.asarray(fl.per_sample_dense(params, batch))
+  want_kl, want_nll = [], []
+  for b, (x, (a, ls)) in enumerate(zip(xs, spans)):
+    ref, ref_prompt = _dense_reference(cfg, f, params, x, a, ls)
+    np.testing.assert_array_equal(rows[b].prompt, ref_prompt)  # the text just before the span
+    assert rows[b].prompt[-1] == x[a - 1] and rows[b].row_targets[0] == -1
+    np.testing.assert_allclose(logq[b, 1:ls + 1], ref, atol=1e-4)
+    nll = [-ref[j, x[a + j + 1]] for j in range(ls)]
+    assert len(set(np.round(nll, 3))) > ls // 2  # the rows differ: a real per-row check
+    want_nll.append(np.mean(nll))
+    base, _ = Decoder(cfg).apply({"params": params}, x[None, :a + ls].astype(np.int32),
+                                 np.arange(a + ls)[None])
+    per = []
+    for j in range(ls):
+      p = np.asarray(jax.nn.log_softmax(base[0, a + j]))
+      top = np.argsort(-p)[:k]
+      pt, qt = np.exp(p[top]), np.exp(ref[j, top])
+      per.append(np.sum(pt * (p[top] - ref[j, top]))
+                 + (1 - pt.sum()) * np.log((1 - pt.sum()) / (1 - qt.sum())))
+    want_kl.append(np.mean(per))
+  np.testing.assert_allclose(nll_only, want_nll, rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(got, [want_kl[0], want_nll[1]], rtol=1e-4, atol=1e-5)
+  assert want_kl[0] > 1e-3  # the copied-candidate student is not the teacher: a real KL
+  g = jax.grad(lambda p: fl.per_sample_dense(p, batch, tb, top_k=k).sum())(params)
+  for (path, leaf), t in zip(jax.tree_util.tree_leaves_with_path(g),
+                             jax.tree.leaves(trainable_mask(params))):
+    assert (np.abs(leaf).max() > 0) == t, jax.tree_util.keystr(path)
+
+
+def test_dense_steps_in_the_task_and_bad_input(tiny):
+  """``focus.dense_share`` draws dense steps per optimizer step (1: all, 0: none); a dense step's
+  plan scores its whole local span and its loss runs; bad shares and indices are refused."""
+  from types import SimpleNamespace
+  from longjax.focus.planner import split_dense
+  from longjax.focus.task import FocusTask
+  cfg, params = tiny
+  xs = [prompt(110, 5), prompt(75, 6), prompt(90, 7)]
+  ds = SimpleNamespace(ids=xs, answer=[None] * 3, lengths=np.array([len(x) for x in xs]),
+                       objective=["distill", None, None])
+  fc = dict(window=24, strides=(16,), min_local=4, objective="random", steps=1)
+  dense = FocusTask(cfg, tiny_focus(), dict(fc, dense_share=1.0), seed=3)
+  plain = FocusTask(cfg, tiny_focus(), dict(fc, dense_share=0.0), seed=3)
+  half = FocusTask(cfg, tiny_focus(), dict(fc, dense_share=0.5), seed=3)
+  prep = dense.prepare(ds, [0, 1], step=4)
+  plans = prep["plans"]
+  assert "dense" in plans and "teacher" in plans and "dense" not in plain.prepare(
+      ds, [0, 1], step=4)["plans"]
+  assert all(ix["local_size"] == 24 for ix in prep["indices"])
+  assert [int((t >= 0).sum()) for t in plans["dense"]] == [24, 24]
+  nll, count = dense.loss(params, plans)
+  assert nll.shape == (2,) and np.all(np.isfinite(nll)) and np.all(np.asarray(count) == 1)
+  drawn = ["dense" in half.prepare(ds, [1, 2], step=s)["plans"] for s in range(40)]
+  assert 8 < sum(drawn) < 32  # about half the steps, the same on a rerun
+  assert drawn == ["dense" in half.prepare(ds, [1, 2], step=s)["plans"] for s in range(40)]
+  with pytest.raises(FocusError, match="dense_share=1.5"):
+    FocusTask(cfg, tiny_focus(), dict(fc, dense_share=1.5), seed=0)
+  with pytest.raises(FocusError, match="bad dense training indices"):
+    split_dense(xs[0], memory_len=0, local_size=24, stride=16)
+  with pytest.raises(FocusError, match="bad dense training indices"):
+    split_dense(xs[0], memory_len=90, local_size=20, stride=16)  # x[110] is past the end

@@ -86,6 +86,43 @@ def teacher_batch(tokens: Sequence, indices: Sequence[Mapping], soft: Sequence[b
   return TeacherBatch(ids, rows, np.asarray(soft, bool))
 
 
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class DenseBatch:
+  """A dense batch (docs/focusllm.md §5.3): one chunk row set and one local row per sample;
+  ``targets [B, U]`` the next token of every local row (-1: not scored)."""
+  chunks: ChunkBatch
+  local: LocalBatch
+  targets: jax.Array
+
+
+def pack_dense_targets(rows, width: int) -> np.ndarray:
+  """The ``row_targets`` of dense rows, right-padded with -1 to ``width``."""
+  out = np.full((len(rows), width), -1, np.int32)
+  for b, r in enumerate(rows):
+    out[b, :len(r.row_targets)] = r.row_targets
+  return out
+
+
+def dense_teacher_batch(tokens: Sequence, rows, soft: Sequence[bool], width: int,
+                        multiple: int = 256) -> TeacherBatch:
+  """The teacher's inputs for dense rows (:func:`planner.split_dense`, memory ``x[0:a]``, span
+  ``x[a : a+ls]``): the sample's tokens ``x[0 : a+ls]``, padded to ``multiple x 2^k``, and for
+  the local row of ``x[a+k]`` (predicting ``x[a+k+1]``) the teacher row ``a+k``; unscored rows
+  point at row 0."""
+  ends, rr = [], np.zeros((len(rows), width), np.int32)
+  for b, r in enumerate(rows):
+    t = r.row_targets
+    first = int(np.argmax(t >= 0))
+    a = int(sum(len(c) for c in r.chunks))
+    ends.append(a + len(t) - first)
+    rr[b, first:len(t)] = a + np.arange(len(t) - first)
+  ids = np.zeros((len(rows), pow2_bucket(max(ends), multiple)), np.int32)
+  for b, (x, e) in enumerate(zip(tokens, ends)):
+    ids[b, :e] = np.asarray(x)[:e]
+  return TeacherBatch(ids, rr, np.asarray(soft, bool))
+
+
 class FocusLoss:
   """Single-token FocusLLM loss over a batch of samples, each with its own explicit indices.
 
@@ -159,10 +196,17 @@ class FocusLoss:
     student = jax.nn.log_softmax(lm_head(self.cfg, freeze_base(params),
                                          self.step_hidden(params, batch)))
     logq = student.reshape(targets.shape + student.shape[-1:])  # [B, J, V]
+    kl = self._teacher_kl(params, teacher, logq, top_k, rest)
+    nll = -jnp.take_along_axis(logq, targets[..., None], axis=-1)[..., 0]
+    return jnp.where(teacher.soft[:, None], kl, nll).mean(axis=1)
+
+  def _teacher_kl(self, params, teacher: "TeacherBatch", logq, top_k: int, rest: str):
+    """KL(teacher || student) ``[B, R]`` at the teacher's rows ``teacher.rows [B, R]`` against
+    the student's log-probabilities ``logq [B, R, V]`` (see :meth:`per_sample_distill`)."""
     base = jax.lax.stop_gradient(params)
     pos = jnp.broadcast_to(jnp.arange(teacher.ids.shape[1], dtype=jnp.int32), teacher.ids.shape)
     h, _ = self.teacher.apply({"params": base}, teacher.ids, pos, head=False)
-    h = jnp.take_along_axis(h, teacher.rows[..., None], axis=1)  # [B, J, H]
+    h = jnp.take_along_axis(h, teacher.rows[..., None], axis=1)  # [B, R, H]
     logp = jax.nn.log_softmax(lm_head(self.cfg, base, h))
     vals, top = jax.lax.top_k(logp, top_k)
     q_top = jnp.take_along_axis(logq, top, axis=-1)
@@ -170,13 +214,35 @@ class FocusLoss:
       p = jnp.exp(vals)
       p_rest = jnp.maximum(1.0 - p.sum(-1), 0.0)
       q_rest = jnp.maximum(1.0 - jnp.exp(q_top).sum(-1), 1e-30)
-      kl = (jnp.sum(p * (vals - q_top), -1)
-            + p_rest * (jnp.log(jnp.maximum(p_rest, 1e-30)) - jnp.log(q_rest)))
-    else:
-      p = jax.nn.softmax(vals, axis=-1)
-      kl = jnp.sum(p * (jnp.log(jnp.maximum(p, 1e-30)) - q_top), -1)
-    nll = -jnp.take_along_axis(logq, targets[..., None], axis=-1)[..., 0]
-    return jnp.where(teacher.soft[:, None], kl, nll).mean(axis=1)
+      return (jnp.sum(p * (vals - q_top), -1)
+              + p_rest * (jnp.log(jnp.maximum(p_rest, 1e-30)) - jnp.log(q_rest)))
+    p = jax.nn.softmax(vals, axis=-1)
+    return jnp.sum(p * (jnp.log(jnp.maximum(p, 1e-30)) - q_top), -1)
+
+  def dense_logq(self, params, batch: "DenseBatch"):
+    """The student's log-probabilities ``[B, U, V]`` at every local row of a dense batch
+    (docs/focusllm.md §5.3): one chunk pass (candidates fixed before the local span), one local
+    forward."""
+    params = freeze_base(params)
+    cb, lb = batch.chunks, batch.local
+    cand_k, cand_v = self._condense(params, cb.tokens, cb.positions, cb.valid, cb.lengths)
+    h = C.local_hidden(self.model, params, cand_k, cand_v, cb.gather, cb.cand_valid, lb.tokens,
+                       lb.lengths, lb.n_chunks)
+    return jax.nn.log_softmax(lm_head(self.cfg, params, h))
+
+  def per_sample_dense(self, params, batch: "DenseBatch", teacher: "TeacherBatch" = None, *,
+                       top_k: int = 32, rest: str = "bucket"):
+    """Each sample's mean over its scored local rows (``batch.targets >= 0``) of the targets'
+    NLL, or, where ``teacher.soft``, of KL(teacher || student) with the teacher reading the
+    sample up to each row's target (``teacher.rows [B, U]``)."""
+    logq = self.dense_logq(params, batch)
+    scored = batch.targets >= 0
+    per = -jnp.take_along_axis(logq, jnp.maximum(batch.targets, 0)[..., None], axis=-1)[..., 0]
+    if teacher is not None:
+      kl = self._teacher_kl(params, teacher, logq, top_k, rest)
+      per = jnp.where(teacher.soft[:, None], kl, per)
+    per = jnp.where(scored, per, 0.0)
+    return per.sum(axis=1) / jnp.maximum(scored.sum(axis=1), 1)
 
   def _loss(self, params, batch: TrainBatch):
     return jnp.mean(self.per_sample(params, batch))

@@ -50,6 +50,8 @@ class RowPlan:
   # training with several decode steps (docs/focusllm.md §5.1): the targets of steps 0..J-1;
   # ``prompt`` and ``local`` then end with the J-1 teacher-forced tokens of steps 1..J-1
   targets: Optional[np.ndarray] = None
+  # dense training (docs/focusllm.md §5.3): the target of every local row, -1 where unscored
+  row_targets: Optional[np.ndarray] = None
 
   @property
   def n_chunks(self) -> int:
@@ -133,6 +135,30 @@ def split_training(x, *, memory_len: int, local_start: int, local_size: int, str
     return RowPlan(chunks=chunks, prompt=prompt, local=local, target=int(x[end]))
   return RowPlan(chunks=chunks, prompt=prompt, local=local,
                  targets=x[end:end + steps].copy())
+
+
+def split_dense(x, *, memory_len: int, local_size: int, stride: int, prompt_cap: int = 512,
+                bos_id: int = 1, max_chunks: int = 1 << 20) -> RowPlan:
+  """Dense training layout (docs/focusllm.md §5.3): memory ``x[0:a]`` (``a = memory_len``) in
+  chunks of ``stride``, each followed by the prompt ``bos(x[a-P : a])`` (``P = min(prompt_cap,
+  stride)``: the tokens just before the local span, so no candidate sees a token it is scored
+  on); local context ``bos(x[a : a+ls])``, every row of which predicts the next token: the row of
+  ``x[a+k]`` predicts ``x[a+k+1]`` (the local BOS row is not scored)."""
+  x = _as_tokens(x)
+  a, ls = int(memory_len), int(local_size)
+  if stride < 1 or ls < 1 or a < 1 or a + ls + 1 > len(x):
+    raise FocusError(f"bad dense training indices for a sample of {len(x)} tokens: memory_len="
+                     f"{a}, local_size={ls}, stride={stride} (need stride, local_size, "
+                     "memory_len >= 1 and the last target x[memory_len+local_size] inside the "
+                     "sample)")
+  chunks = _split_memory(x[:a], stride, max_chunks, "training sample")
+  p = min(prompt_cap, stride)
+  local = bos(x[a:a + ls], bos_id)
+  first = len(local) - ls  # the row of x[a]: 1 after an inserted BOS, 0 when x[a] is the BOS
+  row_targets = np.full(len(local), -1, np.int64)
+  row_targets[first:] = x[a + 1:a + ls + 1]
+  return RowPlan(chunks=chunks, prompt=bos(x[max(0, a - p):a], bos_id), local=local,
+                 row_targets=row_targets)
 
 
 def step_locals(rows: Sequence[RowPlan], steps: int) -> list:

@@ -75,3 +75,18 @@ def focus_indices(rng: np.random.Generator, length: int, answer: Optional[np.nda
     objective = "random"
   return sample_indices(rng, last_start + 1, window=window, strides=strides, min_local=min_local,
                         objective=objective)
+
+
+def dense_indices(rng: np.random.Generator, length: int, fc) -> dict:
+  """One dense sample's indices (docs/focusllm.md §5.3): the local span ``x[a : a+ls]`` with
+  ``ls = min(W, L - 2)`` and ``a ~ U{1 .. L-ls-1}`` (memory ``x[0:a]``, at least one token; the
+  span's last target ``x[a+ls]`` inside the sample), and a stride drawn as for the other
+  objectives. Every token of the span is a target."""
+  window, strides = int(fc["window"]), tuple(int(s) for s in fc["strides"])
+  if length < 3:
+    raise DataError(f"a dense FocusLLM sample needs at least 3 tokens (memory, local, target); "
+                    f"got {length}")
+  ls = min(window, length - 2)
+  a = int(rng.integers(1, length - ls))
+  return dict(objective="dense", memory_len=a, local_start=a, local_size=ls,
+              stride=int(strides[int(rng.integers(len(strides)))]), target_index=a + ls)

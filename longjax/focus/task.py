@@ -17,9 +17,11 @@ import numpy as np
 from longjax.data import pipeline
 from longjax.data.errors import DataError
 from longjax.focus.config import FocusConfig, FocusError
-from longjax.focus.losses import FocusLoss, TeacherBatch, row_targets, teacher_batch
-from longjax.focus.planner import pack_chunks, pack_local, split_training, step_locals
-from longjax.focus.spans import focus_indices
+from longjax.focus.losses import (FocusLoss, TeacherBatch, dense_teacher_batch,
+                                  pack_dense_targets, row_targets, teacher_batch)
+from longjax.focus.planner import (pack_chunks, pack_local, split_dense, split_training,
+                                   step_locals)
+from longjax.focus.spans import dense_indices, focus_indices
 from longjax.models.config import ModelConfig
 # train.distill (DistillSettings) is a run config section
 from longjax.run_config.sections import DistillSettings
@@ -52,6 +54,11 @@ class FocusTask:
       raise FocusError(f"focus.steps={self.steps}: the decode steps scored per training sample "
                        f"must be 1 (the official single target) .. the local window "
                        f"({self.fc['window']})")
+    # the share of optimizer steps scored densely (docs/focusllm.md §5.3; 0: none)
+    self.dense_share = float(self.fc.get("dense_share", 0.0))
+    if not 0.0 <= self.dense_share <= 1.0:
+      raise FocusError(f"focus.dense_share={self.dense_share}: the share of training steps that "
+                       "score every local token must be in [0, 1]")
     self.fl = FocusLoss(cfg, fcfg, impl=impl)
     self.remat = remat
 
@@ -108,6 +115,9 @@ class FocusTask:
     strides = tuple(int(x) for x in self.fc["strides"])
     stride = strides[int(pipeline.row_rng(self.seed, step, 0, salt=4).integers(len(strides)))]
     fc = dict(self.fc, strides=(stride,))
+    draw = pipeline.row_rng(self.seed, step, 0, salt=5).random()
+    if draw < self.dense_share:  # never with a share of 0
+      return self._prepare_dense(ds, idx, step, row_offset, fc)
     rows, recs, soft = [], [], []
     for row, i in enumerate(idx):
       obj = ds.objective[int(i)] if getattr(ds, "objective", None) else None
@@ -135,9 +145,37 @@ class FocusTask:
                 tokens=int(sum(ix["memory_len"] + ix["local_size"] + forced for ix in recs)),
                 occupancy=_occupancy(batch), indices=recs)
 
+  def _prepare_dense(self, ds, idx, step: int, row_offset: int, fc: dict) -> dict:
+    """:meth:`prepare` for a dense step (docs/focusllm.md §5.3): every local token scored, the
+    candidates fixed from the memory before the local span."""
+    rows, recs, soft = [], [], []
+    for row, i in enumerate(idx):
+      obj = ds.objective[int(i)] if getattr(ds, "objective", None) else None
+      soft.append((obj or self.default_objective) == "distill")
+      ids = ds.ids[int(i)]
+      ix = dense_indices(pipeline.row_rng(self.seed, step, row_offset + row, salt=2), len(ids), fc)
+      recs.append(ix)
+      rows.append(split_dense(ids, memory_len=ix["memory_len"], local_size=ix["local_size"],
+                              stride=ix["stride"], prompt_cap=self.fcfg.prompt_cap,
+                              bos_id=self.fcfg.bos_id))
+    shp = self.static_shapes(len(rows), ix["stride"], int(ds.lengths.max()))
+    cb = pack_chunks(rows, row_multiple=self.row_bucket(rows, shp), length_multiple=shp["length"],
+                     cmax_multiple=shp["cmax"])
+    lb = pack_local(rows, length_multiple=shp["local"])
+    width = lb.tokens.shape[1]
+    batch = dict(chunks=dataclasses.asdict(cb), local=dataclasses.asdict(lb),
+                 dense=pack_dense_targets(rows, width))
+    if any(soft):
+      batch["teacher"] = dataclasses.asdict(
+          dense_teacher_batch([ds.ids[int(i)] for i in idx], rows, soft, width))
+    return dict(plans=batch, tokens=int(sum(ix["memory_len"] + ix["local_size"] for ix in recs)),
+                occupancy=_occupancy(batch), indices=recs)
+
   def loss(self, params, plans):
     from longjax.focus.losses import TrainBatch
     from longjax.focus.planner import ChunkBatch, LocalBatch
+    if "dense" in plans:
+      return self._dense_loss(params, plans)
     batch = TrainBatch(ChunkBatch(**plans["chunks"]), LocalBatch(**plans["local"]),
                        plans["targets"])
     fn = self.fl.per_sample
@@ -145,6 +183,20 @@ class FocusTask:
       teacher = TeacherBatch(**plans["teacher"])
       fn = lambda p, b: self.fl.per_sample_distill(p, b, teacher, top_k=self.distill.top_k,  # noqa: E731
                                                    rest=self.distill.rest)
+    if self.remat:
+      fn = jax.checkpoint(fn)
+    nll = fn(params, batch)
+    return nll, jnp.ones_like(nll, dtype=jnp.int32)
+
+
+  def _dense_loss(self, params, plans):
+    from longjax.focus.losses import DenseBatch
+    from longjax.focus.planner import ChunkBatch, LocalBatch
+    batch = DenseBatch(ChunkBatch(**plans["chunks"]), LocalBatch(**plans["local"]),
+                       plans["dense"])
+    teacher = TeacherBatch(**plans["teacher"]) if "teacher" in plans else None
+    fn = lambda p, b: self.fl.per_sample_dense(p, b, teacher, top_k=self.distill.top_k,  # noqa: E731
+                                               rest=self.distill.rest)
     if self.remat:
       fn = jax.checkpoint(fn)
     nll = fn(params, batch)

@@ -188,7 +188,7 @@ class BeaconSection:
 @dataclasses.dataclass(frozen=True)
 class FocusSection:
   """``focus``: FocusLLM's settings (``longjax.focus.config.FocusConfig.from_config``) and its
-  training sampler's (``strides``, ``min_local``, ``objective``, ``steps``:
+  training sampler's (``strides``, ``min_local``, ``objective``, ``steps``, ``dense_share``:
   ``longjax.focus.task.FocusTask``)."""
   local_window: int = 1024
   stride: int = 1024  # the chunk stride at inference
@@ -200,5 +200,8 @@ class FocusSection:
   objective: str = "random"
   # teacher-forced decode steps scored per training sample (docs/focusllm.md §5.1; 1: official)
   steps: int = 1
+  # the share of optimizer steps that score every local token instead, the candidates fixed from
+  # the memory before the local span (docs/focusllm.md §5.3; 0: none)
+  dense_share: float = 0.0
   distills: ClassVar[bool] = True  # KL to the base on its scored steps (focusllm.md §5.2)
   windowed: ClassVar[bool] = False
