@@ -172,31 +172,18 @@ class FocusTask:
                 occupancy=_occupancy(batch), indices=recs)
 
   def loss(self, params, plans):
-    from longjax.focus.losses import TrainBatch
+    from longjax.focus.losses import DenseBatch, TrainBatch
     from longjax.focus.planner import ChunkBatch, LocalBatch
-    if "dense" in plans:
-      return self._dense_loss(params, plans)
-    batch = TrainBatch(ChunkBatch(**plans["chunks"]), LocalBatch(**plans["local"]),
-                       plans["targets"])
-    fn = self.fl.per_sample
-    if "teacher" in plans:
-      teacher = TeacherBatch(**plans["teacher"])
-      fn = lambda p, b: self.fl.per_sample_distill(p, b, teacher, top_k=self.distill.top_k,  # noqa: E731
-                                                   rest=self.distill.rest)
-    if self.remat:
-      fn = jax.checkpoint(fn)
-    nll = fn(params, batch)
-    return nll, jnp.ones_like(nll, dtype=jnp.int32)
-
-
-  def _dense_loss(self, params, plans):
-    from longjax.focus.losses import DenseBatch
-    from longjax.focus.planner import ChunkBatch, LocalBatch
-    batch = DenseBatch(ChunkBatch(**plans["chunks"]), LocalBatch(**plans["local"]),
-                       plans["dense"])
+    chunks, local = ChunkBatch(**plans["chunks"]), LocalBatch(**plans["local"])
     teacher = TeacherBatch(**plans["teacher"]) if "teacher" in plans else None
-    fn = lambda p, b: self.fl.per_sample_dense(p, b, teacher, top_k=self.distill.top_k,  # noqa: E731
-                                               rest=self.distill.rest)
+    kw = dict(top_k=self.distill.top_k, rest=self.distill.rest)
+    if "dense" in plans:  # every local row scored (docs/focusllm.md §5.3)
+      batch = DenseBatch(chunks, local, plans["dense"])
+      fn = lambda p, b: self.fl.per_sample_dense(p, b, teacher, **kw)  # noqa: E731
+    else:
+      batch = TrainBatch(chunks, local, plans["targets"])
+      fn = (self.fl.per_sample if teacher is None else
+            lambda p, b: self.fl.per_sample_distill(p, b, teacher, **kw))  # noqa: E731
     if self.remat:
       fn = jax.checkpoint(fn)
     nll = fn(params, batch)
