@@ -220,7 +220,7 @@ def cmd_ppl(args, res):
       text="pydoc_data.topics (sorted keys, joined; held out: no training data)", docs=args.docs,
       doc_tokens=3072, scored=f"the last {args.reserve} tokens of each document", window=256,
       focus="prefill on the context, teacher-forced decode over the held-out tokens (the "
-            "official inference_ppl_forward, reserve 128)",
+            f"official inference_ppl_forward, which reserves 128; here {args.reserve})",
       truncation="plain base: BOS + the last 256 context tokens + the held-out tokens so far",
       full="plain base: BOS + the whole document")
   n = args.reserve
