@@ -319,8 +319,8 @@ def test_init_from_plain_llama(tmp_path):
 
 
 def test_training_rows_bucketed_to_the_batch_needs(tiny):
-  """FocusTask computes batch x 2^k chunk rows (not batch x the longest document's chunks); the
-  loss equals the one over all rows."""
+  """FocusTask computes batch x 2^k or batch x 3 x 2^k chunk rows (not batch x the longest
+  document's chunks); the loss equals the one over all rows."""
   from longjax.focus.planner import pack_local
   from longjax.focus.task import FocusTask
   from longjax.focus.losses import TrainBatch
@@ -335,6 +335,10 @@ def test_training_rows_bucketed_to_the_batch_needs(tiny):
   long = [split_training(prompt(120, 2), memory_len=100, local_start=100, local_size=10,
                          stride=16, prompt_cap=8, bos_id=1)]  # 7 chunks
   assert FocusTask.row_bucket(long + rows[:1], shp) == 2 * 6  # never above batch x cmax
+  three = [split_training(prompt(60, s), memory_len=40, local_start=40, local_size=10, stride=16,
+                          prompt_cap=8, bos_id=1) for s in (3, 4)]
+  assert [r.n_chunks for r in three] == [3, 3]
+  assert FocusTask.row_bucket(three, shp) == 2 * 3  # a half octave: not 2 x 4
   fl = FocusLoss(cfg, f)
   lb = pack_local(rows, length_multiple=16)
   targets = np.asarray([r.target for r in rows], np.int32)

@@ -23,8 +23,8 @@ import numpy as np
 from longjax.ckpts import layout
 from longjax.focus import condense as C
 from longjax.focus.config import FocusConfig, check_model
-from longjax.focus.planner import (ChunkBatch, LocalBatch, pack_chunks, pack_local, pow2_bucket,
-                                   split_training, step_locals)
+from longjax.focus.planner import (ChunkBatch, LocalBatch, half_octave_bucket, pack_chunks,
+                                   pack_local, split_training, step_locals)
 from longjax.models.config import ModelConfig
 from longjax.models.decoder import CAUSAL_PREFILL, Decoder
 from longjax.models.head import head_nll, lm_head
@@ -75,9 +75,10 @@ class TeacherBatch:
 def teacher_batch(tokens: Sequence, indices: Sequence[Mapping], soft: Sequence[bool],
                   steps: int = 1, multiple: int = 256) -> TeacherBatch:
   """The teacher's inputs for samples planned with ``indices`` and ``steps``: the sample's
-  tokens before its last target, padded to ``multiple x 2^k`` (few compiled widths)."""
+  tokens before its last target, padded to ``multiple x 2^k`` or ``multiple x 3 x 2^k`` (few
+  compiled widths, padding below 1.5x)."""
   ends = [int(ix["local_start"]) + int(ix["local_size"]) for ix in indices]
-  width = pow2_bucket(max(e + steps - 1 for e in ends), multiple)
+  width = half_octave_bucket(max(e + steps - 1 for e in ends), multiple)
   ids = np.zeros((len(ends), width), np.int32)
   for b, (x, e) in enumerate(zip(tokens, ends)):
     n = e + steps - 1
@@ -117,7 +118,7 @@ def dense_teacher_batch(tokens: Sequence, rows, soft: Sequence[bool], width: int
     a = int(sum(len(c) for c in r.chunks))
     ends.append(a + len(t) - first)
     rr[b, first:len(t)] = a + np.arange(len(t) - first)
-  ids = np.zeros((len(rows), pow2_bucket(max(ends), multiple)), np.int32)
+  ids = np.zeros((len(rows), half_octave_bucket(max(ends), multiple)), np.int32)
   for b, (x, e) in enumerate(zip(tokens, ends)):
     ids[b, :e] = np.asarray(x)[:e]
   return TeacherBatch(ids, rr, np.asarray(soft, bool))

@@ -25,7 +25,7 @@ from longjax.focus.spans import dense_indices, focus_indices
 from longjax.models.config import ModelConfig
 # train.distill (DistillSettings) is a run config section
 from longjax.run_config.sections import DistillSettings
-from longjax.runtime.rounding import round_up
+from longjax.runtime.rounding import next_half_octave, round_up
 
 
 class FocusTask:
@@ -97,15 +97,16 @@ class FocusTask:
 
   @staticmethod
   def row_bucket(rows, shp) -> int:
-    """Chunk rows to compute this step: ``batch x 2^k`` (at most the ``batch x cmax`` of the
-    longest document), the fewest that hold the batch's real chunks. Most samples have far fewer
-    chunks than the longest document allows, and padding rows cost a full row forward each; the
-    row count stays a multiple of the batch (what the mesh divides) and takes ~log2(cmax) + 1
-    static shapes. The whole global batch is planned on every host, so all hosts agree."""
+    """Chunk rows to compute this step: ``batch x 2^k`` or ``batch x 3 x 2^k`` (at most the
+    ``batch x cmax`` of the longest document), the fewest that hold the batch's real chunks. Most
+    samples have far fewer chunks than the longest document allows, and padding rows cost a full
+    row forward each: the half-octave steps keep them below a third of the rows (powers of two
+    alone: up to half), at ~2 log2(cmax) static shapes. The row count stays a multiple of the
+    batch (what the mesh divides). The whole global batch is planned on every host, so all hosts
+    agree."""
     batch = len(rows)
     need = -(-sum(r.n_chunks for r in rows) // batch)
-    k = 1 << max(0, (need - 1).bit_length())
-    return batch * min(k, shp["cmax"])
+    return batch * min(next_half_octave(need), shp["cmax"])
 
   def prepare(self, ds, idx, step: int, row_offset: int = 0) -> dict:
     """Host side: draw each sample's indices, split into chunks + local context, pad to the

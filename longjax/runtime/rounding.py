@@ -18,5 +18,12 @@ def next_pow2(n: int) -> int:
   return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
 
+def next_half_octave(n: int) -> int:
+  """The smallest ``2^k`` or ``3 * 2^k`` that is ``>= n`` (1 for ``n <= 1``): 1, 2, 3, 4, 6, 8,
+  12, 16, ... Twice the buckets of :func:`next_pow2`, padding below 1.5x instead of 2x."""
+  p = next_pow2(n)
+  return 3 * p // 4 if p >= 4 and 3 * p // 4 >= int(n) else p
+
+
 def is_pow2(n: int) -> bool:
   return n > 0 and (n & (n - 1)) == 0
