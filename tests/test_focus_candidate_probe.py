@@ -1,0 +1,58 @@
+"""experiments/focus_candidate_probe.py: the candidate sets it reads and what it reports."""
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
+
+import focus_candidate_probe as fp  # noqa: E402
+
+
+def test_find_needle_wants_the_digits_in_order_inside_one_chunk():
+  chunks = [np.array([5, 6, 7]), np.array([1, 2, 3, 4]), np.array([3, 2, 1])]
+  assert fp.find_needle(chunks, np.array([2, 3])) == 1
+  assert fp.find_needle(chunks, np.array([2, 1])) == 2
+  assert fp.find_needle(chunks, np.array([7, 1])) == -1  # split over two chunks: none holds it
+
+
+def test_masks_keep_only_valid_slots():
+  valid = np.array([[True, True, True, True, False]])  # 4 chunks, one padding slot
+  top_p = [0.3, 0.9, 0.6, 0.2]
+  m = fp.masks(valid, 2, top_p)
+  assert set(m) == set(fp.MASKS)
+  assert m["all"].tolist() == valid.tolist()
+  assert np.flatnonzero(m["needle"][0]).tolist() == [2]
+  assert np.flatnonzero(m["others"][0]).tolist() == [0, 1, 3]
+  assert not m["none"].any()
+  assert np.flatnonzero(m["surest"][0]).tolist() == [1]
+  assert np.flatnonzero(m["sure"][0]).tolist() == [1, 2]  # top p >= SURE (0.5)
+  no_needle = fp.masks(valid, -1, top_p)
+  assert not no_needle["needle"].any() and no_needle["others"].tolist() == valid.tolist()
+
+
+def test_summary_counts_right_first_digits_answers_and_the_surest_chunk():
+  cell = lambda rank, greedy, p: dict(p_right=p, rank_right=rank, p_one=0.3, greedy=greedy)  # noqa: E731
+  rows = [dict(all=cell(1, "4", 0.6), needle=cell(1, "4", 0.9), none=cell(5, "1", 0.1),
+               chunk_reads=dict(top_p=[0.3, 0.9], needle_rank=1, needle_p_right=0.9,
+                                surest_other_p_right=0.1),
+               answer_all=dict(text=" 41.", right=True), answer_surest=dict(text=" 4.",
+                                                                         right=False)),
+          dict(all=cell(3, "1", 0.2), none=cell(4, "1", 0.1),
+               chunk_reads=dict(top_p=[0.5, 0.4]))]  # needle in the local window
+  s = fp.summarise(rows)
+  assert s["all"] == dict(n=2, right_first=1, greedy_one=1, mean_p_right=0.4, mean_p_one=0.3)
+  assert s["needle"]["n"] == 1 and "others" not in s
+  assert s["chunk_reads"] == dict(n=1, needle_surest=1, mean_needle_rank=1.0,
+                                  mean_needle_p_right=0.9, mean_surest_other_p_right=0.1)
+  assert s["answer_all"] == dict(n=1, right=1) and s["answer_surest"] == dict(n=1, right=0)
+
+
+def test_bad_input_is_one_line_before_the_model_loads(tmp_path, capsys):
+  for argv, said in ((["--asset", str(tmp_path / "none")], "no such directory"),
+                     (["--asset", str(tmp_path), "--samples", "0"], "--samples 0: give at least"),
+                     (["--asset", str(tmp_path), "--lengths", "4k"], "--lengths 4k: give"),
+                     (["--asset", str(tmp_path), "--decode", "-1"], "--decode -1: give 0")):
+    assert fp.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert said in err and len(err.splitlines()) == 1, err
