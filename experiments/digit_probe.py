@@ -60,6 +60,13 @@ def ruler_prompts(lm, task: str, length: int, n: int, tok_dir: str):
   return list(zip(seen, targets))
 
 
+def write_whole(path, obj) -> None:
+  """``obj`` as indented JSON at ``path``, whole or not at all (a sibling temporary, renamed)."""
+  tmp = Path(path).with_name(f".{Path(path).name}.tmp")
+  tmp.write_text(json.dumps(obj, indent=1) + "\n")
+  tmp.replace(path)
+
+
 def digit_logits(lm, ids):
   """Next-token logits ``[len(ids), V]`` of every position (one inference forward)."""
   p = lm.parts
@@ -176,10 +183,8 @@ def main(argv=None):
                 ratio=tuple(lm.parts.settings.ratios) if a.method == BEACON else None,
                 task="niah_single_1", length=a.length, summary=summary)
   print(json.dumps(result), flush=True)
-  if a.out:  # whole or not at all
-    tmp = Path(a.out).with_name(f".{Path(a.out).name}.tmp")
-    tmp.write_text(json.dumps(dict(result, samples=rows), indent=1) + "\n")
-    tmp.replace(a.out)
+  if a.out:
+    write_whole(a.out, dict(result, samples=rows))
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
-from experiments.digit_probe import log_softmax, ruler_prompts  # noqa: E402
+from experiments.digit_probe import log_softmax, ruler_prompts, write_whole  # noqa: E402
 
 MASKS = ("all", "needle", "others", "none", "surest", "sure")
 SURE = 0.5  # the "sure" mask's threshold on the base's top probability at a candidate slot
@@ -215,10 +215,8 @@ def main(argv=None):
     result["per_length"][str(length)] = summarise(rows)
     samples[str(length)] = rows
     print(json.dumps({length: result["per_length"][str(length)]}), flush=True)
-  if a.out:  # whole or not at all
-    tmp = Path(a.out).with_name(f".{Path(a.out).name}.tmp")
-    tmp.write_text(json.dumps(dict(result, samples=samples), indent=1) + "\n")
-    tmp.replace(a.out)
+  if a.out:
+    write_whole(a.out, dict(result, samples=samples))
 
 
 if __name__ == "__main__":
