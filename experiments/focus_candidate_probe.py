@@ -18,11 +18,15 @@ probability of "1", and the greedy token. A needle inside the local context (no 
 is reported as such. Per chunk, also what the frozen base predicts at the chunk row's candidate
 slot (``chunk_reads``): whether the needle's chunk is the surest of its next token, a gate that
 needs no labels, read under two more masks: ``surest`` (only the chunk the base is surest at)
-and ``sure`` (the chunks where its top probability is at least ``SURE``). JSON lines to stdout,
-then a summary per length and mask.
+and ``sure`` (the chunks where its top probability is at least ``SURE``). ``--gates`` also reads
+every candidate under the soft candidate gate (docs/focusllm.md §4.5: each candidate's scores
+biased by ``beta * log top_p``), one cell ``gate<beta>`` per strength. JSON lines to stdout, then
+a summary per length and mask.
 
   python experiments/focus_candidate_probe.py --asset assets/smollm2_focus --samples 10 \\
       --lengths 1024,2048,4096 --out results/focus_candidate_probe.json
+  python experiments/focus_candidate_probe.py --samples 10 --lengths 4096 --gates 1,2,4,8 \\
+      --out results/focus_candidate_gate.json
 """
 import argparse
 import json
@@ -70,7 +74,16 @@ def read(lp, right: int, one: int, digit_ids, decode) -> dict:
               p_one=round(float(np.exp(lp[one])), 4), greedy=decode(int(np.argmax(lp))))
 
 
-def probe(lm, prompt: str, target: str, digit_ids, decode) -> dict:
+def gate_bias(top_p, cmax: int, beta: float):
+  """``[1, Cmax]`` candidate score biases of the soft gate: ``beta * log(top_p)`` per chunk (the
+  base's own top probability at the chunk row's candidate slot), 0 for empty slots."""
+  b = np.zeros((1, cmax), np.float32)
+  top = np.asarray(top_p, np.float64)
+  b[0, :len(top)] = beta * np.log(np.maximum(top, 1e-6))
+  return b
+
+
+def probe(lm, prompt: str, target: str, digit_ids, decode, gates=()) -> dict:
   import jax
   from longjax.focus import condense as C
   fm, params = lm.parts.model, lm.parts.params
@@ -80,8 +93,9 @@ def probe(lm, prompt: str, target: str, digit_ids, decode) -> dict:
   needle = find_needle(row.chunks, np.asarray(t_ids[1:]))
   cb, lb, cap = fm._pack([row], 0)
   cand_k, cand_v, _, _ = jax.jit(fm._condense, static_argnums=2)(params, cb, cap)
-  local = jax.jit(lambda valid: C.local_next_logits(
-      fm.model, params, cand_k, cand_v, cb.gather, valid, lb.tokens, lb.lengths, lb.n_chunks))
+  local = jax.jit(lambda valid, bias=None: C.local_next_logits(
+      fm.model, params, cand_k, cand_v, cb.gather, valid, lb.tokens, lb.lengths, lb.n_chunks,
+      cand_bias=bias))
   valid = np.asarray(cb.cand_valid)
   out = dict(target=target, n_chunks=row.n_chunks, needle_chunk=needle,
              chunk_reads=chunk_reads(fm, params, cb, row.n_chunks, needle, t_ids[1]))
@@ -90,6 +104,10 @@ def probe(lm, prompt: str, target: str, digit_ids, decode) -> dict:
       continue
     lp = log_softmax(np.asarray(local(m), np.float32)[0])
     out[name] = read(lp, t_ids[1], int(digit_ids[1]), digit_ids, decode)
+  for beta in gates:
+    bias = gate_bias(out["chunk_reads"]["top_p"], valid.shape[1], beta)
+    lp = log_softmax(np.asarray(local(valid, bias), np.float32)[0])
+    out[f"gate{beta:g}"] = read(lp, t_ids[1], int(digit_ids[1]), digit_ids, decode)
   return out
 
 
@@ -116,27 +134,31 @@ def chunk_reads(fm, params, cb, n: int, needle: int, right: int) -> dict:
   return out
 
 
-def greedy(lm, p_ids, gate: bool, steps: int, stop) -> list:
+def greedy(lm, p_ids, gate, steps: int, stop) -> list:
   """Greedy answer tokens, the chunks re-read with the tokens generated so far at every step (as
-  FocusLLM decodes); ``gate``: each step reads only the candidate of the chunk the base is surest
-  at (the ``surest`` mask), else all of them."""
+  FocusLLM decodes); ``gate``: ``None`` reads every candidate, ``"surest"`` only the candidate of
+  the chunk the base is surest at (the ``surest`` mask), a number ``beta`` every candidate under
+  the soft gate :func:`gate_bias`."""
   import jax
   from longjax.focus import condense as C
   fm, params = lm.parts.model, lm.parts.params
   condense = jax.jit(fm._condense, static_argnums=2)
-  local = jax.jit(lambda p, ck, cv, g, valid, toks, lens, n: C.local_next_logits(
-      fm.model, p, ck, cv, g, valid, toks, lens, n))
+  local = jax.jit(lambda p, ck, cv, g, valid, toks, lens, n, bias: C.local_next_logits(
+      fm.model, p, ck, cv, g, valid, toks, lens, n, cand_bias=bias))
   gen = []
   for _ in range(steps):
     row = fm.plan(np.asarray(p_ids), gen)
     cb, lb, cap = fm._pack([row], 0)
     cand_k, cand_v, _, _ = condense(params, cb, cap)
-    valid = np.asarray(cb.cand_valid)
-    if gate:
+    valid, bias = np.asarray(cb.cand_valid), None
+    if gate is not None:
       top = chunk_reads(fm, params, cb, row.n_chunks, -1, 0)["top_p"]
-      valid = masks(valid, -1, top)["surest"]
+      if gate == "surest":
+        valid = masks(valid, -1, top)["surest"]
+      else:
+        bias = gate_bias(top, valid.shape[1], float(gate))
     lp = np.asarray(local(params, cand_k, cand_v, cb.gather, valid, lb.tokens, lb.lengths,
-                          lb.n_chunks), np.float32)[0]
+                          lb.n_chunks, bias), np.float32)[0]
     gen.append(int(np.argmax(lp)))
     if gen[-1] in stop:
       break
@@ -145,14 +167,15 @@ def greedy(lm, p_ids, gate: bool, steps: int, stop) -> list:
 
 def summarise(rows) -> dict:
   s = {}
-  for name in MASKS:
+  gates = sorted({k for r in rows for k in r if k.startswith("gate")})
+  for name in MASKS + tuple(gates):
     cells = [r[name] for r in rows if name in r]
     if cells:
       s[name] = dict(n=len(cells), right_first=sum(c["rank_right"] == 1 for c in cells),
                      greedy_one=sum(c["greedy"] == "1" for c in cells),
                      mean_p_right=round(float(np.mean([c["p_right"] for c in cells])), 3),
                      mean_p_one=round(float(np.mean([c["p_one"] for c in cells])), 3))
-  for name in ("answer_all", "answer_surest"):
+  for name in sorted({k for r in rows for k in r if k.startswith("answer_")}):
     got = [r[name] for r in rows if name in r]
     if got:
       s[name] = dict(n=len(got), right=sum(g["right"] for g in got))
@@ -175,16 +198,25 @@ def main(argv=None):
   ap.add_argument("--decode", type=int, default=0,
                   help="also decode up to this many answer tokens greedily, with all candidates "
                        "and with the surest chunk's only (RULER's check: the needle in the answer)")
+  ap.add_argument("--gates", default="",
+                  help="comma-separated soft-gate strengths beta: also read (and decode) with "
+                       "every candidate's scores biased by beta * log(the base's top probability "
+                       "at its slot)")
   ap.add_argument("--out", help="also write the samples and the summary to this JSON file")
   a = ap.parse_args(argv)
   try:
     lengths = [int(x) for x in a.lengths.split(",")]
   except ValueError:
     lengths = []
+  try:
+    gates = [float(x) for x in a.gates.split(",") if x.strip()]
+  except ValueError:
+    gates = [-1.0]
   bad = (f"--asset {a.asset}: no such directory (give an exported FocusLLM asset)"
          if not Path(a.asset).is_dir() else
          f"--samples {a.samples}: give at least 1" if a.samples < 1 else
          f"--decode {a.decode}: give 0 (none) or more answer tokens" if a.decode < 0 else
+         f"--gates {a.gates}: give comma-separated numbers >= 0" if min(gates, default=0) < 0 else
          f"--lengths {a.lengths}: give comma-separated positive integers"
          if not lengths or min(lengths) < 1 else None)
   if bad:  # one line, before the model loads
@@ -204,10 +236,12 @@ def main(argv=None):
   for length in lengths:
     rows = []
     for prompt, target in ruler_prompts(lm, "niah_single_1", length, a.samples, base):
-      rec = probe(lm, prompt, target, digit_ids, decode)
+      rec = probe(lm, prompt, target, digit_ids, decode, gates)
       if a.decode:
         stop = {int(x) for x in tok.encode(".", special=False)} | {int(lm.eot_token_id)}
-        for name, gate in (("answer_all", False), ("answer_surest", True)):
+        ways = [("answer_all", None), ("answer_surest", "surest")]
+        ways += [(f"answer_gate{b:g}", b) for b in gates]
+        for name, gate in ways:
           text = tok.decode(greedy(lm, lm.tok_encode(prompt), gate, a.decode, stop))
           rec[name] = dict(text=text, right=target.lower() in text.lower())
       rows.append(rec)

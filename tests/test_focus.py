@@ -352,12 +352,14 @@ def test_training_rows_bucketed_to_the_batch_needs(tiny):
 
 # ------------------------------------------------------------------------------------------------
 # Several teacher-forced decode steps per training sample (docs/focusllm.md §5.1).
-def test_decode_steps_loss_equals_teacher_forced_generation(tiny):
+@pytest.mark.parametrize("gate", [0.0, 3.0])
+def test_decode_steps_loss_equals_teacher_forced_generation(tiny, gate):
   """Each of a sample's J scored steps is the inference model's next-token NLL after the prompt
   ``x[:t0]`` and the forced tokens ``x[t0:t0+j]`` (closed form, ``FocusLLM.recompute``); J = 1 is
-  the official single-target loss."""
+  the official single-target loss. With the candidate gate (docs/focusllm.md §4.5) on, training
+  reads the candidates under the same bias as inference."""
   cfg, params = tiny
-  f = tiny_focus()
+  f = tiny_focus(candidate_gate=gate)
   w = f.local_window
   fl = FocusLoss(cfg, f, bucket=16)
   m = FocusLLM(cfg, f, bucket=16)

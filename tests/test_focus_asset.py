@@ -85,3 +85,20 @@ def test_one_tensor_larger_than_a_file_is_refused(tmp_path):
     assets.write_tensors(tmp_path, "x",
                          {"a": np.zeros(100, np.float32), "b": np.zeros(3, np.float32)},
                          max_bytes=200)
+
+
+def test_asset_carries_its_candidate_gate(tmp_path, base):
+  """The gate is a reading setting (docs/focusllm.md §4.5): written only when on (an official
+  asset's focus.json is unchanged), read back, and refused when not a number >= 0."""
+  cfg, params = _trained()
+  save_focus_asset(tmp_path / "off", cfg, tiny_focus(), params, base=str(base))
+  assert "candidate_gate" not in json.loads((tmp_path / "off" / "focus.json").read_text())
+  save_focus_asset(tmp_path / "on", cfg, tiny_focus(candidate_gate=4.0), params, base=str(base))
+  meta = json.loads((tmp_path / "on" / "focus.json").read_text())
+  assert meta["candidate_gate"] == 4.0
+  assert load_focus_asset(tmp_path / "on")[1].candidate_gate == 4.0
+  assert load_focus_asset(tmp_path / "off")[1].candidate_gate == 0.0
+  for bad in (-1, "4", True):
+    (tmp_path / "on" / "focus.json").write_text(json.dumps(dict(meta, candidate_gate=bad)))
+    with pytest.raises(AssetError, match="'candidate_gate' must be a finite number >= 0"):
+      load_focus_asset(tmp_path / "on")

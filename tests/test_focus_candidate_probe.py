@@ -31,6 +31,13 @@ def test_masks_keep_only_valid_slots():
   assert not no_needle["needle"].any() and no_needle["others"].tolist() == valid.tolist()
 
 
+def test_gate_bias_is_beta_log_top_p_on_the_chunks_and_zero_after():
+  b = fp.gate_bias([0.5, 1.0, 0.25], 5, 2.0)
+  np.testing.assert_allclose(b, [[2 * np.log(0.5), 0.0, 2 * np.log(0.25), 0.0, 0.0]], rtol=1e-6)
+  assert b.shape == (1, 5) and b.dtype == np.float32
+  assert not fp.gate_bias([0.5, 0.3], 3, 0.0).any()  # strength 0: the official method
+
+
 def test_summary_counts_right_first_digits_answers_and_the_surest_chunk():
   cell = lambda rank, greedy, p: dict(p_right=p, rank_right=rank, p_one=0.3, greedy=greedy)  # noqa: E731
   rows = [dict(all=cell(1, "4", 0.6), needle=cell(1, "4", 0.9), none=cell(5, "1", 0.1),
@@ -46,13 +53,19 @@ def test_summary_counts_right_first_digits_answers_and_the_surest_chunk():
   assert s["chunk_reads"] == dict(n=1, needle_surest=1, mean_needle_rank=1.0,
                                   mean_needle_p_right=0.9, mean_surest_other_p_right=0.1)
   assert s["answer_all"] == dict(n=1, right=1) and s["answer_surest"] == dict(n=1, right=0)
+  rows[0]["gate4"] = cell(1, "4", 0.8)
+  rows[0]["answer_gate4"] = dict(text=" 41.", right=True)
+  s = fp.summarise(rows)
+  assert s["gate4"]["right_first"] == 1 and s["answer_gate4"] == dict(n=1, right=1)
 
 
 def test_bad_input_is_one_line_before_the_model_loads(tmp_path, capsys):
   for argv, said in ((["--asset", str(tmp_path / "none")], "no such directory"),
                      (["--asset", str(tmp_path), "--samples", "0"], "--samples 0: give at least"),
                      (["--asset", str(tmp_path), "--lengths", "4k"], "--lengths 4k: give"),
-                     (["--asset", str(tmp_path), "--decode", "-1"], "--decode -1: give 0")):
+                     (["--asset", str(tmp_path), "--decode", "-1"], "--decode -1: give 0"),
+                     (["--asset", str(tmp_path), "--gates", "2,x"], "--gates 2,x: give"),
+                     (["--asset", str(tmp_path), "--gates", "-1"], "--gates -1: give")):
     assert fp.main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert said in err and len(err.splitlines()) == 1, err

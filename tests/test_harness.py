@@ -203,12 +203,24 @@ def test_ruler_end_to_end(lms, tok_dir, monkeypatch):
     (dict(method="plain", checkpoint="smollm2", window=8), "applies to method=truncation"),
     (dict(method="plain", checkpoint="/nonexistent/ckpt"), "is not a directory"),
     (dict(method="plain", checkpoint="smollm2", dtype="fp16"), "dtype='fp16'"),
+    (dict(method="plain", checkpoint="smollm2", candidate_gate=2), "applies to method=focus"),
+    (dict(method="focus", asset="smollm2_focus", candidate_gate="-1"),
+     "candidate_gate='-1': must be a finite number >= 0"),
+    (dict(method="focus", asset="smollm2_focus", candidate_gate="lots"),
+     "candidate_gate='lots': must be a finite number >= 0"),
 ])
 def test_bad_model_args_one_line_before_loading(kwargs, msg, monkeypatch):
   monkeypatch.setattr(harness, "load_parts", lambda a: pytest.fail("loaded a model"))
   with pytest.raises(HarnessError, match=None) as e:
     LongjaxLM(**kwargs)
   assert msg in str(e.value) and "\n" not in str(e.value)
+
+
+def test_candidate_gate_model_arg_is_read_for_focus():
+  args = harness.check_model_args(dict(method="focus", asset="smollm2_focus", candidate_gate="4"))
+  assert args.candidate_gate == 4.0
+  default = harness.check_model_args(dict(method="focus", asset="smollm2_focus"))
+  assert default.candidate_gate is None  # the asset's own
 
 
 def test_prompt_past_capacity_refused_before_running(base, monkeypatch):

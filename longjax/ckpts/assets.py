@@ -12,6 +12,7 @@ from __future__ import annotations
 import difflib
 import json
 import logging
+import math
 import os
 from pathlib import Path
 from typing import Optional
@@ -194,6 +195,8 @@ FIELD_KINDS = {
     "ints": (lambda v: _int(v) or (isinstance(v, list) and bool(v) and all(map(_int, v))),
              "an integer or a non-empty list of integers"),
     "int?": (lambda v: v is None or _int(v), "an integer or null"),
+    "number>=0": (lambda v: (not isinstance(v, bool) and isinstance(v, (int, float))
+                             and math.isfinite(v) and v >= 0), "a finite number >= 0"),
     "str": (_str, "a string"),
     "strs": (lambda v: isinstance(v, list) and all(map(_str, v)), "a list of strings"),
     "bool": (lambda v: isinstance(v, bool), "true or false"),

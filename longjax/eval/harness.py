@@ -65,7 +65,8 @@ PLAIN, BEACON, FOCUS = (m.name for m in (method_names.PLAIN, method_names.BEACON
 TRUNCATION = "truncation"  # the plain decoder reading the last `window` prompt tokens
 METHODS = (PLAIN, TRUNCATION, BEACON, FOCUS)
 WITH_ASSET = (BEACON, FOCUS)
-MODEL_ARGS = ("method", "checkpoint", "asset", "window", "tokenizer", "dtype", "batch_size", "loop")
+MODEL_ARGS = ("method", "checkpoint", "asset", "window", "tokenizer", "dtype", "batch_size", "loop",
+              "candidate_gate")
 # lm-eval's CLI hands every model these (None is dropped): JAX places arrays on its own device.
 IGNORED_ARGS = ("device", "max_batch_size")
 DTYPES = ("float32", "bfloat16")
@@ -100,6 +101,7 @@ class Args:
   dtype: str = ""
   batch_size: int = 1
   loop: str = "auto"
+  candidate_gate: Optional[float] = None  # FocusLLM: the asset's own when None
 
 
 def _int(key, value, minimum=1) -> int:
@@ -108,6 +110,16 @@ def _int(key, value, minimum=1) -> int:
   if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
     raise HarnessError(f"model_args {key}={value!r}: must be an integer >= {minimum}")
   return int(value)
+
+
+def _number_ge0(key, value) -> float:
+  try:
+    x = float(value) if not isinstance(value, bool) else float("nan")
+  except (TypeError, ValueError):
+    x = float("nan")
+  if not (x >= 0 and x != float("inf")):
+    raise HarnessError(f"model_args {key}={value!r}: must be a finite number >= 0")
+  return x
 
 
 def asset_kind(path: Path) -> Optional[str]:
@@ -191,7 +203,13 @@ def check_model_args(kwargs: dict) -> Args:
   if tok and not Path(tok).expanduser().is_dir():
     raise HarnessError(f"model_args tokenizer={tok!r} is not a directory: give a directory of HF "
                        "tokenizer files (default: the checkpoint's)")
-  return Args(method, ckpt, asset, window or 0, tok, dtype, _int("batch_size", bs), loop)
+  gate = kw.get("candidate_gate")
+  if gate is not None:
+    if method != FOCUS:
+      raise HarnessError(f"model_args candidate_gate= applies to method=focus only, not {method}: "
+                         "drop it")
+    gate = _number_ge0("candidate_gate", gate)
+  return Args(method, ckpt, asset, window or 0, tok, dtype, _int("batch_size", bs), loop, gate)
 
 
 def checkpoint_dir(args: Args) -> str:
@@ -241,6 +259,8 @@ def load_parts(args: Args) -> Parts:
   settings = None
   if args.method in WITH_ASSET:
     cfg, settings, params = reg.load_asset(resolve_asset(args.asset), base or None)
+    if args.candidate_gate is not None:  # a reading setting: the trained tensors stay the same
+      settings = settings.replace(candidate_gate=args.candidate_gate)
   else:
     from longjax.ckpts.checkpoint import load_any
     cfg, params = load_any(base)

@@ -139,7 +139,8 @@ def condense(model: Decoder, params, tokens, positions, valid, lengths, *, batch
   return jax.lax.fori_loop(0, -(-n // b), body, init)
 
 
-def condense_candidates(model: Decoder, params, tokens, positions, valid, lengths, steps: int = 1):
+def condense_candidates(model: Decoder, params, tokens, positions, valid, lengths, steps: int = 1,
+                        confidence: bool = False):
   """The candidates' pre-RoPE K/V ``[L, N, Hkv, D]`` only, split so that training pays for a
   backward pass through one token per chunk row instead of the whole row.
 
@@ -154,6 +155,9 @@ def condense_candidates(model: Decoder, params, tokens, positions, valid, length
   J - 1 forced tokens, and step ``j``'s candidate is the token at ``lengths - J + j`` over the
   ordinary KV of every token before it (the earlier candidates read as ordinary tokens, as the
   cached decode step re-encodes them): ``[L, N, J, Hkv, D]``, one shared forward for all steps.
+
+  ``confidence``: also return the candidate gate's signal at each candidate slot (``[N]``, or
+  ``[N, J]`` with steps; :func:`slot_log_confidence`), read over the same cache.
   """
   n, t = tokens.shape
   last = jnp.maximum(lengths - 1, 0)
@@ -174,15 +178,19 @@ def condense_candidates(model: Decoder, params, tokens, positions, valid, length
                               q_meta=TokenMeta.causal(cand_pos, valid=lengths[:, None] > 0),
                               alt=jnp.zeros((n, 1), jnp.int32), memory=memory, head=False,
                               head_rows=_no_rows(cand_tok))
-    return ck[:, :, 0], cv[:, :, 0]
+    if not confidence:
+      return ck[:, :, 0], cv[:, :, 0]
+    return ck[:, :, 0], cv[:, :, 0], _base_top_logprob(model, params, cand_tok[:, 0],
+                                                       cand_pos[:, 0], memory)
 
   if steps == 1:
     return candidate(last)
   first = jnp.maximum(lengths - steps, 0)
   # one step at a time (lax.map): the workspace and the compiled program are one step's
-  ck, cv = jax.lax.map(lambda j: candidate(jnp.minimum(first + j, last)),
-                       jnp.arange(steps, dtype=jnp.int32))
-  return jnp.moveaxis(ck, 0, 2), jnp.moveaxis(cv, 0, 2)
+  out = jax.lax.map(lambda j: candidate(jnp.minimum(first + j, last)),
+                    jnp.arange(steps, dtype=jnp.int32))
+  ck, cv = jnp.moveaxis(out[0], 0, 2), jnp.moveaxis(out[1], 0, 2)
+  return (ck, cv) if not confidence else (ck, cv, jnp.moveaxis(out[2], 0, 1))
 
 
 def chunk_step(model: Decoder, params, cache_k, cache_v, cache_len, prev, new, row_valid):
@@ -212,13 +220,49 @@ def chunk_step(model: Decoder, params, cache_k, cache_v, cache_len, prev, new, r
   return cache_k, cache_v, cache_len + row_valid.astype(jnp.int32), k[:, :, 1], v[:, :, 1]
 
 
+def slot_log_confidence(model: Decoder, params, cache_k, cache_v, cache_len, tokens):
+  """The frozen base's own reading at each chunk row's candidate slot: ``log max_y p(y | row)``
+  ``[N]`` (fp32, <= 0), where ``tokens [N]`` is the candidate token, read with the base
+  weights at position ``cache_len`` over the row's first ``cache_len`` cache entries (everything
+  before the candidate; the caches as :func:`condense` / :func:`chunk_step` leave them).
+
+  The candidate gate's signal (docs/focusllm.md §4.5): the base model reading a chunk together
+  with the question is sure of its next token where the chunk holds the answer, and unsure
+  elsewhere. One token per row through every layer, then the head on that row."""
+  n, cap = cache_len.shape[0], cache_k.shape[2]
+  slots = jnp.broadcast_to(jnp.arange(cap, dtype=jnp.int32), (n, cap))
+  memory = KVPrefix(cache_k, cache_v, slots,
+                    TokenMeta.causal(slots, valid=slots < cache_len[:, None]),
+                    rotated=caches_rotated(model.cfg))
+  return _base_top_logprob(model, params, tokens, cache_len, memory)
+
+
+def _base_top_logprob(model: Decoder, params, tokens, positions, memory: KVPrefix):
+  """``log max_y p(y)`` ``[N]`` after one token per row (``tokens``, ``positions`` ``[N]``) read
+  with the base weights over ``memory``."""
+  n = tokens.shape[0]
+  logits, _ = model.apply({"params": jax.lax.stop_gradient(params)},
+                          tokens[:, None].astype(jnp.int32), positions[:, None], memory=memory,
+                          head_rows=jnp.zeros((n, 1), jnp.int32))  # no alt: base weights only
+  return jnp.max(jax.nn.log_softmax(logits[:, 0].astype(jnp.float32), axis=-1), axis=-1)
+
+
+def gate_bias(conf, gather, cand_valid, strength: float):
+  """Each prompt's candidate score biases ``[B, Cmax]``: ``strength * conf`` of the chunk row in
+  each candidate slot (``conf [N]`` from :func:`slot_log_confidence`), 0 in empty slots. At
+  strength 0 the bias is 0 (the official method); as it grows the local model reads less of the
+  chunks where the base is unsure (docs/focusllm.md, "Candidate gate")."""
+  bias = jnp.float32(strength) * jnp.take(jax.lax.stop_gradient(conf), gather, axis=0)
+  return jnp.where(cand_valid, bias, 0.0)
+
+
 def gather_candidates(cand, gather):
   """``cand [L, N, Hkv, D]`` -> per-prompt prefix ``[L, B, Cmax, Hkv, D]``."""
   return jnp.take(cand, gather, axis=1)
 
 
 def local_hidden(model: Decoder, params, cand_k, cand_v, gather, cand_valid, tokens, lengths,
-                 n_chunks, mesh=None, axis: str = "chunks"):
+                 n_chunks, mesh=None, axis: str = "chunks", cand_bias=None):
   """Local forward: final hidden states ``[B, U, H]`` of ``tokens [B, U]`` (right-padded to
   ``lengths``), with each prompt's candidates as a prefix at positions ``0..n_chunks-1``.
 
@@ -230,34 +274,36 @@ def local_hidden(model: Decoder, params, cand_k, cand_v, gather, cand_valid, tok
   took a dozen small collectives per layer instead of one."""
   mem_k, mem_v = gather_candidates(cand_k, gather), gather_candidates(cand_v, gather)
   if mesh is None:
-    return _local_slice(model, params, mem_k, mem_v, cand_valid, tokens, lengths, n_chunks, 0)
+    return _local_slice(model, params, mem_k, mem_v, cand_valid, tokens, lengths, n_chunks, 0,
+                        cand_bias=cand_bias)
   seq = _sequence_split(model, mesh, axis, tokens)
 
-  def fn(params, mem_k, mem_v, cand_valid, tokens, lengths, n_chunks):
+  def fn(params, mem_k, mem_v, cand_valid, tokens, lengths, n_chunks, cand_bias):
     start = jax.lax.axis_index(axis) * tokens.shape[1]
-    return _local_slice(seq, params, mem_k, mem_v, cand_valid, tokens, lengths, n_chunks, start)
+    return _local_slice(seq, params, mem_k, mem_v, cand_valid, tokens, lengths, n_chunks, start,
+                        cand_bias=cand_bias)
 
-  return jax.shard_map(fn, mesh=mesh, in_specs=(P(), P(), P(), P(), P(None, axis), P(), P()),
+  return jax.shard_map(fn, mesh=mesh, in_specs=(P(), P(), P(), P(), P(None, axis), P(), P(), P()),
                        out_specs=P(None, axis, None), check_vma=False)(
-                           params, mem_k, mem_v, cand_valid, tokens, lengths, n_chunks)
+                           params, mem_k, mem_v, cand_valid, tokens, lengths, n_chunks, cand_bias)
 
 
 def local_last_hidden(model: Decoder, params, cand_k, cand_v, gather, cand_valid, tokens,
-                      lengths, n_chunks, mesh=None, axis: str = "chunks"):
+                      lengths, n_chunks, mesh=None, axis: str = "chunks", cand_bias=None):
   """:func:`local_hidden` at each prompt's last real row only (``[B, H]``). Without a mesh the
   last layer runs only that row (``Decoder``'s ``head_rows``); on a chunk mesh the sequence-split
   forward computes every row and the last one is taken."""
   if mesh is not None:
     return last_hidden(local_hidden(model, params, cand_k, cand_v, gather, cand_valid, tokens,
-                                    lengths, n_chunks, mesh, axis), lengths)
+                                    lengths, n_chunks, mesh, axis, cand_bias), lengths)
   mem_k, mem_v = gather_candidates(cand_k, gather), gather_candidates(cand_v, gather)
   hidden = _local_slice(model, params, mem_k, mem_v, cand_valid, tokens, lengths, n_chunks, 0,
-                        rows=jnp.maximum(lengths - 1, 0)[:, None])
+                        rows=jnp.maximum(lengths - 1, 0)[:, None], cand_bias=cand_bias)
   return hidden[:, 0]
 
 
 def local_next_logits(model: Decoder, params, cand_k, cand_v, gather, cand_valid, tokens,
-                      lengths, n_chunks, mesh=None, axis: str = "chunks"):
+                      lengths, n_chunks, mesh=None, axis: str = "chunks", cand_bias=None):
   """Next-token logits ``[B, V]`` (fp32) after each prompt's local context: the head on
   :func:`local_hidden`'s last real row.
 
@@ -268,16 +314,18 @@ def local_next_logits(model: Decoder, params, cand_k, cand_v, gather, cand_valid
   cfg = model.cfg
   if mesh is None:
     return lm_head(cfg, params, local_last_hidden(model, params, cand_k, cand_v, gather,
-                                                  cand_valid, tokens, lengths, n_chunks))
+                                                  cand_valid, tokens, lengths, n_chunks,
+                                                  cand_bias=cand_bias))
   mem_k, mem_v = gather_candidates(cand_k, gather), gather_candidates(cand_v, gather)
   seq = _sequence_split(model, mesh, axis, tokens)
   n = int(mesh.shape[axis])
   split_vocab = cfg.vocab_size % n == 0
 
-  def fn(params, mem_k, mem_v, cand_valid, tokens, lengths, n_chunks):
+  def fn(params, mem_k, mem_v, cand_valid, tokens, lengths, n_chunks, cand_bias):
     u = tokens.shape[1]
     i = jax.lax.axis_index(axis)
-    hidden = _local_slice(seq, params, mem_k, mem_v, cand_valid, tokens, lengths, n_chunks, i * u)
+    hidden = _local_slice(seq, params, mem_k, mem_v, cand_valid, tokens, lengths, n_chunks, i * u,
+                          cand_bias=cand_bias)
     row = jnp.maximum(lengths - 1, 0) - i * u  # the last real row, in this device's slice
     mine = (row >= 0) & (row < u)
     h = jnp.take_along_axis(hidden, jnp.clip(row, 0, u - 1)[:, None, None], axis=1)[:, 0]
@@ -286,9 +334,9 @@ def local_next_logits(model: Decoder, params, cand_k, cand_v, gather, cand_valid
       return lm_head(cfg, params, h)
     return lm_head(cfg, vocab_slice(cfg, params, i, cfg.vocab_size // n), h)
 
-  return jax.shard_map(fn, mesh=mesh, in_specs=(P(), P(), P(), P(), P(None, axis), P(), P()),
+  return jax.shard_map(fn, mesh=mesh, in_specs=(P(), P(), P(), P(), P(None, axis), P(), P(), P()),
                        out_specs=P(None, axis) if split_vocab else P(), check_vma=False)(
-                           params, mem_k, mem_v, cand_valid, tokens, lengths, n_chunks)
+                           params, mem_k, mem_v, cand_valid, tokens, lengths, n_chunks, cand_bias)
 
 
 def _sequence_split(model: Decoder, mesh, axis: str, tokens) -> Decoder:
@@ -301,14 +349,16 @@ def _sequence_split(model: Decoder, mesh, axis: str, tokens) -> Decoder:
 
 
 def _local_slice(model: Decoder, params, mem_k, mem_v, cand_valid, tokens, lengths, n_chunks,
-                 start, rows=None):
+                 start, rows=None, cand_bias=None):
   """The local forward of the tokens at local indices ``start .. start+U'-1`` (all of them on one
   device; one device's slice under a sequence-split mesh); ``rows [B, R]``: only those rows'
-  hidden states (``Decoder``'s ``head_rows``)."""
+  hidden states (``Decoder``'s ``head_rows``); ``cand_bias [B, Cmax]``: added to every score of
+  each candidate (the optional candidate gate, :func:`gate_bias`; ``None``: none)."""
   b, u = tokens.shape
   cmax = mem_k.shape[2]
   slots = jnp.broadcast_to(jnp.arange(cmax, dtype=jnp.int32), (b, cmax))
-  memory = KVPrefix(mem_k, mem_v, slots, TokenMeta.causal(slots, valid=cand_valid))
+  memory = KVPrefix(mem_k, mem_v, slots, TokenMeta.causal(slots, valid=cand_valid,
+                                                          bias=cand_bias))
   j = start + jnp.arange(u, dtype=jnp.int32)[None]
   positions = n_chunks[:, None] + j
   q_meta = TokenMeta.causal(positions, valid=j < lengths[:, None])

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Optional
 
 from longjax.ckpts.layout import alt_projections_of
@@ -31,6 +32,10 @@ class FocusConfig:
     over ``bos(x)``; the official code hard-codes 4096, here it is a default.
   * ``max_chunks``: capacity of the per-chunk decode caches (chunks per prompt); more is an error.
   * ``bos_id``: the BOS id of the conditional-BOS rule (official: hard-coded 1).
+  * ``candidate_gate`` (longjax; 0 = the official method): the strength ``beta`` of the candidate
+    gate: each candidate's attention scores in the local forward get ``beta * log p``, ``p`` the
+    frozen base's top next-token probability at that chunk's candidate slot (docs/focusllm.md,
+    "Candidate gate").
   """
   local_window: int = 1024
   chunk_stride: int = 1024
@@ -39,6 +44,7 @@ class FocusConfig:
   min_len_threshold: int = OFFICIAL_MIN_LEN
   max_chunks: int = 1024
   bos_id: int = 1
+  candidate_gate: float = 0.0
 
   def __post_init__(self):
     object.__setattr__(self, "candidate_projections", tuple(self.candidate_projections))
@@ -55,6 +61,12 @@ class FocusConfig:
         or self.min_len_threshold < 0):
       raise FocusError(f"FocusConfig.min_len_threshold must be an integer >= 0, got "
                        f"{self.min_len_threshold!r}")
+    gate = self.candidate_gate
+    if (isinstance(gate, bool) or not isinstance(gate, (int, float)) or not math.isfinite(gate)
+        or gate < 0):
+      raise FocusError(f"FocusConfig.candidate_gate must be a finite number >= 0 (0: the official "
+                       f"method), got {gate!r}")
+    object.__setattr__(self, "candidate_gate", float(gate))
     bad = [p for p in self.candidate_projections if p not in ALT_PROJECTIONS]
     if bad or not self.candidate_projections or len(set(self.candidate_projections)) != len(
         self.candidate_projections):
@@ -115,7 +127,8 @@ class FocusConfig:
     return cls(local_window=f.local_window, chunk_stride=f.stride,
                prompt_cap=f.prompt_cap or None, candidate_projections=tuple(f.param),
                min_len_threshold=f.min_len_threshold,
-               bos_id=int(bos_id) if bos_id is not None else 1)
+               bos_id=int(bos_id) if bos_id is not None else 1,
+               candidate_gate=f.candidate_gate)
 
 
 def check_model(cfg, fcfg: FocusConfig, params: Optional[dict] = None):

@@ -22,7 +22,7 @@ import numpy as np
 
 from longjax.ckpts import layout
 from longjax.focus import condense as C
-from longjax.focus.config import FocusConfig, check_model
+from longjax.focus.config import FocusConfig, FocusError, check_model
 from longjax.focus.planner import (ChunkBatch, LocalBatch, half_octave_bucket, pack_chunks,
                                    pack_local, split_training, step_locals)
 from longjax.models.config import ModelConfig
@@ -138,6 +138,9 @@ class FocusLoss:
     self.cfg, self.fcfg, self.bucket = cfg, fcfg, bucket
     self.model = Decoder(cfg, impl=impl)
     self.teacher = Decoder(cfg, rule=CAUSAL_PREFILL, impl=impl)  # the base on the whole sample
+    if fcfg.candidate_gate and mesh is not None:
+      raise FocusError("FocusConfig.candidate_gate trains on one device for now: pass mesh=None, "
+                       "or candidate_gate=0 (the official method) on a chunk mesh")
     if mesh is not None:
       self.n_shards = int(mesh.shape[axis])
       self._condense = C.condense_candidates_sharded(C.row_decoder(self.model), mesh, axis)
@@ -164,20 +167,29 @@ class FocusLoss:
     one target per sample)."""
     params = freeze_base(params)
     cb, lb = batch.chunks, batch.local
+    gate = self.fcfg.candidate_gate
     if batch.targets.ndim == 1:
-      cand_k, cand_v = self._condense(params, cb.tokens, cb.positions, cb.valid, cb.lengths)
+      cand_k, cand_v, *conf = self._condense(params, cb.tokens, cb.positions, cb.valid,
+                                             cb.lengths, **self._gate_kw)
       gather, cand_valid = cb.gather, cb.cand_valid
     else:  # step j of sample b reads candidate j of its chunk rows: flat index row * J + j
       b, j = batch.targets.shape
-      cand_k, cand_v = self._condense(params, cb.tokens, cb.positions, cb.valid, cb.lengths,
-                                      steps=j)
+      cand_k, cand_v, *conf = self._condense(params, cb.tokens, cb.positions, cb.valid,
+                                             cb.lengths, steps=j, **self._gate_kw)
       flat = lambda a: a.reshape(a.shape[:1] + (-1,) + a.shape[3:])
       cand_k, cand_v = flat(cand_k), flat(cand_v)
+      conf = [c.reshape(-1) for c in conf]  # [N, J] -> [N * J], the flat index above
       gather = (cb.gather[:, None, :] * j + jnp.arange(j, dtype=cb.gather.dtype)[None, :, None])
       gather = gather.reshape(b * j, -1)
       cand_valid = jnp.repeat(cb.cand_valid, j, axis=0)
+    bias = C.gate_bias(conf[0], gather, cand_valid, gate) if conf else None
     return C.local_last_hidden(self.model, params, cand_k, cand_v, gather, cand_valid,
-                               lb.tokens, lb.lengths, lb.n_chunks)
+                               lb.tokens, lb.lengths, lb.n_chunks, cand_bias=bias)
+
+  @property
+  def _gate_kw(self) -> dict:
+    """The candidate condensing's extra arguments: the gate's signal too when it is on."""
+    return dict(confidence=True) if self.fcfg.candidate_gate else {}
 
   def per_sample(self, params, batch: TrainBatch):
     """Each sample's NLL ``[B]`` (with J decode steps: the mean over its steps)."""
@@ -226,9 +238,12 @@ class FocusLoss:
     forward."""
     params = freeze_base(params)
     cb, lb = batch.chunks, batch.local
-    cand_k, cand_v = self._condense(params, cb.tokens, cb.positions, cb.valid, cb.lengths)
+    cand_k, cand_v, *conf = self._condense(params, cb.tokens, cb.positions, cb.valid, cb.lengths,
+                                           **self._gate_kw)
+    bias = (C.gate_bias(conf[0], cb.gather, cb.cand_valid, self.fcfg.candidate_gate) if conf
+            else None)
     h = C.local_hidden(self.model, params, cand_k, cand_v, cb.gather, cb.cand_valid, lb.tokens,
-                       lb.lengths, lb.n_chunks)
+                       lb.lengths, lb.n_chunks, cand_bias=bias)
     return jax.nn.log_softmax(lm_head(self.cfg, params, h))
 
   def per_sample_dense(self, params, batch: "DenseBatch", teacher: "TeacherBatch" = None, *,

@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Sequence
+from typing import Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -57,6 +57,8 @@ class FocusState:
   local_tokens: jax.Array  # [B, U]
   local_len: jax.Array  # [B]
   n_chunks: jax.Array  # [B]
+  # [N] the base's log top probability at each row's candidate slot (None: no candidate gate)
+  cand_conf: Optional[jax.Array] = None
 
   @property
   def cache_capacity(self) -> int:
@@ -116,6 +118,9 @@ class FocusLLM:
   def __init__(self, cfg: ModelConfig, fcfg: FocusConfig, *, mesh=None, axis: str = "chunks",
                impl: str = "auto", bucket: int = 64, chunk_bucket="pow2", chunk_batch_size=None):
     check_model(cfg, fcfg)
+    if fcfg.candidate_gate and mesh is not None:
+      raise FocusError("FocusConfig.candidate_gate runs on one device for now: pass mesh=None, "
+                       "or candidate_gate=0 (the official method) on a chunk mesh")
     self.cfg, self.fcfg, self.mesh, self.axis = cfg, fcfg, mesh, axis
     self.model = Decoder(cfg, impl=impl)
     # Condensing keeps only each layer's K/V of the chunk rows. As a Python loop over the layers
@@ -186,20 +191,26 @@ class FocusLLM:
                     all_logits: bool):
     cand_k, cand_v, k, v = self._condense(params, cb, cache_cap)
     last = jnp.maximum(cb.lengths - 1, 0)
+    cand_tok = jnp.take_along_axis(cb.tokens, last[:, None], axis=1)[:, 0]
+    conf = (C.slot_log_confidence(self.model, params, k, v, last, cand_tok)
+            if self.fcfg.candidate_gate else None)
     state = FocusState(
         cache_k=k, cache_v=v, cache_len=last,
-        prev=jnp.take_along_axis(cb.tokens, last[:, None], axis=1)[:, 0], owner=cb.owner,
+        prev=cand_tok, owner=cb.owner,
         row_valid=cb.owner >= 0, cand_k=cand_k, cand_v=cand_v, gather=cb.gather,
         cand_valid=cb.cand_valid, local_tokens=lb.tokens, local_len=lb.lengths,
-        n_chunks=lb.n_chunks)
+        n_chunks=lb.n_chunks, cand_conf=conf)
     return self._local_logits(params, state, all_logits), state
 
   def _local_logits(self, params, s: FocusState, all_logits: bool, model=None):
     args = (self.model if model is None else model, params, s.cand_k, s.cand_v, s.gather,
             s.cand_valid, s.local_tokens, s.local_len, s.n_chunks)
+    bias = (None if s.cand_conf is None
+            else C.gate_bias(s.cand_conf, s.gather, s.cand_valid, self.fcfg.candidate_gate))
+    kw = dict(mesh=self.mesh, axis=self.axis, cand_bias=bias)
     if all_logits:
-      return lm_head(self.cfg, params, C.local_hidden(*args, mesh=self.mesh, axis=self.axis))
-    return C.local_next_logits(*args, mesh=self.mesh, axis=self.axis)
+      return lm_head(self.cfg, params, C.local_hidden(*args, **kw))
+    return C.local_next_logits(*args, **kw)
 
   def _step_impl(self, params, s: FocusState, tokens, model=None):
     """One cached decode step. ``model``: the decoder to step with, ``params`` in its layout
@@ -211,6 +222,9 @@ class FocusLLM:
                   else functools.partial(C.chunk_step, model))
     ck, cv, cl, cand_k, cand_v = chunk_step(params, s.cache_k, s.cache_v, s.cache_len, s.prev,
                                             new, s.row_valid)
+    if s.cand_conf is not None:  # the new candidate's slot follows the re-encoded previous one
+      s = dataclasses.replace(s, cand_conf=C.slot_log_confidence(
+          self.model if model is None else model, params, ck, cv, cl, new))
     b = tokens.shape[0]
     local_tokens = s.local_tokens.at[jnp.arange(b), s.local_len].set(tokens, mode="drop")
     s = dataclasses.replace(s, cache_k=ck, cache_v=cv, cache_len=cl, prev=new, cand_k=cand_k,

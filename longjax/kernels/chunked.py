@@ -52,16 +52,19 @@ def _group_queries(qb, hkv):
   return qb.reshape(b, bq, hkv, g, d).transpose(0, 2, 3, 1, 4).reshape(b, hkv, g * bq, d)
 
 
-def _tile(qg, kt, v, ok, g, state=None):
+def _tile(qg, kt, v, ok, g, state=None, bias=None):
   """One key tile: ``qg [B, Hkv, G*bq, D]``, ``kt [B, Hkv, D, bk]``, ``v [B, Hkv, bk, D]``, ``ok
   [B, bq, bk]`` -> ``(m [B, Hkv, G, bq], l [same], o [B, Hkv, G, bq, D])``: the row max, the sum
   of ``exp(s - m)`` and the unnormalised output, of this tile alone or, given the ``state`` of
   the tiles before it, of all of them (the online softmax: the tile's probabilities are taken at
-  the running max, so only the earlier state is rescaled)."""
+  the running max, so only the earlier state is rescaled). ``bias [B, bk]``: added to each key's
+  scores (``TokenMeta.bias``)."""
   b, hkv, gbq, d = qg.shape
   bq = gbq // g
   s = jnp.einsum("bhqd,bhdk->bhqk", qg, kt, preferred_element_type=jnp.float32)
   s = s.reshape(b, hkv, g, bq, -1)
+  if bias is not None:
+    s = s + bias.astype(jnp.float32)[:, None, None, None, :]
   if ok is not None:  # None: every key of the tile is visible to every query of the block
     s = s + jnp.where(ok, 0.0, _MASKED)[:, None, None]
   m = jnp.max(s, axis=-1)
@@ -98,9 +101,10 @@ def _blocks(qbs, kt_tiles, v_tiles, km_tiles, mbs, rule, window, limit=None):
       ok = allowed(mb, km, rule, window)
       st = None if states is None else states[i]
       # A tile that masks nothing (most of a long causal prefill's, all but the diagonal ones)
-      # skips the bias: one pass less over its scores.
-      out.append(jax.lax.cond(jnp.all(ok), lambda qg, kt, v, ok, st: _tile(qg, kt, v, None, g, st),
-                              lambda qg, kt, v, ok, st: _tile(qg, kt, v, ok, g, st),
+      # skips the mask: one pass less over its scores.
+      out.append(jax.lax.cond(jnp.all(ok),
+                              lambda qg, kt, v, ok, st: _tile(qg, kt, v, None, g, st, km.bias),
+                              lambda qg, kt, v, ok, st: _tile(qg, kt, v, ok, g, st, km.bias),
                               qg, kt, v, ok, st))
     return out
 
@@ -264,4 +268,5 @@ def _pad_keys(meta: TokenMeta, n: int) -> TokenMeta:
     return meta
   pad = lambda x, value=0: jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, n)], constant_values=value)
   return TokenMeta(order=pad(meta.order), segment=pad(meta.segment), valid=pad(meta.valid, False),
-                   kind=None if meta.kind is None else pad(meta.kind))
+                   kind=None if meta.kind is None else pad(meta.kind),
+                   bias=None if meta.bias is None else pad(meta.bias))

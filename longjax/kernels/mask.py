@@ -18,6 +18,10 @@ Metadata fields (all ``int32``/``bool`` arrays of shape ``[batch, length]``):
   used when the rule has a ``kind_sees`` table (see :class:`MaskRule`); this expresses masks that
   order/segment cannot, such as Activation Beacon's step-expansion in append mode (raw tokens of the
   window must not see the window's beacons, while beacons see the raw tokens before them).
+* ``bias``    optional float (``None`` = no bias), key side only: added to every score of that
+  key before the softmax (its weight is multiplied by ``exp(bias)``). FocusLLM's optional
+  candidate gate uses it (docs/focusllm.md). Only the dense and the chunked paths read it
+  (``attention``'s ``"auto"`` routes a biased call there; an explicit other ``impl`` raises).
 
 Kernels do not evaluate :func:`allowed` on ``TokenMeta`` directly: :func:`kernel_meta` folds the
 rule, the window and validity into an equivalent per-token form (query ``lo``/``hi`` bounds on the
@@ -49,10 +53,12 @@ class TokenMeta:
   segment: jax.Array  # [B, T] int32
   valid: jax.Array  # [B, T] bool
   kind: Optional[jax.Array] = None  # [B, T] int32 or None (= all zeros)
+  bias: Optional[jax.Array] = None  # [B, T] float32 or None (= all zeros); keys only
 
   @classmethod
   def causal(cls, order: jax.Array, valid: Optional[jax.Array] = None,
-             segment: Optional[jax.Array] = None, kind: Optional[jax.Array] = None) -> "TokenMeta":
+             segment: Optional[jax.Array] = None, kind: Optional[jax.Array] = None,
+             bias: Optional[jax.Array] = None) -> "TokenMeta":
     order = jnp.asarray(order, jnp.int32)
     if valid is None:
       valid = jnp.ones(order.shape, bool)
@@ -60,8 +66,10 @@ class TokenMeta:
       segment = jnp.zeros(order.shape, jnp.int32)
     if kind is not None:
       kind = jnp.asarray(kind, jnp.int32)
+    if bias is not None:
+      bias = jnp.asarray(bias, jnp.float32)
     return cls(order=order, segment=jnp.asarray(segment, jnp.int32), valid=jnp.asarray(valid, bool),
-               kind=kind)
+               kind=kind, bias=bias)
 
   @property
   def length(self) -> int:
@@ -70,14 +78,19 @@ class TokenMeta:
   def kind_or_zeros(self) -> jax.Array:
     return jnp.zeros(self.order.shape, jnp.int32) if self.kind is None else self.kind
 
+  def bias_or_zeros(self) -> jax.Array:
+    return jnp.zeros(self.order.shape, jnp.float32) if self.bias is None else self.bias
+
   def concat(self, other: "TokenMeta") -> "TokenMeta":
     """Keys of ``self`` followed by keys of ``other`` along the sequence axis."""
     cat = lambda a, b: jnp.concatenate([a, b], axis=-1)
-    kind = None
+    kind = bias = None
     if self.kind is not None or other.kind is not None:
       kind = cat(self.kind_or_zeros(), other.kind_or_zeros())
+    if self.bias is not None or other.bias is not None:
+      bias = cat(self.bias_or_zeros(), other.bias_or_zeros())
     return TokenMeta(order=cat(self.order, other.order), segment=cat(self.segment, other.segment),
-                     valid=cat(self.valid, other.valid), kind=kind)
+                     valid=cat(self.valid, other.valid), kind=kind, bias=bias)
 
 
 @dataclasses.dataclass(frozen=True)

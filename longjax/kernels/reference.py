@@ -30,6 +30,8 @@ def dense_attention(q, k, v, q_meta: TokenMeta, k_meta: TokenMeta, rule: MaskRul
   # [Hkv, D, Tk] copy (the largest cost of a decode step over a long memory).
   s = jnp.einsum("bkhd,bhgqd->bhkgq", k, qg, preferred_element_type=jnp.float32) * scale
   ok = jnp.swapaxes(allowed(q_meta, k_meta, rule, window), 1, 2)[:, None, :, None, :]
+  if k_meta.bias is not None:
+    s = s + k_meta.bias.astype(jnp.float32)[:, None, :, None, None]
   s = jnp.where(ok, s, -jnp.inf)
   m = jnp.max(s, axis=2, keepdims=True)
   m_safe = jnp.where(jnp.isfinite(m), m, 0.0)

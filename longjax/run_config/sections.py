@@ -203,5 +203,7 @@ class FocusSection:
   # the share of optimizer steps that score every local token instead, the candidates fixed from
   # the memory before the local span (docs/focusllm.md §5.3; 0: none)
   dense_share: float = 0.0
+  # the candidate gate's strength (docs/focusllm.md, "Candidate gate"; 0: the official method)
+  candidate_gate: float = 0.0
   distills: ClassVar[bool] = True  # KL to the base on its scored steps (focusllm.md §5.2)
   windowed: ClassVar[bool] = False

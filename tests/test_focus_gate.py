@@ -1,0 +1,138 @@
+"""FocusLLM's candidate gate (``FocusConfig.candidate_gate``, docs/focusllm.md "Candidate gate"):
+its signal against the base run on each chunk row alone, the gated prefill against the local
+forward with the bias built from that reference, the cached decode against the closed form, and
+its settings."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from longjax.focus import FocusLLM
+from longjax.focus import condense as C
+from longjax.focus.config import FocusError
+from longjax.models.decoder import Decoder
+
+from focus_helpers import prompt, tiny_focus, tiny_model
+
+BETA = 3.0
+
+
+@pytest.fixture(scope="module")
+def tiny():
+  return tiny_model()
+
+
+def _reference_confidence(cfg, params, cb):
+  """Per chunk row: the plain decoder (base weights only, no candidate slot) over the row alone,
+  log of its top next-token probability after the row's last token."""
+  out = []
+  for n in range(cb.tokens.shape[0]):
+    length = int(cb.lengths[n])
+    if length == 0:
+      out.append(np.nan)
+      continue
+    toks = jnp.asarray(cb.tokens[n:n + 1, :length])
+    logits, _ = Decoder(cfg).apply({"params": params}, toks, jnp.arange(length)[None])
+    out.append(float(jnp.max(jax.nn.log_softmax(logits[0, -1]))))
+  return np.array(out)
+
+
+def test_gated_prefill_reads_candidates_biased_by_the_base_confidence(tiny):
+  cfg, params = tiny
+  m = FocusLLM(cfg, tiny_focus(candidate_gate=BETA), bucket=16)
+  x = prompt(100, 0)
+  row = m.plan(x)
+  cb, lb, cap = m._pack([row], 0)
+  logits, state = m.prefill(params, x[None], np.array([len(x)], np.int32), 2)
+
+  ref = _reference_confidence(cfg, params, cb)
+  real = np.asarray(cb.lengths) > 0
+  np.testing.assert_allclose(np.asarray(state.cand_conf)[real], ref[real], atol=1e-5)
+  assert np.ptp(ref[real]) > 0.05  # the rows differ: a bias that is not a constant shift
+
+  ck, cv, _, _ = m._condense(params, cb, cap)
+  bias = np.where(cb.cand_valid, BETA * np.nan_to_num(ref)[np.asarray(cb.gather)], 0.0)
+  want = C.local_next_logits(m.model, params, ck, cv, cb.gather, cb.cand_valid, lb.tokens,
+                             lb.lengths, lb.n_chunks, cand_bias=jnp.asarray(bias, jnp.float32))
+  np.testing.assert_allclose(logits, want, atol=2e-5, rtol=1e-5)
+  official, _ = FocusLLM(cfg, tiny_focus(), bucket=16).prefill(params, x[None],
+                                                              np.array([len(x)], np.int32), 2)
+  assert np.max(np.abs(np.asarray(logits) - np.asarray(official))) > 1e-3
+
+
+def test_gated_cached_decode_equals_the_gated_closed_form(tiny):
+  cfg, params = tiny
+  m = FocusLLM(cfg, tiny_focus(candidate_gate=BETA), bucket=16)
+  prompts = [prompt(100, 0), prompt(61, 1), prompt(20, 2)]  # 5, 3 and 0 chunks
+  lengths = np.array([len(p) for p in prompts], np.int32)
+  tokens = np.zeros((3, lengths.max()), np.int32)
+  for i, p in enumerate(prompts):
+    tokens[i, :len(p)] = p
+  logits, state = m.prefill(params, tokens, lengths, 4)
+  np.testing.assert_allclose(logits, m.recompute(params, prompts, [[]] * 3), atol=2e-5)
+  fed = [[], [], []]
+  for g in np.random.default_rng(0).integers(3, 97, size=(3, 3)):
+    for i in range(3):
+      fed[i].append(int(g[i]))
+    logits, state = m.step(params, state, g)
+    np.testing.assert_allclose(logits, m.recompute(params, prompts, fed), atol=2e-5)
+
+
+def test_official_method_carries_no_gate(tiny):
+  cfg, params = tiny
+  x = prompt(100, 0)
+  _, state = FocusLLM(cfg, tiny_focus(), bucket=16).prefill(params, x[None],
+                                                            np.array([len(x)], np.int32), 1)
+  assert state.cand_conf is None
+
+
+@pytest.mark.parametrize("value", [-1.0, float("nan"), float("inf"), True, "2"])
+def test_gate_strength_must_be_a_finite_non_negative_number(value):
+  with pytest.raises(FocusError, match="candidate_gate"):
+    tiny_focus(candidate_gate=value)
+
+
+def test_gate_on_a_chunk_mesh_is_refused(tiny):
+  cfg, _ = tiny
+  with pytest.raises(FocusError, match="one device"):
+    FocusLLM(cfg, tiny_focus(candidate_gate=1.0), mesh=C.chunk_mesh(1))
+
+
+def test_gated_dense_training_reads_the_inference_bias(tiny):
+  """A dense training batch (docs/focusllm.md §5.3) under the gate: every local row's
+  log-probabilities equal the inference functions' (whole-row condensing, local forward) with the
+  bias built from the reference confidence; the gate moves them."""
+  from longjax.focus.losses import DenseBatch, FocusLoss, pack_dense_targets
+  from longjax.focus.planner import pack_chunks, pack_local, split_dense
+  from longjax.models.head import lm_head
+  cfg, params = tiny
+  f = tiny_focus(candidate_gate=BETA)
+  xs, spans = [prompt(110, 5), prompt(75, 6)], [(60, 24), (33, 20)]
+  rows = [split_dense(x, memory_len=a, local_size=ls, stride=f.chunk_stride,
+                      prompt_cap=f.prompt_cap, bos_id=f.bos_id) for x, (a, ls) in zip(xs, spans)]
+  lb = pack_local(rows, length_multiple=16)
+  cb = pack_chunks(rows, length_multiple=16)
+  batch = DenseBatch(cb, lb, pack_dense_targets(rows, lb.tokens.shape[1]))
+  got = np.asarray(FocusLoss(cfg, f, bucket=16).dense_logq(params, batch))
+
+  model = Decoder(cfg)
+  ck, cv, _, _ = C.condense(C.row_decoder(model), params, cb.tokens, cb.positions, cb.valid,
+                            cb.lengths)
+  ref = np.nan_to_num(_reference_confidence(cfg, params, cb))
+  bias = np.where(cb.cand_valid, BETA * ref[np.asarray(cb.gather)], 0.0).astype(np.float32)
+  h = C.local_hidden(model, params, ck, cv, cb.gather, cb.cand_valid, lb.tokens, lb.lengths,
+                     lb.n_chunks, cand_bias=jnp.asarray(bias))
+  want = np.asarray(jax.nn.log_softmax(lm_head(cfg, params, h)))
+  off = np.asarray(FocusLoss(cfg, tiny_focus(), bucket=16).dense_logq(params, batch))
+  for b, (_, ls) in enumerate(spans):
+    np.testing.assert_allclose(got[b, :ls + 1], want[b, :ls + 1], atol=1e-4)
+    assert np.max(np.abs(got[b, :ls + 1] - off[b, :ls + 1])) > 1e-3
+
+
+def test_gate_trains_on_one_device_only(tiny):
+  from longjax.focus.losses import FocusLoss
+  cfg, _ = tiny
+  with pytest.raises(FocusError, match="one device"):
+    FocusLoss(cfg, tiny_focus(candidate_gate=1.0), mesh=C.chunk_mesh(1))
