@@ -332,3 +332,15 @@ def test_teacher_forcing_rejects_bad_targets(plain):
   logits, state = lm.prefill(params, np.array([_ids(5, 1)], np.int32), np.array([5]), 4)
   with pytest.raises(decode_loop.DevicePlanError, match="targets"):
     teacher_forced_nll(lm.device_plan(state, 3), params, logits, np.zeros((3, 4)))
+
+
+def test_focus_gated_device_loop_equals_host_steps():
+  """The candidate gate (docs/focusllm.md §4.5) in the device loop: each step re-reads the base's
+  confidence with the per-layer decoder, as the host steps do with the scanned one."""
+  cfg, params = tiny_model()
+  m = FocusLLM(cfg, tiny_focus(candidate_gate=3.0), bucket=16)
+  host, _ = _both(m, params, [list(prompt(100, 0)), list(prompt(40, 1))], max_new_tokens=6)
+  plain = longjax.generate(FocusLLM(cfg, tiny_focus(), bucket=16), params,
+                           [list(prompt(100, 0)), list(prompt(40, 1))], max_new_tokens=6,
+                           loop="host", return_logits=True)
+  assert np.max(np.abs(host.logits[0] - plain.logits[0])) > 1e-3  # the gate was read
