@@ -145,7 +145,9 @@ class Focus:
   section = method_names.FOCUS.section
   eval_protocols = method_names.FOCUS  # the FocusLLM paper's
   assets = True  # its candidate projections travel as a small asset (longjax/focus/asset.py)
-  layout_only_fields = ()
+  # the candidate gate weighs the candidates when they are read (docs/focusllm.md §4.5); the
+  # projections are the same tensors, so a gated run may start from an ungated asset
+  layout_only_fields = ("candidate_gate",)
   reads_bos = True  # every chunk starts with the model's BOS
   plan_batch_axis = 0
   groups_by_windows = False

@@ -102,3 +102,28 @@ def test_asset_carries_its_candidate_gate(tmp_path, base):
     (tmp_path / "on" / "focus.json").write_text(json.dumps(dict(meta, candidate_gate=bad)))
     with pytest.raises(AssetError, match="'candidate_gate' must be a finite number >= 0"):
       load_focus_asset(tmp_path / "on")
+
+
+def test_a_gated_run_starts_from_an_ungated_asset(tmp_path, base):
+  """train.init_from: the candidate gate only weighs the candidates when they are read, so a run
+  with the gate on starts from an asset trained without it (its tensors, through bf16); any other
+  difference in the settings is still refused."""
+  from types import SimpleNamespace
+
+  import jax
+
+  from longjax.train.loop import TrainingError, params_from_asset
+  cfg, params = _trained()
+  src = save_focus_asset(tmp_path / "a", cfg, tiny_focus(), params, base=str(base))
+  run = SimpleNamespace(method="focus", train=SimpleNamespace(init_from=str(src)))
+  init = jax.tree_util.tree_map_with_path(  # the run's own start: candidates zeroed, same base
+      lambda path, x: np.zeros_like(x) if "alt_" in jax.tree_util.keystr(path) else np.asarray(x),
+      params)
+  got = params_from_asset(run, tiny_focus(candidate_gate=8.0), init, None)
+  for p in "qkvo":
+    want = np.asarray(params["layers"]["attn"][f"alt_{p}_proj"]["kernel"])
+    np.testing.assert_array_equal(got["layers"]["attn"][f"alt_{p}_proj"]["kernel"],
+                                  want.astype(ml_dtypes.bfloat16).astype(np.float32))
+    assert np.abs(want).max() > 0  # the test can tell the asset's tensors from the zeroed start
+  with pytest.raises(TrainingError, match="settings differ"):
+    params_from_asset(run, tiny_focus(local_window=32), init, None)
