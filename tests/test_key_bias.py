@@ -1,6 +1,7 @@
-"""Key score biases (``TokenMeta.bias``): the dense and chunked paths against an explicit softmax,
-values and gradients; what ``attention`` does with them; and FocusLLM's local forward with a bias
-on its candidates (zero: the official method; very negative: the candidate left out)."""
+"""Key score biases (``TokenMeta.bias``): every attention path (dense, chunked, blockwise, the
+Pallas flash and decode kernels in interpret mode) against an explicit softmax, values and
+gradients; and FocusLLM's local forward with a bias on its candidates (zero: the official method;
+very negative: the candidate left out)."""
 from __future__ import annotations
 
 import jax
@@ -10,7 +11,6 @@ import pytest
 
 from longjax.kernels import attention
 from longjax.kernels.chunked import chunked_attention
-from longjax.kernels.errors import KernelError
 from longjax.kernels.mask import TokenMeta
 from longjax.kernels.reference import dense_attention
 
@@ -73,11 +73,60 @@ def test_bias_survives_concatenation_and_unbiased_keys_read_zero():
   assert b.concat(b).bias is None
 
 
+def _kernel_path(path):
+  """``fn(q, k, v, qm, km) -> out`` through the kernel form of the mask (``KernelMeta.k_bias``):
+  the blockwise jnp path, the Pallas GPU / TPU flash kernels and the decode kernel (interpret
+  mode), with 16-wide blocks so that several blocks, padding and block skipping are exercised."""
+  from longjax.kernels import decode as decode_lib
+  from longjax.kernels import flash
+  from longjax.kernels.blockwise import blockwise_attention
+  from longjax.kernels.mask import MaskRule, kernel_meta
+
+  def fn(q, k, v, qm, km):
+    m = kernel_meta(qm, km, MaskRule(True))
+    scale = q.shape[-1] ** -0.5
+    if path == "blockwise":
+      return blockwise_attention(q, k, v, m, scale=scale, block_q=16, block_k=16)[0]
+    if path == "decode":
+      return decode_lib.decode_attention(q, k, v, m, scale=scale, backend="gpu", interpret=True,
+                                         num_splits=2, block_k=16)[0]
+    return flash.flash_attention(q, k, v, m, scale=scale, backend=path.split("_")[1],
+                                 interpret=True, block_q=16, block_k=16)[0]
+  return fn
+
+
+KERNEL_PATHS = ["blockwise", "pallas_gpu", "pallas_tpu", "decode"]
+
+
+@pytest.mark.parametrize("path", KERNEL_PATHS)
+def test_kernel_paths_add_the_bias(path):
+  """Values and gradients (d/d q, k, v and the bias) against the explicit softmax."""
+  tq = 2 if path == "decode" else 37
+  q, k, v, qm, km = _case(seed=2, b=2, tq=tq, tk=53, hq=4, hkv=2)
+  fn = _kernel_path(path)
+  want = _explicit(q, k, v, qm, km)
+  np.testing.assert_allclose(fn(q, k, v, qm, km), want, atol=2e-5, rtol=2e-5)
+  plain = TokenMeta.causal(km.order, valid=km.valid)
+  assert float(jnp.max(jnp.abs(fn(q, k, v, qm, plain) - want))) > 1e-2
+
+  def loss(f, q, k, v, bias):
+    meta = TokenMeta.causal(km.order, valid=km.valid, bias=bias)
+    return jnp.sum(jnp.sin(f(q, k, v, qm, meta)))
+
+  got = jax.grad(lambda *a: loss(fn, *a), argnums=(0, 1, 2, 3))(q, k, v, km.bias)
+  ref = jax.grad(lambda *a: loss(_explicit, *a), argnums=(0, 1, 2, 3))(q, k, v, km.bias)
+  for g, w in zip(got, ref):
+    np.testing.assert_allclose(g, w, atol=5e-5, rtol=5e-4)
+  assert float(jnp.max(jnp.abs(got[3]))) > 1e-3  # the bias gradient is not left at zero
+
+
 @pytest.mark.parametrize("impl", ["blockwise", "pallas"])
-def test_paths_without_bias_support_say_so(impl):
+def test_every_impl_takes_a_biased_call(impl, monkeypatch):
+  """``attention`` no longer routes biased calls away: an explicit impl runs with the bias."""
+  monkeypatch.setenv("LONGJAX_PALLAS_INTERPRET", "1")
   q, k, v, qm, km = _case(tq=8, tk=16)
-  with pytest.raises(KernelError, match="score bias"):
-    attention(q, k, v, qm, km, impl=impl)
+  np.testing.assert_allclose(attention(q, k, v, qm, km, impl=impl), _explicit(q, k, v, qm, km),
+                             atol=2e-5, rtol=2e-5)
 
 
 def test_focus_candidate_bias_weighs_candidates_without_changing_the_method_at_zero():

@@ -18,8 +18,9 @@ Implementations, selected by ``impl``:
   ``LONGJAX_PALLAS_INTERPRET=1`` (``=tpu``: TPU interpret params); the kernel flavour on CPU is
   ``pallas_backend=`` / ``LONGJAX_PALLAS_BACKEND`` (default ``gpu``). An explicit ``"pallas"``
   request that cannot run raises ``ValueError`` with the reason; it never falls back.
-* keys with a score bias (``TokenMeta.bias``, FocusLLM's optional candidate gate) run only on the
-  dense and chunked paths: ``"auto"`` picks them on every platform, other explicit impls raise.
+* keys with a score bias (``TokenMeta.bias``, FocusLLM's optional candidate gate) run on every
+  path: the dense and chunked paths add it to their scores, the blockwise path and the Pallas
+  kernels read it as ``KernelMeta.k_bias`` (and the blockwise VJP returns its gradient).
 * ``"auto"``       on GPU/TPU: Pallas when the backend is present and the shapes are supported,
   otherwise XLA (dense, or blockwise when ``Tq * Tk > DENSE_MAX_SCORES``) with a logged warning
   saying why (once per reason). On CPU: dense for at most ``CHUNK_Q`` queries (decode steps: one
@@ -154,21 +155,6 @@ def _decide(q_shape, k_shape, dtype, *, impl: str, interpret, backend: Optional[
   return pallas_kind, f"Pallas on {plat}", False
 
 
-def _decide_biased(q_shape, k_shape, impl: str):
-  """The path for keys with a score bias (``TokenMeta.bias``): only the dense and the chunked
-  paths add it, on every platform (they are jnp). A call that asks for another raises."""
-  if impl not in IMPLS:
-    raise KernelError(f"unknown attention impl {impl!r}; choose one of {IMPLS}")
-  if impl in ("blockwise", "pallas"):
-    raise KernelError(f"impl={impl!r} does not support key score biases (TokenMeta.bias); use "
-                      "impl='auto', 'xla' or 'chunked', or leave the bias out")
-  if impl == "xla":
-    return "dense", "impl='xla' requested", False
-  if impl == "chunked" or q_shape[1] > CHUNK_Q:
-    return "chunked", "keys with a score bias: the chunked path", False
-  return "dense", "keys with a score bias: dense for a short query block", False
-
-
 def attention(q, k, v, q_meta: TokenMeta, k_meta: TokenMeta, rule: MaskRule = MaskRule(), *,
               window=NO_WINDOW, scale=None, impl: str = "auto", return_lse: bool = False,
               interpret=None, pallas_backend: Optional[str] = None):
@@ -193,11 +179,8 @@ def attention(q, k, v, q_meta: TokenMeta, k_meta: TokenMeta, rule: MaskRule = Ma
                       f"k {k.shape}, v {v.shape}")
   if q.shape[2] % k.shape[2]:
     raise KernelError(f"query heads ({q.shape[2]}) must be a multiple of KV heads ({k.shape[2]})")
-  if k_meta.bias is not None:
-    choice, reason, fell_back = _decide_biased(q.shape, k.shape, impl)
-  else:
-    choice, reason, fell_back = _decide(q.shape, k.shape, q.dtype, impl=impl, interpret=interpret,
-                                        backend=pallas_backend)
+  choice, reason, fell_back = _decide(q.shape, k.shape, q.dtype, impl=impl, interpret=interpret,
+                                      backend=pallas_backend)
   if fell_back:
     _warn_once(f"attention impl='auto': {reason}")
   scale = q.shape[-1] ** -0.5 if scale is None else scale

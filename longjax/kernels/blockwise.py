@@ -13,9 +13,14 @@ Pallas kernels (``flash.py``): they save ``(out, lse)`` and reuse this backward.
 
 The cotangent of ``lse`` is supported (``d lse / d s = p``), so ``return_lse=True`` callers that
 merge partial results can differentiate through the merge.
+
+Key score biases (``KernelMeta.k_bias``, ``None`` for none) are added to the scores of their keys in
+both passes; their gradient is the score gradient summed over the queries and heads that read the
+key (``d s / d bias = 1``), accumulated with ``dk`` / ``dv``.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -56,6 +61,13 @@ def _mask(km: KernelMeta, i, j, bq, bk, kind_sees):
                         sl_k(km.k_order), sl_k(km.k_seg), sl_k(km.k_kind), kind_sees)
 
 
+def _biased(s, km: KernelMeta, j, bk):
+  """Scores ``s [B, Hkv, G, bq, bk]`` of key block ``j`` plus the keys' score bias, if any."""
+  if km.k_bias is None:
+    return s
+  return s + jax.lax.dynamic_slice_in_dim(km.k_bias, j * bk, bk, axis=1)[:, None, None, None, :]
+
+
 def blockwise_fwd(q, k, v, km: KernelMeta, *, scale: float, kind_sees=None, block_q: int = 512,
                   block_k: int = 512):
   """Returns ``(out [B, Tq, Hq, D] q.dtype, lse [B, Hq, Tq] fp32)``; empty rows give 0 / -inf."""
@@ -72,7 +84,7 @@ def blockwise_fwd(q, k, v, km: KernelMeta, *, scale: float, kind_sees=None, bloc
       kj = jax.lax.dynamic_slice_in_dim(kp, j * bk, bk, axis=1)
       vj = jax.lax.dynamic_slice_in_dim(vp, j * bk, bk, axis=1)
       s = jnp.einsum("bqhgd,bkhd->bhgqk", qi, kj, preferred_element_type=jnp.float32) * scale
-      s = jnp.where(_mask(km, i, j, bq, bk, kind_sees), s, -jnp.inf)
+      s = jnp.where(_mask(km, i, j, bq, bk, kind_sees), _biased(s, km, j, bk), -jnp.inf)
       m_new = jnp.maximum(m, jnp.max(s, axis=-1))
       m_safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
       alpha = jnp.exp(m - m_safe)
@@ -104,7 +116,8 @@ def blockwise_fwd(q, k, v, km: KernelMeta, *, scale: float, kind_sees=None, bloc
 
 def blockwise_bwd(q, k, v, km: KernelMeta, out, lse, dout, dlse=None, *, scale: float,
                   kind_sees=None, block_q: int = 512, block_k: int = 512):
-  """Gradients ``(dq, dk, dv)`` of ``(out, lse) = attention(q, k, v)`` given their cotangents."""
+  """Gradients ``(dq, dk, dv, dbias)`` of ``(out, lse) = attention(q, k, v)`` given their
+  cotangents; ``dbias [B, Tk]`` is ``None`` when the keys carry no score bias."""
   (b, tq, tk, hq, hkv, g, d), (bq, bk, tqp, tkp, nq, nk), km, visits = _tiling(
       q, k, km, block_q, block_k)
   # delta_i = sum_d dO_i O_i - dlse_i   (the softmax-Jacobian correction, per query row)
@@ -127,7 +140,8 @@ def blockwise_bwd(q, k, v, km: KernelMeta, out, lse, dout, dlse=None, *, scale: 
     di = jax.lax.dynamic_slice_in_dim(delta_p, i * bq, bq, axis=3)
     kj = jax.lax.dynamic_slice_in_dim(kp, j * bk, bk, axis=1)
     vj = jax.lax.dynamic_slice_in_dim(vp, j * bk, bk, axis=1)
-    s = jnp.einsum("bqhgd,bkhd->bhgqk", qi, kj, preferred_element_type=jnp.float32) * scale
+    s = _biased(jnp.einsum("bqhgd,bkhd->bhgqk", qi, kj, preferred_element_type=jnp.float32)
+                * scale, km, j, bk)
     mask = _mask(km, i, j, bq, bk, kind_sees)
     p = jnp.where(mask, jnp.exp(s - li[..., None]), 0.0)
     dp = jnp.einsum("bqhgd,bkhd->bhgqk", doi, vj, preferred_element_type=jnp.float32)
@@ -147,24 +161,26 @@ def blockwise_bwd(q, k, v, km: KernelMeta, out, lse, dout, dlse=None, *, scale: 
   def dkv_block(j):
     def step(acc, i):
       def compute(acc):
-        dk, dv = acc
+        dk, dv, db = acc
         qi, doi, _, p, ds = tile(i, j)
         dv = dv + jnp.einsum("bhgqk,bqhgd->bkhd", p.astype(cdt), doi,
                              preferred_element_type=jnp.float32)
         dk = dk + jnp.einsum("bhgqk,bqhgd->bkhd", ds.astype(cdt), qi,
                              preferred_element_type=jnp.float32)
-        return dk, dv
+        return dk, dv, db + jnp.sum(ds, axis=(1, 2, 3))
       return jax.lax.cond(jnp.any(visits[:, i, j]), compute, lambda a: a, acc), None
     zeros = jnp.zeros((b, bk, hkv, d), jnp.float32)
-    (dk, dv), _ = jax.lax.scan(step, (zeros, zeros), jnp.arange(nq))
-    return dk * scale, dv
+    (dk, dv, db), _ = jax.lax.scan(step, (zeros, zeros, jnp.zeros((b, bk), jnp.float32)),
+                                   jnp.arange(nq))
+    return dk * scale, dv, db
 
   dq = jax.lax.map(dq_block, jnp.arange(nq))  # [nQ, B, bq, Hkv, G, D]
   dq = dq.transpose(1, 0, 2, 3, 4, 5).reshape(b, tqp, hq, d)[:, :tq].astype(q.dtype)
-  dk, dv = jax.lax.map(dkv_block, jnp.arange(nk))  # [nK, B, bk, Hkv, D]
+  dk, dv, db = jax.lax.map(dkv_block, jnp.arange(nk))  # [nK, B, bk, Hkv, D], db [nK, B, bk]
   dk = dk.transpose(1, 0, 2, 3, 4).reshape(b, tkp, hkv, d)[:, :tk].astype(k.dtype)
   dv = dv.transpose(1, 0, 2, 3, 4).reshape(b, tkp, hkv, d)[:, :tk].astype(v.dtype)
-  return dq, dk, dv
+  dbias = None if km.k_bias is None else db.transpose(1, 0, 2).reshape(b, tkp)[:, :tk]
+  return dq, dk, dv, dbias
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
@@ -172,7 +188,7 @@ def attention_with_vjp(q, k, v, km: KernelMeta, fwd, bwd):
   """``(out, lse) = fwd(q, k, v, km)`` with the VJP ``bwd(q, k, v, km, out, lse, dout, dlse)``.
 
   ``fwd``/``bwd`` are static (hashable) callables; this is how the blockwise path and every
-  Pallas kernel get their gradient.
+  Pallas kernel get their gradient. Of ``km`` only the keys' score bias has one.
   """
   return fwd(q, k, v, km)
 
@@ -185,8 +201,11 @@ def _vjp_fwd(q, k, v, km, fwd, bwd):
 def _vjp_bwd(fwd, bwd, res, cts):
   q, k, v, km, out, lse = res
   dout, dlse = cts
-  dq, dk, dv = bwd(q, k, v, km, out, lse, dout, dlse)
-  return dq, dk, dv, jax.tree.map(lambda _: None, km)
+  dq, dk, dv, dbias = bwd(q, k, v, km, out, lse, dout, dlse)
+  dkm = jax.tree.map(lambda _: None, km)
+  if km.k_bias is not None:
+    dkm = dataclasses.replace(dkm, k_bias=dbias.astype(km.k_bias.dtype))
+  return dq, dk, dv, dkm
 
 
 attention_with_vjp.defvjp(_vjp_fwd, _vjp_bwd)

@@ -60,7 +60,8 @@ def decode_fwd(q, k, v, km: KernelMeta, *, scale: float, kind_sees=None, backend
   ks, vs = split(pad_k(k, 0)), split(pad_k(v, 0))
   kms = KernelMeta(q_lo=rep(tile(km.q_lo)), q_hi=rep(tile(km.q_hi)), q_seg=rep(tile(km.q_seg)),
                    q_kind=rep(tile(km.q_kind)), k_order=split(pad_k(km.k_order, INT_MAX)),
-                   k_seg=split(pad_k(km.k_seg, 0)), k_kind=split(pad_k(km.k_kind, 0)))
+                   k_seg=split(pad_k(km.k_seg, 0)), k_kind=split(pad_k(km.k_kind, 0)),
+                   k_bias=None if km.k_bias is None else split(pad_k(km.k_bias, 0.0)))
   out_s, lse_s = flash.flash_fwd(rep(qp), ks, vs, kms, scale=scale, kind_sees=kind_sees,
                                  backend=backend, interpret=interpret, block_q=256, block_k=bk,
                                  gpu_opts=gpu_opts)

@@ -165,15 +165,17 @@ def flash_fwd(q, k, v, km: KernelMeta, *, scale: float, kind_sees=None, backend:
   if backend == Backend.TPU:
     q_fields = jnp.stack([kmp.q_lo, kmp.q_hi, kmp.q_seg, kmp.q_kind], axis=-1)
     k_fields = jnp.stack([kmp.k_order, kmp.k_seg, kmp.k_kind, jnp.zeros_like(kmp.k_kind)], axis=1)
+    k_bias = None if kmp.k_bias is None else kmp.k_bias[:, None, :]  # [B, 1, Tk]: a lane row
     out, lse = pallas_tpu.flash_fwd(qt, kt, vt, q_fields, k_fields, blocks, counts,
                                     n_steps=n_steps, scale=scale, kind_sees=kind_sees,
-                                    block_q=bq, block_k=bk, interpret=interpret)
+                                    block_q=bq, block_k=bk, interpret=interpret, k_bias=k_bias)
     lse = lse[..., 0]
   else:
     out, lse = pallas_gpu.flash_fwd(qt, kt, vt, (kmp.q_lo, kmp.q_hi, kmp.q_seg, kmp.q_kind),
                                     (kmp.k_order, kmp.k_seg, kmp.k_kind), blocks, counts,
                                     scale=scale, kind_sees=kind_sees, block_q=bq, block_k=bk,
-                                    interpret=interpret, **dict(gpu_opts or ()))
+                                    interpret=interpret, k_bias=kmp.k_bias,
+                                    **dict(gpu_opts or ()))
   return out.transpose(0, 2, 1, 3)[:, :tq], lse[:, :, :tq]
 
 

@@ -108,11 +108,12 @@ def _sds(shape, dtype):
   return jax.ShapeDtypeStruct(shape, dtype)
 
 
-def meta_avals(b, tq, tk) -> KernelMeta:
-  """Traced kernel metadata (as the decoder passes it, from inside ``jit`` / ``nn.scan``)."""
+def meta_avals(b, tq, tk, bias=False) -> KernelMeta:
+  """Traced kernel metadata (as the decoder passes it, from inside ``jit`` / ``nn.scan``);
+  ``bias``: with a key score bias (FocusLLM's candidate gate)."""
   i = lambda t: _sds((b, t), jnp.int32)
   return KernelMeta(q_lo=i(tq), q_hi=i(tq), q_seg=i(tq), q_kind=i(tq), k_order=i(tk), k_seg=i(tk),
-                    k_kind=i(tk))
+                    k_kind=i(tk), k_bias=_sds((b, tk), jnp.float32) if bias else None)
 
 
 def qkv_avals(b, tq, tk, hq, hkv, d, dtype):
@@ -197,6 +198,11 @@ def kernel_cases(backends=tuple(flash.Backend)) -> list:
                                                        meta_avals(2, 2, 5000))),
         Case("decode_bwd_bf16", be, _grad(_decode(be)), (*qkv_avals(1, 2, 3000, 8, 2, 128, bf16),
                                                          meta_avals(1, 2, 3000))),
+        # a key score bias (FocusLLM's candidate gate): one more key-side operand
+        Case("flash_fwd_bf16_key_bias", be, _flash(be),
+             (*qkv_avals(1, 600, 1400, 9, 3, 64, bf16), meta_avals(1, 600, 1400, bias=True))),
+        Case("decode_bf16_key_bias", be, _decode(be),
+             (*qkv_avals(1, 1, 9000, 9, 3, 64, bf16), meta_avals(1, 1, 9000, bias=True))),
     ]
     # Concrete metadata: block lists built on the host (grid as long as the longest list).
     km, rule = beacon_meta(2, 2048, 1152)

@@ -20,8 +20,8 @@ Metadata fields (all ``int32``/``bool`` arrays of shape ``[batch, length]``):
   window must not see the window's beacons, while beacons see the raw tokens before them).
 * ``bias``    optional float (``None`` = no bias), key side only: added to every score of that
   key before the softmax (its weight is multiplied by ``exp(bias)``). FocusLLM's optional
-  candidate gate uses it (docs/focusllm.md). Only the dense and the chunked paths read it
-  (``attention``'s ``"auto"`` routes a biased call there; an explicit other ``impl`` raises).
+  candidate gate uses it (docs/focusllm.md). Every attention path adds it: the dense and
+  chunked paths directly, the blockwise path and the Pallas kernels through ``KernelMeta.k_bias``.
 
 Kernels do not evaluate :func:`allowed` on ``TokenMeta`` directly: :func:`kernel_meta` folds the
 rule, the window and validity into an equivalent per-token form (query ``lo``/``hi`` bounds on the
@@ -159,6 +159,10 @@ class KernelMeta:
   causality (``q_hi = order`` else ``INT_MAX - 1``), the window (``q_lo = order - window + 1``),
   invalid queries (``q_lo = INT_MAX``: sees nothing) and invalid keys (``k_order = INT_MAX``: above
   every ``q_hi``). Orders must lie in ``(-2**30, 2**30)``.
+
+  ``k_bias``: the keys' score bias (``TokenMeta.bias``, float32 ``[B, Tk]``), or ``None`` for
+  none; kernels add it to every score of the key before the softmax. It is the one field with a
+  gradient (``blockwise.attention_with_vjp`` returns it).
   """
   q_lo: jax.Array
   q_hi: jax.Array
@@ -167,6 +171,7 @@ class KernelMeta:
   k_order: jax.Array
   k_seg: jax.Array
   k_kind: jax.Array
+  k_bias: Optional[jax.Array] = None
 
 
 def kernel_meta(q: TokenMeta, k: TokenMeta, rule: MaskRule = MaskRule(),
@@ -178,7 +183,8 @@ def kernel_meta(q: TokenMeta, k: TokenMeta, rule: MaskRule = MaskRule(),
   lo = jnp.where(q.valid, lo, jnp.int32(INT_MAX))
   ko = jnp.where(k.valid, k.order.astype(jnp.int32), jnp.int32(INT_MAX))
   return KernelMeta(q_lo=lo, q_hi=hi, q_seg=q.segment.astype(jnp.int32), q_kind=q.kind_or_zeros(),
-                    k_order=ko, k_seg=k.segment.astype(jnp.int32), k_kind=k.kind_or_zeros())
+                    k_order=ko, k_seg=k.segment.astype(jnp.int32), k_kind=k.kind_or_zeros(),
+                    k_bias=k.bias)
 
 
 def kernel_allowed(q_lo, q_hi, q_seg, q_kind, k_order, k_seg, k_kind, kind_sees=None):
@@ -198,7 +204,8 @@ def pad_kernel_meta(km: KernelMeta, tq: int, tk: int) -> KernelMeta:
   return KernelMeta(q_lo=pad(km.q_lo, tq, INT_MAX), q_hi=pad(km.q_hi, tq, INT_MIN),
                     q_seg=pad(km.q_seg, tq, 0), q_kind=pad(km.q_kind, tq, 0),
                     k_order=pad(km.k_order, tk, INT_MAX), k_seg=pad(km.k_seg, tk, 0),
-                    k_kind=pad(km.k_kind, tk, 0))
+                    k_kind=pad(km.k_kind, tk, 0),
+                    k_bias=None if km.k_bias is None else pad(km.k_bias, tk, 0.0))
 
 
 def block_visits(km: KernelMeta, block_q: int, block_k: int) -> jax.Array:

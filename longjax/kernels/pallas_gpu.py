@@ -27,11 +27,13 @@ kernel with **Triton**, selected explicitly by passing ``compiler_params=plt.Com
 
 Layout (prepared by ``flash.py``): ``q [B, Hq, Tq, D]``, ``k``/``v`` ``[B, Hkv, Tk, D]`` (GQA:
 program ``h`` reads KV head ``h // G``; KV is never repeated in memory), lengths padded to the
-block sizes; metadata as separate ``[B, T]`` int32 arrays. Grid ``(nQ, B * Hq)`` (query blocks
-first so that neighbouring programs share KV in L2). Each program loops over
-``blocks[b, i, 1:1 + blocks[b, i, 0]]`` (count stored in slot 0) with a dynamic-trip ``fori_loop``,
-so fully masked KV blocks cost nothing. fp32 inputs use IEEE dots (``Precision.HIGHEST``; the
-default would be TF32), bf16/fp16 inputs use tensor cores with fp32 accumulation.
+block sizes; metadata as separate ``[B, T]`` int32 arrays, and an optional key score bias
+(``KernelMeta.k_bias``) as a ``[B, Tk]`` float32 array (no operand without one). Grid
+``(nQ, B * Hq)`` (query blocks first so that neighbouring programs share KV in L2). Each program
+loops over ``blocks[b, i, 1:1 + blocks[b, i, 0]]`` (count stored in slot 0) with a dynamic-trip
+``fori_loop``, so fully masked KV blocks cost nothing. fp32 inputs use IEEE dots
+(``Precision.HIGHEST``; the default would be TF32), bf16/fp16 inputs use tensor cores with fp32
+accumulation.
 """
 from __future__ import annotations
 
@@ -66,7 +68,8 @@ def supported(d: int, block_q: int, block_k: int):
 
 
 def _kernel(blocks_ref, q_ref, k_ref, v_ref, qlo_ref, qhi_ref, qseg_ref, qkind_ref,
-            ko_ref, kseg_ref, kkind_ref, o_ref, lse_ref, *, scale, kind_sees, block_k, precision):
+            ko_ref, kseg_ref, kkind_ref, *refs, scale, kind_sees, block_k, precision, biased):
+  kb_ref, (o_ref, lse_ref) = (refs[0], refs[1:]) if biased else (None, refs)
   q = q_ref[...]
   block_q, d = q.shape
   q_lo = qlo_ref[...][:, None]
@@ -83,6 +86,8 @@ def _kernel(blocks_ref, q_ref, k_ref, v_ref, qlo_ref, qhi_ref, qseg_ref, qkind_r
     v = v_ref[pl.ds(start, block_k), :]
     s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32,
                             precision=precision) * scale
+    if biased:
+      s = s + kb_ref[pl.ds(start, block_k)][None, :]  # each key's score bias
     ok = kernel_allowed(q_lo, q_hi, q_seg, q_kind, ko_ref[pl.ds(start, block_k)][None, :],
                         kseg_ref[pl.ds(start, block_k)][None, :],
                         kkind_ref[pl.ds(start, block_k)][None, :], kind_sees)
@@ -107,7 +112,8 @@ def _kernel(blocks_ref, q_ref, k_ref, v_ref, qlo_ref, qhi_ref, qseg_ref, qkind_r
 
 
 def flash_fwd(q, k, v, q_fields, k_fields, blocks, counts, *, scale: float, kind_sees,
-              block_q: int, block_k: int, interpret=False, num_warps: int = 4, num_stages: int = 2):
+              block_q: int, block_k: int, interpret=False, num_warps: int = 4, num_stages: int = 2,
+              k_bias=None):
   """Run the kernel.
 
   Args:
@@ -115,6 +121,7 @@ def flash_fwd(q, k, v, q_fields, k_fields, blocks, counts, *, scale: float, kind
     q_fields: tuple of 4 ``[B, Tq]`` int32 (lo, hi, seg, kind); k_fields: 3 ``[B, Tk]`` (order,
       seg, kind).
     blocks: ``[B, nQ, W]`` int32 KV block lists; counts ``[B, nQ]``.
+    k_bias: ``[B, Tk]`` float32 key score bias, or ``None``.
   Returns ``(out [B, Hq, Tq, D], lse [B, Hq, Tq])``.
   """
   if not available():
@@ -132,7 +139,7 @@ def flash_fwd(q, k, v, q_fields, k_fields, blocks, counts, *, scale: float, kind
   lists = jnp.pad(lists, ((0, 0), (0, 0), (0, width - lists.shape[-1])))
   precision = jax.lax.Precision.HIGHEST if q.dtype == jnp.float32 else None
   kernel = functools.partial(_kernel, scale=scale, kind_sees=kind_sees, block_k=block_k,
-                             precision=precision)
+                             precision=precision, biased=k_bias is not None)
 
   def bh(p):  # program axis 1 -> (b, h)
     return p // hq, p % hq
@@ -143,7 +150,7 @@ def flash_fwd(q, k, v, q_fields, k_fields, blocks, counts, *, scale: float, kind
       pl.BlockSpec((None, None, tk, d), lambda i, p: (bh(p)[0], bh(p)[1] // g, 0, 0)),
       pl.BlockSpec((None, None, tk, d), lambda i, p: (bh(p)[0], bh(p)[1] // g, 0, 0)),
   ] + [pl.BlockSpec((None, block_q), lambda i, p: (bh(p)[0], i))] * 4 \
-    + [pl.BlockSpec((None, tk), lambda i, p: (bh(p)[0], 0))] * 3
+    + [pl.BlockSpec((None, tk), lambda i, p: (bh(p)[0], 0))] * (3 if k_bias is None else 4)
   out_specs = [pl.BlockSpec((None, None, block_q, d), lambda i, p: (bh(p)[0], bh(p)[1], i, 0)),
                pl.BlockSpec((None, None, block_q), lambda i, p: (bh(p)[0], bh(p)[1], i))]
   out, lse = pl.pallas_call(
@@ -157,5 +164,6 @@ def flash_fwd(q, k, v, q_fields, k_fields, blocks, counts, *, scale: float, kind
       interpret=interpret,
       cost_estimate=flash_cost(q, k),
       name="longjax_flash_gpu",
-  )(lists, q, k, v, *q_fields, *k_fields)
+  )(lists, q, k, v, *q_fields, *k_fields,
+    *([k_bias.astype(jnp.float32)] if k_bias is not None else []))
   return out, lse

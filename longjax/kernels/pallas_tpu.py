@@ -5,6 +5,8 @@ sequence lengths padded to the block sizes; GQA reads KV head ``h // G`` through
 index map, so KV is never repeated in memory. Mask metadata travels in TPU-friendly layouts:
 query fields ``[B, Tq, 4]`` (lo, hi, segment, kind: a ``[bq, 4]`` block gives ``[bq, 1]`` columns)
 and key fields ``[B, 4, Tk]`` (order, segment, kind, 0: a ``[4, bk]`` block gives ``[1, bk]`` rows).
+An optional key score bias (``KernelMeta.k_bias``) travels as ``[B, 1, Tk]`` float32 (a ``[1, bk]``
+block: one row added to the scores); without one the kernel has no such operand.
 
 Grid ``(B, Hq, nQ, W)``. ``W`` walks a per-(batch, query block) list of the KV blocks that may be
 visible, delivered by scalar prefetch (``PrefetchScalarGridSpec``): the KV index map reads
@@ -70,8 +72,9 @@ def supported(d: int, tq: int, tk: int, block_q: int, block_k: int):
   return None
 
 
-def _kernel(blocks_ref, counts_ref, q_ref, k_ref, v_ref, qm_ref, km_ref, o_ref, lse_ref,
-            m_sc, l_sc, acc_sc, *, scale, kind_sees, n_q, width, n_steps, precision):
+def _kernel(blocks_ref, counts_ref, q_ref, k_ref, v_ref, qm_ref, km_ref, *refs, scale, kind_sees,
+            n_q, width, n_steps, precision, biased):
+  kb_ref, (o_ref, lse_ref, m_sc, l_sc, acc_sc) = (refs[0], refs[1:]) if biased else (None, refs)
   b, i, j = pl.program_id(0), pl.program_id(2), pl.program_id(3)
 
   @pl.when(j == 0)
@@ -86,6 +89,8 @@ def _kernel(blocks_ref, counts_ref, q_ref, k_ref, v_ref, qm_ref, km_ref, o_ref, 
     k = k_ref[...]
     s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32,
                             precision=precision) * scale
+    if biased:
+      s = s + kb_ref[...]  # [1, bk]: each key's score bias
     qm = qm_ref[...]
     km = km_ref[...]
     ok = kernel_allowed(qm[:, 0:1], qm[:, 1:2], qm[:, 2:3], qm[:, 3:4],
@@ -115,7 +120,7 @@ def _kernel(blocks_ref, counts_ref, q_ref, k_ref, v_ref, qm_ref, km_ref, o_ref, 
 
 
 def flash_fwd(q, k, v, q_fields, k_fields, blocks, counts, *, n_steps: int, scale: float,
-              kind_sees, block_q: int, block_k: int, interpret=False):
+              kind_sees, block_q: int, block_k: int, interpret=False, k_bias=None):
   """Run the kernel.
 
   Args:
@@ -124,6 +129,7 @@ def flash_fwd(q, k, v, q_fields, k_fields, blocks, counts, *, n_steps: int, scal
       (order, seg, kind, 0).
     blocks: ``[B, nQ, W]`` int32 KV block lists; counts: ``[B, nQ]`` int32.
     n_steps: grid extent along the list (``<= W``).
+    k_bias: ``[B, 1, Tk]`` float32 key score bias, or ``None``.
   Returns ``(out [B, Hq, Tq, D], lse [B, Hq, Tq, 1])``.
   """
   if not available():
@@ -156,7 +162,7 @@ def flash_fwd(q, k, v, q_fields, k_fields, blocks, counts, *, n_steps: int, scal
           pl.BlockSpec((None, None, block_k, d), kv_map),
           pl.BlockSpec((None, block_q, NUM_META), lambda b, h, i, j, blk, cnt: (b, i, 0)),
           pl.BlockSpec((None, NUM_META, block_k), km_map),
-      ],
+      ] + ([pl.BlockSpec((None, 1, block_k), km_map)] if k_bias is not None else []),
       out_specs=[
           pl.BlockSpec((None, None, block_q, d), lambda b, h, i, j, blk, cnt: (b, h, i, 0)),
           pl.BlockSpec((None, None, block_q, 1), lambda b, h, i, j, blk, cnt: (b, h, i, 0)),
@@ -165,7 +171,7 @@ def flash_fwd(q, k, v, q_fields, k_fields, blocks, counts, *, n_steps: int, scal
                       pltpu.VMEM((block_q, d), jnp.float32)],
   )
   kernel = functools.partial(_kernel, scale=scale, kind_sees=kind_sees, n_q=n_q, width=width,
-                             n_steps=n_steps, precision=precision)
+                             n_steps=n_steps, precision=precision, biased=k_bias is not None)
   compiler_params = None
   cp_cls = getattr(pltpu, "CompilerParams", None)
   if cp_cls is not None:
@@ -179,5 +185,6 @@ def flash_fwd(q, k, v, q_fields, k_fields, blocks, counts, *, n_steps: int, scal
       interpret=interpret,
       cost_estimate=flash_cost(q, k),
       name="longjax_flash_tpu",
-  )(blocks_flat, counts_flat, q, k, v, q_fields, k_fields)
+  )(blocks_flat, counts_flat, q, k, v, q_fields, k_fields,
+    *([k_bias.astype(jnp.float32)] if k_bias is not None else []))
   return out, lse
