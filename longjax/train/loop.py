@@ -233,7 +233,8 @@ def params_from_asset(c, settings, params, base_dir):
       flat[k] = np.asarray(new[k], np.float32)
   log.info("train.init_from: trained %s tensors from %s%s%s", c.method, src,
            f"; new projections {sorted(widened)} from their initial copies ({len(fresh)} tensors)"
-           if widened else "", f"; trained on another layout (asset vs run: {relaid})"
+           if widened else "", f"; trained with other layout or reading settings (asset vs "
+           f"run: {relaid})"
            if relaid else "")
   return traverse_util.unflatten_dict(flat, sep="/")
 
