@@ -94,10 +94,19 @@ def test_gate_strength_must_be_a_finite_non_negative_number(value):
     tiny_focus(candidate_gate=value)
 
 
-def test_gate_on_a_chunk_mesh_is_refused(tiny):
-  cfg, _ = tiny
-  with pytest.raises(FocusError, match="one device"):
-    FocusLLM(cfg, tiny_focus(candidate_gate=1.0), mesh=C.chunk_mesh(1))
+def test_gate_on_a_one_device_chunk_mesh_equals_no_mesh(tiny):
+  """The sharded signal and step (``slot_log_confidence_sharded``) on a 1-device chunk mesh give
+  the unsharded gated logits (tests/test_focus_sharded.py runs 8 devices in a subprocess)."""
+  from focus_helpers import decode_logits, prompt_batch
+  cfg, params = tiny
+  _, tokens, lengths = prompt_batch()
+  feeds = np.asarray([[5, 17, 33], [9, 9, 41]])
+  ref, _ = decode_logits(FocusLLM(cfg, tiny_focus(candidate_gate=BETA), bucket=16), params,
+                         tokens, lengths, 3, feeds)
+  got, _ = decode_logits(FocusLLM(cfg, tiny_focus(candidate_gate=BETA), bucket=16,
+                                  mesh=C.chunk_mesh(1)), params, tokens, lengths, 3, feeds)
+  for key in ref:
+    np.testing.assert_allclose(got[key], ref[key], atol=1e-5, rtol=0, err_msg=key)
 
 
 def test_gated_dense_training_reads_the_inference_bias(tiny):
@@ -129,10 +138,3 @@ def test_gated_dense_training_reads_the_inference_bias(tiny):
   for b, (_, ls) in enumerate(spans):
     np.testing.assert_allclose(got[b, :ls + 1], want[b, :ls + 1], atol=1e-4)
     assert np.max(np.abs(got[b, :ls + 1] - off[b, :ls + 1])) > 1e-3
-
-
-def test_gate_trains_on_one_device_only(tiny):
-  from longjax.focus.losses import FocusLoss
-  cfg, _ = tiny
-  with pytest.raises(FocusError, match="one device"):
-    FocusLoss(cfg, tiny_focus(candidate_gate=1.0), mesh=C.chunk_mesh(1))

@@ -4,9 +4,9 @@ The pytest process already initialised JAX with one CPU device, so the 8-device 
 subprocess (XLA_FLAGS set before JAX is imported). Both sides run the same checkpoint (written here
 by save_focus) on a batch of prompts whose chunk counts (5 and 2, plus an unchunked one) do not
 divide the device count: prefill, 3 cached decode steps, the closed form, generation (host and
-device decode loops) and the training loss. A 3-device mesh runs the decode path too: there the
-local context's capacity (bucket 16) is padded to a multiple of the devices, which split it by
-position.
+device decode loops) and the training loss, also with the candidate gate on. A 3-device mesh runs
+the decode path too: there the local context's capacity (bucket 16) is padded to a multiple of the
+devices, which split it by position.
 """
 from __future__ import annotations
 
@@ -26,12 +26,13 @@ LOSS_IX = [dict(memory_len=76, local_start=76, local_size=20, stride=16),
            dict(memory_len=100, local_start=10, local_size=30, stride=8)]
 
 WORKER = EIGHT_DEVICE_PREAMBLE + textwrap.dedent("""
-    from test_focus_sharded import placement, run, run_decode
+    from test_focus_sharded import placement, run, run_decode, run_gated
     from longjax.focus import chunk_mesh
     assert jax.device_count() == 8, jax.devices()
     res = run({ckpt!r}, chunk_mesh(8))
     res.update({{"mesh3_" + k: v for k, v in run_decode({ckpt!r}, chunk_mesh(3)).items()}})
     res.update(placement({ckpt!r}, chunk_mesh(8)))
+    res.update({{"gate_" + k: v for k, v in run_gated({ckpt!r}, chunk_mesh(8)).items()}})
     np.savez({out!r}, **res)
 """)
 
@@ -72,6 +73,27 @@ def run_decode(ckpt, mesh=None):
   return res
 
 
+def run_gated(ckpt, mesh=None):
+  """The candidate gate on: each device reads its own chunk rows' signal (prefill and every cached
+  step, the device loop) and the training condensing returns it split by row (2 decode steps per
+  sample: the ``[N, J]`` signal)."""
+  import dataclasses
+  cfg, fcfg, params = load_focus(ckpt, prompt_cap=8, min_len_threshold=0)
+  fcfg = dataclasses.replace(fcfg, candidate_gate=2.0)
+  m = FocusLLM(cfg, fcfg, mesh=mesh, bucket=16, chunk_bucket=1)
+  prompts, tokens, lengths = prompt_batch()
+  res, _ = decode_logits(m, params, tokens, lengths, 4, np.asarray(FEED).T)
+  out = generate(m, params, [p.tolist() for p in prompts], max_new_tokens=4, loop="device",
+                 return_logits=True)
+  res["generate_device"] = np.stack(out.logits)
+  fl = FocusLoss(cfg, fcfg, mesh=mesh, bucket=16)
+  value, grads = fl.value_and_grad(params, fl.plan([prompt(120, 3), prompt(120, 4)], LOSS_IX,
+                                                   steps=2))
+  res["loss"] = np.asarray(value)
+  res["grad_alt_k"] = np.asarray(grads["layers"]["attn"]["alt_k_proj"]["kernel"])
+  return res
+
+
 def placement(ckpt, mesh):
   """FocusLLM.place_params on a mesh: replicated on every device, one copy per parameter tree,
   a replicated tree passed through."""
@@ -95,6 +117,8 @@ def test_eight_devices_equal_one(tmp_path):
   save_focus(tmp_path / "ckpt", cfg, tiny_focus(), params)
   sharded = run_eight_devices(WORKER, tmp_path, ckpt=str(tmp_path / "ckpt"))
   single = run(tmp_path / "ckpt")
+  single.update({"gate_" + k: v for k, v in run_gated(tmp_path / "ckpt").items()})
+  assert np.abs(single["gate_prefill"] - single["prefill"]).max() > 1e-3  # the gate reads
   for key in ("placed_replicated", "placed_once", "placed_kept", "placed_equal"):
     assert bool(sharded.pop(key)), key
   mesh3 = {k[len("mesh3_"):]: sharded.pop(k) for k in list(sharded) if k.startswith("mesh3_")}

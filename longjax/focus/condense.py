@@ -413,16 +413,28 @@ def condense_sharded(model: Decoder, mesh, axis: str, *, batch_size=None, capaci
 
 
 def condense_candidates_sharded(model: Decoder, mesh, axis: str):
-  """:func:`condense_candidates` with the chunk-row axis split over ``mesh[axis]``."""
+  """:func:`condense_candidates` with the chunk-row axis split over ``mesh[axis]`` (the gate's
+  signal, with ``confidence``, split by row like the tokens)."""
   row, kv = P(axis), P(None, axis)
 
-  def sharded(params, tokens, positions, valid, lengths, steps: int = 1):
+  def sharded(params, tokens, positions, valid, lengths, steps: int = 1,
+              confidence: bool = False):
     fn = lambda params, tokens, positions, valid, lengths: condense_candidates(
-        model, params, tokens, positions, valid, lengths, steps=steps)
-    return jax.shard_map(fn, mesh=mesh, in_specs=(P(), row, row, row, row), out_specs=(kv, kv),
+        model, params, tokens, positions, valid, lengths, steps=steps, confidence=confidence)
+    return jax.shard_map(fn, mesh=mesh, in_specs=(P(), row, row, row, row),
+                         out_specs=(kv, kv) + ((row,) if confidence else ()),
                          check_vma=False)(params, tokens, positions, valid, lengths)
 
   return sharded
+
+
+def slot_log_confidence_sharded(model: Decoder, mesh, axis: str):
+  """:func:`slot_log_confidence` on chunk caches sharded along the chunk rows (each device reads
+  its own rows; the signal ``[N]`` comes back split the same way)."""
+  fn = lambda params, ck, cv, cl, tokens: slot_log_confidence(model, params, ck, cv, cl, tokens)
+  row, kv = P(axis), P(None, axis)
+  return jax.shard_map(fn, mesh=mesh, in_specs=(P(), kv, kv, row, row), out_specs=row,
+                       check_vma=False)
 
 
 def chunk_step_sharded(model: Decoder, mesh, axis: str):

@@ -22,7 +22,7 @@ import numpy as np
 
 from longjax.ckpts import layout
 from longjax.focus import condense as C
-from longjax.focus.config import FocusConfig, FocusError, check_model
+from longjax.focus.config import FocusConfig, check_model
 from longjax.focus.planner import (ChunkBatch, LocalBatch, half_octave_bucket, pack_chunks,
                                    pack_local, split_training, step_locals)
 from longjax.models.config import ModelConfig
@@ -138,9 +138,6 @@ class FocusLoss:
     self.cfg, self.fcfg, self.bucket = cfg, fcfg, bucket
     self.model = Decoder(cfg, impl=impl)
     self.teacher = Decoder(cfg, rule=CAUSAL_PREFILL, impl=impl)  # the base on the whole sample
-    if fcfg.candidate_gate and mesh is not None:
-      raise FocusError("FocusConfig.candidate_gate trains on one device for now: pass mesh=None, "
-                       "or candidate_gate=0 (the official method) on a chunk mesh")
     if mesh is not None:
       self.n_shards = int(mesh.shape[axis])
       self._condense = C.condense_candidates_sharded(C.row_decoder(self.model), mesh, axis)

@@ -118,9 +118,6 @@ class FocusLLM:
   def __init__(self, cfg: ModelConfig, fcfg: FocusConfig, *, mesh=None, axis: str = "chunks",
                impl: str = "auto", bucket: int = 64, chunk_bucket="pow2", chunk_batch_size=None):
     check_model(cfg, fcfg)
-    if fcfg.candidate_gate and mesh is not None:
-      raise FocusError("FocusConfig.candidate_gate runs on one device for now: pass mesh=None, "
-                       "or candidate_gate=0 (the official method) on a chunk mesh")
     self.cfg, self.fcfg, self.mesh, self.axis = cfg, fcfg, mesh, axis
     self.model = Decoder(cfg, impl=impl)
     # Condensing keeps only each layer's K/V of the chunk rows. As a Python loop over the layers
@@ -139,10 +136,12 @@ class FocusLLM:
       self.n_shards = int(mesh.shape[axis])
       platform = mesh.devices.flat[0].platform
       self._chunk_step = C.chunk_step_sharded(self.model, mesh, axis)
+      self._slot_conf = C.slot_log_confidence_sharded(self.model, mesh, axis)
     else:
       self.n_shards = 1
       platform = jax.devices()[0].platform
       self._chunk_step = functools.partial(C.chunk_step, self.model)
+      self._slot_conf = functools.partial(C.slot_log_confidence, self.model)
     self.chunk_batch_size = (C.default_batch_size(platform) if chunk_batch_size is None
                              else check_chunk_batch_size(chunk_batch_size))
     self._prefill_jit = jax.jit(self._prefill_impl, static_argnames=("cache_cap", "all_logits"))
@@ -192,8 +191,7 @@ class FocusLLM:
     cand_k, cand_v, k, v = self._condense(params, cb, cache_cap)
     last = jnp.maximum(cb.lengths - 1, 0)
     cand_tok = jnp.take_along_axis(cb.tokens, last[:, None], axis=1)[:, 0]
-    conf = (C.slot_log_confidence(self.model, params, k, v, last, cand_tok)
-            if self.fcfg.candidate_gate else None)
+    conf = self._slot_conf(params, k, v, last, cand_tok) if self.fcfg.candidate_gate else None
     state = FocusState(
         cache_k=k, cache_v=v, cache_len=last,
         prev=cand_tok, owner=cb.owner,
@@ -218,13 +216,13 @@ class FocusLLM:
     for ``self.model``)."""
     tokens = tokens.astype(jnp.int32)
     new = tokens[jnp.maximum(s.owner, 0)]
-    chunk_step = (self._chunk_step if model is None
-                  else functools.partial(C.chunk_step, model))
+    chunk_step, slot_conf = ((self._chunk_step, self._slot_conf) if model is None
+                             else (functools.partial(C.chunk_step, model),
+                                   functools.partial(C.slot_log_confidence, model)))
     ck, cv, cl, cand_k, cand_v = chunk_step(params, s.cache_k, s.cache_v, s.cache_len, s.prev,
                                             new, s.row_valid)
     if s.cand_conf is not None:  # the new candidate's slot follows the re-encoded previous one
-      s = dataclasses.replace(s, cand_conf=C.slot_log_confidence(
-          self.model if model is None else model, params, ck, cv, cl, new))
+      s = dataclasses.replace(s, cand_conf=slot_conf(params, ck, cv, cl, new))
     b = tokens.shape[0]
     local_tokens = s.local_tokens.at[jnp.arange(b), s.local_len].set(tokens, mode="drop")
     s = dataclasses.replace(s, cache_k=ck, cache_v=cv, cache_len=cl, prev=new, cand_k=cand_k,
