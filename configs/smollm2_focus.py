@@ -32,7 +32,8 @@ def get_config():
                                            prompt_cap=128, param=("q", "k", "v", "o"),
                                            min_len_threshold=0, min_local=30,
                                            objective="answer", steps=1,
-                                           dense_share=0.0, candidate_gate=0.0))
+                                           dense_share=0.0, candidate_gate=0.0,
+                                           chunk_overlap=0))
   c.data = common.data_defaults(sources="jsonl:runs/campaign/prose.jsonl,"
                                         "jsonl:runs/campaign/copy.jsonl,"
                                         "jsonl:runs/campaign/passkey.jsonl",

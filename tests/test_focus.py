@@ -189,9 +189,10 @@ def test_candidate_uses_candidate_weights_only(tiny):
 
 # ------------------------------------------------------------------------------------------------
 # Decoding: cached == closed form; batch rows == single runs; generate.
-def test_cached_decode_equals_recompute(tiny):
+@pytest.mark.parametrize("overlap", [0, 5])
+def test_cached_decode_equals_recompute(tiny, overlap):
   cfg, params = tiny
-  f = tiny_focus()
+  f = tiny_focus(chunk_overlap=overlap)  # 5: the chunk rows (and their caches) 5 tokens longer
   prompts = [prompt(100, 0), prompt(61, 1), prompt(20, 2)]  # 5, 3 and 0 chunks
   m = FocusLLM(cfg, f, bucket=16)
   b = len(prompts)

@@ -105,9 +105,10 @@ def test_asset_carries_its_candidate_gate(tmp_path, base):
 
 
 def test_a_gated_run_starts_from_an_ungated_asset(tmp_path, base):
-  """train.init_from: the candidate gate only weighs the candidates when they are read, so a run
-  with the gate on starts from an asset trained without it (its tensors, through bf16); any other
-  difference in the settings is still refused."""
+  """train.init_from: the candidate gate only weighs the candidates when they are read and the
+  chunk overlap only widens what each chunk row reads, so a run with them starts from an asset
+  trained without (its tensors, through bf16); any other difference in the settings is still
+  refused."""
   from types import SimpleNamespace
 
   import jax
@@ -119,7 +120,7 @@ def test_a_gated_run_starts_from_an_ungated_asset(tmp_path, base):
   init = jax.tree_util.tree_map_with_path(  # the run's own start: candidates zeroed, same base
       lambda path, x: np.zeros_like(x) if "alt_" in jax.tree_util.keystr(path) else np.asarray(x),
       params)
-  got = params_from_asset(run, tiny_focus(candidate_gate=8.0), init, None)
+  got = params_from_asset(run, tiny_focus(candidate_gate=8.0, chunk_overlap=4), init, None)
   for p in "qkvo":
     want = np.asarray(params["layers"]["attn"][f"alt_{p}_proj"]["kernel"])
     np.testing.assert_array_equal(got["layers"]["attn"][f"alt_{p}_proj"]["kernel"],

@@ -208,6 +208,9 @@ def test_ruler_end_to_end(lms, tok_dir, monkeypatch):
      "candidate_gate='-1': must be a finite number >= 0"),
     (dict(method="focus", asset="smollm2_focus", candidate_gate="lots"),
      "candidate_gate='lots': must be a finite number >= 0"),
+    (dict(method="beacon", asset="smollm2_beacon", chunk_overlap=8), "applies to method=focus"),
+    (dict(method="focus", asset="smollm2_focus", chunk_overlap="-3"),
+     "chunk_overlap='-3': must be an integer >= 0"),
 ])
 def test_bad_model_args_one_line_before_loading(kwargs, msg, monkeypatch):
   monkeypatch.setattr(harness, "load_parts", lambda a: pytest.fail("loaded a model"))
@@ -220,7 +223,9 @@ def test_candidate_gate_model_arg_is_read_for_focus():
   args = harness.check_model_args(dict(method="focus", asset="smollm2_focus", candidate_gate="4"))
   assert args.candidate_gate == 4.0
   default = harness.check_model_args(dict(method="focus", asset="smollm2_focus"))
-  assert default.candidate_gate is None  # the asset's own
+  assert default.candidate_gate is None and default.chunk_overlap is None  # the asset's own
+  args = harness.check_model_args(dict(method="focus", asset="smollm2_focus", chunk_overlap="32"))
+  assert args.chunk_overlap == 32
 
 
 def test_prompt_past_capacity_refused_before_running(base, monkeypatch):

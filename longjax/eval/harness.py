@@ -66,7 +66,8 @@ TRUNCATION = "truncation"  # the plain decoder reading the last `window` prompt 
 METHODS = (PLAIN, TRUNCATION, BEACON, FOCUS)
 WITH_ASSET = (BEACON, FOCUS)
 MODEL_ARGS = ("method", "checkpoint", "asset", "window", "tokenizer", "dtype", "batch_size", "loop",
-              "candidate_gate")
+              "candidate_gate", "chunk_overlap")
+FOCUS_READING = ("candidate_gate", "chunk_overlap")  # FocusLLM reading settings over the asset's
 # lm-eval's CLI hands every model these (None is dropped): JAX places arrays on its own device.
 IGNORED_ARGS = ("device", "max_batch_size")
 DTYPES = ("float32", "bfloat16")
@@ -102,6 +103,7 @@ class Args:
   batch_size: int = 1
   loop: str = "auto"
   candidate_gate: Optional[float] = None  # FocusLLM: the asset's own when None
+  chunk_overlap: Optional[int] = None  # FocusLLM: the asset's own when None
 
 
 def _int(key, value, minimum=1) -> int:
@@ -203,13 +205,14 @@ def check_model_args(kwargs: dict) -> Args:
   if tok and not Path(tok).expanduser().is_dir():
     raise HarnessError(f"model_args tokenizer={tok!r} is not a directory: give a directory of HF "
                        "tokenizer files (default: the checkpoint's)")
-  gate = kw.get("candidate_gate")
-  if gate is not None:
-    if method != FOCUS:
-      raise HarnessError(f"model_args candidate_gate= applies to method=focus only, not {method}: "
-                         "drop it")
-    gate = _number_ge0("candidate_gate", gate)
-  return Args(method, ckpt, asset, window or 0, tok, dtype, _int("batch_size", bs), loop, gate)
+  for key in FOCUS_READING:
+    if kw.get(key) is not None and method != FOCUS:
+      raise HarnessError(f"model_args {key}= applies to method=focus only, not {method}: drop it")
+  gate, overlap = kw.get("candidate_gate"), kw.get("chunk_overlap")
+  gate = None if gate is None else _number_ge0("candidate_gate", gate)
+  overlap = None if overlap is None else _int("chunk_overlap", overlap, minimum=0)
+  return Args(method, ckpt, asset, window or 0, tok, dtype, _int("batch_size", bs), loop, gate,
+              overlap)
 
 
 def checkpoint_dir(args: Args) -> str:
@@ -259,8 +262,10 @@ def load_parts(args: Args) -> Parts:
   settings = None
   if args.method in WITH_ASSET:
     cfg, settings, params = reg.load_asset(resolve_asset(args.asset), base or None)
-    if args.candidate_gate is not None:  # a reading setting: the trained tensors stay the same
-      settings = settings.replace(candidate_gate=args.candidate_gate)
+    # reading settings: the trained tensors stay the same (FocusConfig checks them: an overlap
+    # must stay below the asset's chunk stride)
+    settings = settings.replace(**{k: getattr(args, k) for k in FOCUS_READING
+                                   if getattr(args, k) is not None})
   else:
     from longjax.ckpts.checkpoint import load_any
     cfg, params = load_any(base)

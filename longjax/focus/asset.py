@@ -26,7 +26,8 @@ META = f"{STEM}.json"
 # focus.json's own fields (assets.COMMON_FIELDS besides) and their JSON types
 # (assets.FIELD_KINDS): anything else is refused, a misspelt name included.
 FIELDS = {"local_window": "int", "memory_stride": "ints", "beacon_param": "strs",
-          "prompt_cap": "int?", "min_len_threshold": "int", "candidate_gate": "number>=0"}
+          "prompt_cap": "int?", "min_len_threshold": "int", "candidate_gate": "number>=0",
+          "chunk_overlap": "int>=0"}
 
 
 def _is_candidate(name: str) -> bool:
@@ -52,6 +53,8 @@ def save_focus_asset(out_dir, cfg, fcfg, params, *, base: str, dtype: str = "bfl
               min_len_threshold=fcfg.min_len_threshold, **(info or {}))
   if fcfg.candidate_gate:  # the reading setting the asset ships with (absent: 0, the official)
     meta["candidate_gate"] = fcfg.candidate_gate
+  if fcfg.chunk_overlap:  # likewise (absent: 0, the official chunks)
+    meta["chunk_overlap"] = fcfg.chunk_overlap
   if lowrank_entry is not None:
     meta[lowrank.KEY] = lowrank_entry
   assets.check_replaceable(out_dir, overwrite, META, STEM, FOCUS.title)
@@ -69,7 +72,8 @@ def _settings(meta: dict, base: str):
   return FocusConfig.from_hf(dict(meta, bos_token_id=hf.get("bos_token_id")),
                              prompt_cap=meta.get("prompt_cap"),
                              min_len_threshold=meta.get("min_len_threshold", 0),
-                             candidate_gate=meta.get("candidate_gate", 0.0))
+                             candidate_gate=meta.get("candidate_gate", 0.0),
+                             chunk_overlap=meta.get("chunk_overlap", 0))
 
 
 def load_focus_asset(asset_dir, base_dir: Optional[str] = None):

@@ -36,6 +36,10 @@ class FocusConfig:
     gate: each candidate's attention scores in the local forward get ``beta * log p``, ``p`` the
     frozen base's top next-token probability at that chunk's candidate slot (docs/focusllm.md,
     "Candidate gate").
+  * ``chunk_overlap`` O (longjax; 0 = the official method): every chunk but the first also reads
+    the O memory tokens before it (chunk i is ``x[max(0, i*S-O) : (i+1)*S]``), so a fact cut by a
+    chunk boundary is whole in one chunk row; the number of chunks (candidates) is unchanged
+    (docs/focusllm.md, "Chunk overlap").
   """
   local_window: int = 1024
   chunk_stride: int = 1024
@@ -45,6 +49,7 @@ class FocusConfig:
   max_chunks: int = 1024
   bos_id: int = 1
   candidate_gate: float = 0.0
+  chunk_overlap: int = 0
 
   def __post_init__(self):
     object.__setattr__(self, "candidate_projections", tuple(self.candidate_projections))
@@ -67,6 +72,10 @@ class FocusConfig:
       raise FocusError(f"FocusConfig.candidate_gate must be a finite number >= 0 (0: the official "
                        f"method), got {gate!r}")
     object.__setattr__(self, "candidate_gate", float(gate))
+    o = self.chunk_overlap
+    if not isinstance(o, int) or isinstance(o, bool) or o < 0 or o >= self.chunk_stride:
+      raise FocusError(f"FocusConfig.chunk_overlap must be an integer in [0, chunk_stride="
+                       f"{self.chunk_stride}) (0: the official method), got {o!r}")
     bad = [p for p in self.candidate_projections if p not in ALT_PROJECTIONS]
     if bad or not self.candidate_projections or len(set(self.candidate_projections)) != len(
         self.candidate_projections):
@@ -128,7 +137,7 @@ class FocusConfig:
                prompt_cap=f.prompt_cap or None, candidate_projections=tuple(f.param),
                min_len_threshold=f.min_len_threshold,
                bos_id=int(bos_id) if bos_id is not None else 1,
-               candidate_gate=f.candidate_gate)
+               candidate_gate=f.candidate_gate, chunk_overlap=f.chunk_overlap)
 
 
 def check_model(cfg, fcfg: FocusConfig, params: Optional[dict] = None):

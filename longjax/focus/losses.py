@@ -153,6 +153,7 @@ class FocusLoss:
     ``memory_len/local_start/local_size/stride``; ``steps`` decode steps scored per sample."""
     rows = [split_training(x, prompt_cap=self.fcfg.prompt_cap, bos_id=self.fcfg.bos_id,
                            max_chunks=self.fcfg.max_chunks, steps=steps,
+                           overlap=min(self.fcfg.chunk_overlap, int(ix["stride"]) - 1),
                            **{k: int(ix[k]) for k in INDEX_KEYS})
             for x, ix in zip(tokens, indices)]
     cb = pack_chunks(rows, row_multiple=self.n_shards, length_multiple=self.bucket)

@@ -81,14 +81,17 @@ def _as_tokens(x) -> np.ndarray:
   return x.astype(np.int64)
 
 
-def _split_memory(memory: np.ndarray, stride: int, max_chunks: int, what: str) -> list:
+def _split_memory(memory: np.ndarray, stride: int, max_chunks: int, what: str,
+                  overlap: int = 0) -> list:
+  """``ceil(n / stride)`` chunks of ``stride`` tokens (the last shorter); with ``overlap`` each
+  chunk but the first starts ``overlap`` tokens earlier (``FocusConfig.chunk_overlap``)."""
   n = len(memory)
   count = -(-n // stride)
   if count > max_chunks:
     raise FocusError(f"{what}: {n} memory tokens make {count} chunks of {stride}, more than the "
                      f"chunk cache capacity max_chunks={max_chunks}; raise FocusConfig.max_chunks "
                      "or chunk_stride, or shorten the prompt")
-  return [memory[i * stride: min((i + 1) * stride, n)] for i in range(count)]
+  return [memory[max(0, i * stride - overlap): min((i + 1) * stride, n)] for i in range(count)]
 
 
 def is_chunked(length: int, fcfg: FocusConfig) -> bool:
@@ -107,7 +110,7 @@ def split_prompt(x, fcfg: FocusConfig, generated: Sequence[int] = ()) -> RowPlan
     return RowPlan(chunks=[], prompt=np.zeros((0,), np.int64),
                    local=np.concatenate([bos(x, fcfg.bos_id), gen]))
   M = L - W
-  chunks = _split_memory(x[:M], S, fcfg.max_chunks, f"prompt of {L} tokens")
+  chunks = _split_memory(x[:M], S, fcfg.max_chunks, f"prompt of {L} tokens", fcfg.chunk_overlap)
   P = fcfg.prompt_len
   prompt = np.concatenate([bos(x[L - P:], fcfg.bos_id), gen])
   local = np.concatenate([bos(x[M:], fcfg.bos_id), gen])
@@ -116,14 +119,15 @@ def split_prompt(x, fcfg: FocusConfig, generated: Sequence[int] = ()) -> RowPlan
 
 def split_training(x, *, memory_len: int, local_start: int, local_size: int, stride: int,
                    prompt_cap: int = 512, bos_id: int = 1, max_chunks: int = 1 << 20,
-                   steps: int = 1) -> RowPlan:
+                   steps: int = 1, overlap: int = 0) -> RowPlan:
   """Training layout from explicit indices (docs/focusllm.md §5): memory ``x[0:memory_len]`` in
   chunks of ``stride``, prompt ``bos(x[a+ls-P : a+ls])`` with ``P = min(prompt_cap, stride, ls)``,
   local context ``bos(x[a : a+ls])`` and target ``x[a+ls]``.
 
   ``steps = J > 1`` (§5.1): the targets ``x[a+ls : a+ls+J]``, each scored as a teacher-forced
   decode step after the prompt ``x[:a+ls]``; ``x[a+ls : a+ls+J-1]`` are appended to the prompt
-  and the local context as generated tokens (``RowPlan.targets``)."""
+  and the local context as generated tokens (``RowPlan.targets``). ``overlap``: the chunks'
+  ``FocusConfig.chunk_overlap``."""
   x = _as_tokens(x)
   a, ls, steps = int(local_start), int(local_size), int(steps)
   if (stride < 1 or ls < 1 or a < 0 or steps < 1 or a + ls + steps > len(x)
@@ -132,7 +136,7 @@ def split_training(x, *, memory_len: int, local_start: int, local_size: int, str
                      f"{memory_len}, local_start={a}, local_size={ls}, stride={stride}, "
                      f"steps={steps} (need stride, local_size, steps >= 1, 1 <= memory_len <= L "
                      "and targets x[a+ls : a+ls+steps] inside the sample)")
-  chunks = _split_memory(x[:memory_len], stride, max_chunks, "training sample")
+  chunks = _split_memory(x[:memory_len], stride, max_chunks, "training sample", overlap)
   P = min(prompt_cap, stride, ls)
   end = a + ls
   forced = x[end:end + steps - 1]  # the tokens "generated" before steps 1..J-1
@@ -145,7 +149,7 @@ def split_training(x, *, memory_len: int, local_start: int, local_size: int, str
 
 
 def split_dense(x, *, memory_len: int, local_size: int, stride: int, prompt_cap: int = 512,
-                bos_id: int = 1, max_chunks: int = 1 << 20) -> RowPlan:
+                bos_id: int = 1, max_chunks: int = 1 << 20, overlap: int = 0) -> RowPlan:
   """Dense training layout (docs/focusllm.md §5.3): memory ``x[0:a]`` (``a = memory_len``) in
   chunks of ``stride``, each followed by the prompt ``bos(x[a-P : a])`` (``P = min(prompt_cap,
   stride)``: the tokens just before the local span, so no candidate sees a token it is scored
@@ -158,7 +162,7 @@ def split_dense(x, *, memory_len: int, local_size: int, stride: int, prompt_cap:
                      f"{a}, local_size={ls}, stride={stride} (need stride, local_size, "
                      "memory_len >= 1 and the last target x[memory_len+local_size] inside the "
                      "sample)")
-  chunks = _split_memory(x[:a], stride, max_chunks, "training sample")
+  chunks = _split_memory(x[:a], stride, max_chunks, "training sample", overlap)
   p = min(prompt_cap, stride)
   local = bos(x[a:a + ls], bos_id)
   first = len(local) - ls  # the row of x[a]: 1 after an inserted BOS, 0 when x[a] is the BOS

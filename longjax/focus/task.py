@@ -92,8 +92,13 @@ class FocusTask:
     w, forced = int(self.fc["window"]), self.steps - 1
     p = min(self.fcfg.prompt_cap, stride, w)
     cmax = -(-max_len // stride)
-    return dict(rows=batch * cmax, length=round_up(stride + p + 1 + forced, 16), cmax=cmax,
+    return dict(rows=batch * cmax,
+                length=round_up(self._overlap(stride) + stride + p + 1 + forced, 16), cmax=cmax,
                 local=round_up(w + 1 + forced, 16))
+
+  def _overlap(self, stride: int) -> int:
+    """The chunks' overlap at a drawn stride: ``chunk_overlap``, below the stride."""
+    return min(self.fcfg.chunk_overlap, stride - 1)
 
   @staticmethod
   def row_bucket(rows, shp) -> int:
@@ -131,7 +136,7 @@ class FocusTask:
       rows.append(split_training(ids, memory_len=ix["memory_len"], local_start=ix["local_start"],
                                  local_size=ix["local_size"], stride=ix["stride"],
                                  prompt_cap=self.fcfg.prompt_cap, bos_id=self.fcfg.bos_id,
-                                 steps=self.steps))
+                                 steps=self.steps, overlap=self._overlap(stride)))
     shp = self.static_shapes(len(rows), stride, int(ds.lengths.max()))
     cb = pack_chunks(rows, row_multiple=self.row_bucket(rows, shp), length_multiple=shp["length"],
                      cmax_multiple=shp["cmax"])
@@ -158,7 +163,7 @@ class FocusTask:
       recs.append(ix)
       rows.append(split_dense(ids, memory_len=ix["memory_len"], local_size=ix["local_size"],
                               stride=ix["stride"], prompt_cap=self.fcfg.prompt_cap,
-                              bos_id=self.fcfg.bos_id))
+                              bos_id=self.fcfg.bos_id, overlap=self._overlap(ix["stride"])))
     shp = self.static_shapes(len(rows), ix["stride"], int(ds.lengths.max()))
     cb = pack_chunks(rows, row_multiple=self.row_bucket(rows, shp), length_multiple=shp["length"],
                      cmax_multiple=shp["cmax"])

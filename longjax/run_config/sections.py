@@ -205,5 +205,8 @@ class FocusSection:
   dense_share: float = 0.0
   # the candidate gate's strength (docs/focusllm.md, "Candidate gate"; 0: the official method)
   candidate_gate: float = 0.0
+  # every chunk but the first also reads this many memory tokens before it (docs/focusllm.md,
+  # "Chunk overlap"; 0: the official method)
+  chunk_overlap: int = 0
   distills: ClassVar[bool] = True  # KL to the base on its scored steps (focusllm.md §5.2)
   windowed: ClassVar[bool] = False
