@@ -62,6 +62,36 @@ def test_gated_prefill_reads_candidates_biased_by_the_base_confidence(tiny):
   assert np.max(np.abs(np.asarray(logits) - np.asarray(official))) > 1e-3
 
 
+def test_gate_threshold_keeps_sure_chunks_at_full_weight(tiny):
+  """``gate_threshold`` tau: the bias is ``beta * min(0, log p - log tau)``, so chunks at least
+  tau sure are read unbiased; tau = 1 is the plain gate. tau is taken between the chunks' own
+  confidences so that some rows are clipped and some are not."""
+  cfg, params = tiny
+  x = prompt(100, 0)
+  plain = FocusLLM(cfg, tiny_focus(candidate_gate=BETA), bucket=16)
+  cb, lb, cap = plain._pack([plain.plan(x)], 0)
+  ref = _reference_confidence(cfg, params, cb)
+  real = np.asarray(cb.lengths) > 0
+  tau = float(np.exp(np.median(ref[real])))
+  m = FocusLLM(cfg, tiny_focus(candidate_gate=BETA, gate_threshold=tau), bucket=16)
+  logits, _ = m.prefill(params, x[None], np.array([len(x)], np.int32), 2)
+  clipped = np.minimum(np.nan_to_num(ref) - np.log(tau), 0.0)
+  assert (clipped[real] == 0).any() and (clipped[real] < -0.01).any()
+  ck, cv, _, _ = m._condense(params, cb, cap)
+  bias = np.where(cb.cand_valid, BETA * clipped[np.asarray(cb.gather)], 0.0)
+  want = C.local_next_logits(m.model, params, ck, cv, cb.gather, cb.cand_valid, lb.tokens,
+                             lb.lengths, lb.n_chunks, cand_bias=jnp.asarray(bias, jnp.float32))
+  np.testing.assert_allclose(logits, want, atol=2e-5, rtol=1e-5)
+  unclipped, _ = plain.prefill(params, x[None], np.array([len(x)], np.int32), 2)
+  assert np.max(np.abs(np.asarray(logits) - np.asarray(unclipped))) > 1e-3
+
+
+@pytest.mark.parametrize("value", [0.0, 1.5, -0.2, float("nan"), True, "0.5"])
+def test_gate_threshold_must_be_in_zero_one(value):
+  with pytest.raises(FocusError, match="gate_threshold must be a number in \\(0, 1\\]"):
+    tiny_focus(candidate_gate=1.0, gate_threshold=value)
+
+
 def test_gated_cached_decode_equals_the_gated_closed_form(tiny):
   cfg, params = tiny
   m = FocusLLM(cfg, tiny_focus(candidate_gate=BETA), bucket=16)

@@ -224,8 +224,9 @@ def test_candidate_gate_model_arg_is_read_for_focus():
   assert args.candidate_gate == 4.0
   default = harness.check_model_args(dict(method="focus", asset="smollm2_focus"))
   assert default.candidate_gate is None and default.chunk_overlap is None  # the asset's own
-  args = harness.check_model_args(dict(method="focus", asset="smollm2_focus", chunk_overlap="32"))
-  assert args.chunk_overlap == 32
+  args = harness.check_model_args(dict(method="focus", asset="smollm2_focus", chunk_overlap="32",
+                                       gate_threshold="0.5"))
+  assert args.chunk_overlap == 32 and args.gate_threshold == 0.5
 
 
 def test_prompt_past_capacity_refused_before_running(base, monkeypatch):

@@ -66,8 +66,9 @@ TRUNCATION = "truncation"  # the plain decoder reading the last `window` prompt 
 METHODS = (PLAIN, TRUNCATION, BEACON, FOCUS)
 WITH_ASSET = (BEACON, FOCUS)
 MODEL_ARGS = ("method", "checkpoint", "asset", "window", "tokenizer", "dtype", "batch_size", "loop",
-              "candidate_gate", "chunk_overlap")
-FOCUS_READING = ("candidate_gate", "chunk_overlap")  # FocusLLM reading settings over the asset's
+              "candidate_gate", "gate_threshold", "chunk_overlap")
+# FocusLLM reading settings that override the asset's
+FOCUS_READING = ("candidate_gate", "gate_threshold", "chunk_overlap")
 # lm-eval's CLI hands every model these (None is dropped): JAX places arrays on its own device.
 IGNORED_ARGS = ("device", "max_batch_size")
 DTYPES = ("float32", "bfloat16")
@@ -104,6 +105,7 @@ class Args:
   loop: str = "auto"
   candidate_gate: Optional[float] = None  # FocusLLM: the asset's own when None
   chunk_overlap: Optional[int] = None  # FocusLLM: the asset's own when None
+  gate_threshold: Optional[float] = None  # FocusLLM: the asset's own when None
 
 
 def _int(key, value, minimum=1) -> int:
@@ -208,11 +210,12 @@ def check_model_args(kwargs: dict) -> Args:
   for key in FOCUS_READING:
     if kw.get(key) is not None and method != FOCUS:
       raise HarnessError(f"model_args {key}= applies to method=focus only, not {method}: drop it")
-  gate, overlap = kw.get("candidate_gate"), kw.get("chunk_overlap")
+  gate, overlap, tau = (kw.get(k) for k in ("candidate_gate", "chunk_overlap", "gate_threshold"))
   gate = None if gate is None else _number_ge0("candidate_gate", gate)
   overlap = None if overlap is None else _int("chunk_overlap", overlap, minimum=0)
+  tau = None if tau is None else _number_ge0("gate_threshold", tau)  # FocusConfig: (0, 1]
   return Args(method, ckpt, asset, window or 0, tok, dtype, _int("batch_size", bs), loop, gate,
-              overlap)
+              overlap, tau)
 
 
 def checkpoint_dir(args: Args) -> str:

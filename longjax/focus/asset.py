@@ -27,7 +27,7 @@ META = f"{STEM}.json"
 # (assets.FIELD_KINDS): anything else is refused, a misspelt name included.
 FIELDS = {"local_window": "int", "memory_stride": "ints", "beacon_param": "strs",
           "prompt_cap": "int?", "min_len_threshold": "int", "candidate_gate": "number>=0",
-          "chunk_overlap": "int>=0"}
+          "chunk_overlap": "int>=0", "gate_threshold": "number>=0"}
 
 
 def _is_candidate(name: str) -> bool:
@@ -53,6 +53,8 @@ def save_focus_asset(out_dir, cfg, fcfg, params, *, base: str, dtype: str = "bfl
               min_len_threshold=fcfg.min_len_threshold, **(info or {}))
   if fcfg.candidate_gate:  # the reading setting the asset ships with (absent: 0, the official)
     meta["candidate_gate"] = fcfg.candidate_gate
+  if fcfg.gate_threshold != 1.0:  # likewise (absent: 1, the plain gate)
+    meta["gate_threshold"] = fcfg.gate_threshold
   if fcfg.chunk_overlap:  # likewise (absent: 0, the official chunks)
     meta["chunk_overlap"] = fcfg.chunk_overlap
   if lowrank_entry is not None:
@@ -73,6 +75,7 @@ def _settings(meta: dict, base: str):
                              prompt_cap=meta.get("prompt_cap"),
                              min_len_threshold=meta.get("min_len_threshold", 0),
                              candidate_gate=meta.get("candidate_gate", 0.0),
+                             gate_threshold=meta.get("gate_threshold", 1.0),
                              chunk_overlap=meta.get("chunk_overlap", 0))
 
 

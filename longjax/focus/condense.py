@@ -247,12 +247,15 @@ def _base_top_logprob(model: Decoder, params, tokens, positions, memory: KVPrefi
   return jnp.max(jax.nn.log_softmax(logits[:, 0].astype(jnp.float32), axis=-1), axis=-1)
 
 
-def gate_bias(conf, gather, cand_valid, strength: float):
-  """Each prompt's candidate score biases ``[B, Cmax]``: ``strength * conf`` of the chunk row in
-  each candidate slot (``conf [N]`` from :func:`slot_log_confidence`), 0 in empty slots. At
-  strength 0 the bias is 0 (the official method); as it grows the local model reads less of the
-  chunks where the base is unsure (docs/focusllm.md, "Candidate gate")."""
-  bias = jnp.float32(strength) * jnp.take(jax.lax.stop_gradient(conf), gather, axis=0)
+def gate_bias(conf, gather, cand_valid, strength: float, threshold: float = 1.0):
+  """Each prompt's candidate score biases ``[B, Cmax]``: ``strength * min(0, conf - log
+  threshold)`` of the chunk row in each candidate slot (``conf [N]`` from
+  :func:`slot_log_confidence`), 0 in empty slots. At strength 0 the bias is 0 (the official
+  method); as it grows the local model reads less of the chunks where the base is unsure, and
+  chunks at least ``threshold`` sure keep their full weight (1: none does; docs/focusllm.md
+  §4.5)."""
+  below = jnp.minimum(jax.lax.stop_gradient(conf) - jnp.log(jnp.float32(threshold)), 0.0)
+  bias = jnp.float32(strength) * jnp.take(below, gather, axis=0)
   return jnp.where(cand_valid, bias, 0.0)
 
 

@@ -36,6 +36,8 @@ class FocusConfig:
     gate: each candidate's attention scores in the local forward get ``beta * log p``, ``p`` the
     frozen base's top next-token probability at that chunk's candidate slot (docs/focusllm.md,
     "Candidate gate").
+  * ``gate_threshold`` tau (longjax; 1 = the plain gate): with the gate on, chunks where the base
+    is at least tau sure keep their full weight; the bias is ``beta * min(0, log p - log tau)``.
   * ``chunk_overlap`` O (longjax; 0 = the official method): every chunk but the first also reads
     the O memory tokens before it (chunk i is ``x[max(0, i*S-O) : (i+1)*S]``), so a fact cut by a
     chunk boundary is whole in one chunk row; the number of chunks (candidates) is unchanged
@@ -49,6 +51,7 @@ class FocusConfig:
   max_chunks: int = 1024
   bos_id: int = 1
   candidate_gate: float = 0.0
+  gate_threshold: float = 1.0
   chunk_overlap: int = 0
 
   def __post_init__(self):
@@ -72,6 +75,12 @@ class FocusConfig:
       raise FocusError(f"FocusConfig.candidate_gate must be a finite number >= 0 (0: the official "
                        f"method), got {gate!r}")
     object.__setattr__(self, "candidate_gate", float(gate))
+    tau = self.gate_threshold
+    if (isinstance(tau, bool) or not isinstance(tau, (int, float)) or not math.isfinite(tau)
+        or not 0 < tau <= 1):
+      raise FocusError(f"FocusConfig.gate_threshold must be a number in (0, 1] (1: no chunk keeps "
+                       f"its full weight), got {tau!r}")
+    object.__setattr__(self, "gate_threshold", float(tau))
     o = self.chunk_overlap
     if not isinstance(o, int) or isinstance(o, bool) or o < 0 or o >= self.chunk_stride:
       raise FocusError(f"FocusConfig.chunk_overlap must be an integer in [0, chunk_stride="
@@ -137,7 +146,8 @@ class FocusConfig:
                prompt_cap=f.prompt_cap or None, candidate_projections=tuple(f.param),
                min_len_threshold=f.min_len_threshold,
                bos_id=int(bos_id) if bos_id is not None else 1,
-               candidate_gate=f.candidate_gate, chunk_overlap=f.chunk_overlap)
+               candidate_gate=f.candidate_gate, gate_threshold=f.gate_threshold,
+               chunk_overlap=f.chunk_overlap)
 
 
 def check_model(cfg, fcfg: FocusConfig, params: Optional[dict] = None):

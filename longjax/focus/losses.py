@@ -180,7 +180,8 @@ class FocusLoss:
       gather = (cb.gather[:, None, :] * j + jnp.arange(j, dtype=cb.gather.dtype)[None, :, None])
       gather = gather.reshape(b * j, -1)
       cand_valid = jnp.repeat(cb.cand_valid, j, axis=0)
-    bias = C.gate_bias(conf[0], gather, cand_valid, gate) if conf else None
+    bias = (C.gate_bias(conf[0], gather, cand_valid, gate, self.fcfg.gate_threshold) if conf
+            else None)
     return C.local_last_hidden(self.model, params, cand_k, cand_v, gather, cand_valid,
                                lb.tokens, lb.lengths, lb.n_chunks, cand_bias=bias)
 
@@ -238,8 +239,8 @@ class FocusLoss:
     cb, lb = batch.chunks, batch.local
     cand_k, cand_v, *conf = self._condense(params, cb.tokens, cb.positions, cb.valid, cb.lengths,
                                            **self._gate_kw)
-    bias = (C.gate_bias(conf[0], cb.gather, cb.cand_valid, self.fcfg.candidate_gate) if conf
-            else None)
+    bias = (C.gate_bias(conf[0], cb.gather, cb.cand_valid, self.fcfg.candidate_gate,
+                        self.fcfg.gate_threshold) if conf else None)
     h = C.local_hidden(self.model, params, cand_k, cand_v, cb.gather, cb.cand_valid, lb.tokens,
                        lb.lengths, lb.n_chunks, cand_bias=bias)
     return jax.nn.log_softmax(lm_head(self.cfg, params, h))

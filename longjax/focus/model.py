@@ -204,7 +204,8 @@ class FocusLLM:
     args = (self.model if model is None else model, params, s.cand_k, s.cand_v, s.gather,
             s.cand_valid, s.local_tokens, s.local_len, s.n_chunks)
     bias = (None if s.cand_conf is None
-            else C.gate_bias(s.cand_conf, s.gather, s.cand_valid, self.fcfg.candidate_gate))
+            else C.gate_bias(s.cand_conf, s.gather, s.cand_valid, self.fcfg.candidate_gate,
+                             self.fcfg.gate_threshold))
     kw = dict(mesh=self.mesh, axis=self.axis, cand_bias=bias)
     if all_logits:
       return lm_head(self.cfg, params, C.local_hidden(*args, **kw))

@@ -205,6 +205,8 @@ class FocusSection:
   dense_share: float = 0.0
   # the candidate gate's strength (docs/focusllm.md, "Candidate gate"; 0: the official method)
   candidate_gate: float = 0.0
+  # chunks the base is at least this sure of keep their full weight under the gate (1: none)
+  gate_threshold: float = 1.0
   # every chunk but the first also reads this many memory tokens before it (docs/focusllm.md,
   # "Chunk overlap"; 0: the official method)
   chunk_overlap: int = 0
