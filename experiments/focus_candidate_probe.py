@@ -74,13 +74,37 @@ def read(lp, right: int, one: int, digit_ids, decode) -> dict:
               p_one=round(float(np.exp(lp[one])), 4), greedy=decode(int(np.argmax(lp))))
 
 
-def gate_bias(top_p, cmax: int, beta: float):
-  """``[1, Cmax]`` candidate score biases of the soft gate: ``beta * log(top_p)`` per chunk (the
-  base's own top probability at the chunk row's candidate slot), 0 for empty slots."""
+def gate_bias(top_p, cmax: int, beta: float, tau: float = 1.0):
+  """``[1, Cmax]`` candidate score biases of the soft gate: ``beta * min(0, log(top_p / tau))``
+  per chunk (the base's own top probability at the chunk row's candidate slot; ``tau``: the
+  gate's threshold, docs/focusllm.md §4.5), 0 for empty slots."""
   b = np.zeros((1, cmax), np.float32)
   top = np.asarray(top_p, np.float64)
-  b[0, :len(top)] = beta * np.log(np.maximum(top, 1e-6))
+  b[0, :len(top)] = beta * np.minimum(np.log(np.maximum(top, 1e-6)) - np.log(tau), 0.0)
   return b
+
+
+def gate_name(beta: float, tau: float) -> str:
+  """``gate8``, or ``gate16@0.5`` with a threshold."""
+  return f"gate{beta:g}" + (f"@{tau:g}" if tau != 1.0 else "")
+
+
+def parse_gates(spec: str):
+  """``"8,16@0.5"`` -> ``[(8.0, 1.0), (16.0, 0.5)]``; ``None`` when malformed (beta >= 0,
+  0 < tau <= 1)."""
+  out = []
+  for item in (x.strip() for x in spec.split(",")):
+    if not item:
+      continue
+    beta, _, tau = item.partition("@")
+    try:
+      beta, tau = float(beta), float(tau) if tau else 1.0
+    except ValueError:
+      return None
+    if not (beta >= 0 and 0 < tau <= 1):
+      return None
+    out.append((beta, tau))
+  return out
 
 
 def probe(lm, prompt: str, target: str, digit_ids, decode, gates=()) -> dict:
@@ -104,10 +128,10 @@ def probe(lm, prompt: str, target: str, digit_ids, decode, gates=()) -> dict:
       continue
     lp = log_softmax(np.asarray(local(m), np.float32)[0])
     out[name] = read(lp, t_ids[1], int(digit_ids[1]), digit_ids, decode)
-  for beta in gates:
-    bias = gate_bias(out["chunk_reads"]["top_p"], valid.shape[1], beta)
+  for beta, tau in gates:
+    bias = gate_bias(out["chunk_reads"]["top_p"], valid.shape[1], beta, tau)
     lp = log_softmax(np.asarray(local(valid, bias), np.float32)[0])
-    out[f"gate{beta:g}"] = read(lp, t_ids[1], int(digit_ids[1]), digit_ids, decode)
+    out[gate_name(beta, tau)] = read(lp, t_ids[1], int(digit_ids[1]), digit_ids, decode)
   return out
 
 
@@ -137,7 +161,7 @@ def chunk_reads(fm, params, cb, n: int, needle: int, right: int) -> dict:
 def greedy(lm, p_ids, gate, steps: int, stop) -> list:
   """Greedy answer tokens, the chunks re-read with the tokens generated so far at every step (as
   FocusLLM decodes); ``gate``: ``None`` reads every candidate, ``"surest"`` only the candidate of
-  the chunk the base is surest at (the ``surest`` mask), a number ``beta`` every candidate under
+  the chunk the base is surest at (the ``surest`` mask), ``(beta, tau)`` every candidate under
   the soft gate :func:`gate_bias`."""
   import jax
   from longjax.focus import condense as C
@@ -156,7 +180,7 @@ def greedy(lm, p_ids, gate, steps: int, stop) -> list:
       if gate == "surest":
         valid = masks(valid, -1, top)["surest"]
       else:
-        bias = gate_bias(top, valid.shape[1], float(gate))
+        bias = gate_bias(top, valid.shape[1], *gate)
     lp = np.asarray(local(params, cand_k, cand_v, cb.gather, valid, lb.tokens, lb.lengths,
                           lb.n_chunks, bias), np.float32)[0]
     gen.append(int(np.argmax(lp)))
@@ -199,24 +223,23 @@ def main(argv=None):
                   help="also decode up to this many answer tokens greedily, with all candidates "
                        "and with the surest chunk's only (RULER's check: the needle in the answer)")
   ap.add_argument("--gates", default="",
-                  help="comma-separated soft-gate strengths beta: also read (and decode) with "
-                       "every candidate's scores biased by beta * log(the base's top probability "
-                       "at its slot)")
+                  help="comma-separated soft-gate strengths beta, each optionally @tau (a "
+                       "threshold in (0, 1]): also read (and decode) with every candidate's "
+                       "scores biased by beta * min(0, log(the base's top probability at its "
+                       "slot / tau))")
   ap.add_argument("--out", help="also write the samples and the summary to this JSON file")
   a = ap.parse_args(argv)
   try:
     lengths = [int(x) for x in a.lengths.split(",")]
   except ValueError:
     lengths = []
-  try:
-    gates = [float(x) for x in a.gates.split(",") if x.strip()]
-  except ValueError:
-    gates = [-1.0]
+  gates = parse_gates(a.gates)
   bad = (f"--asset {a.asset}: no such directory (give an exported FocusLLM asset)"
          if not Path(a.asset).is_dir() else
          f"--samples {a.samples}: give at least 1" if a.samples < 1 else
          f"--decode {a.decode}: give 0 (none) or more answer tokens" if a.decode < 0 else
-         f"--gates {a.gates}: give comma-separated numbers >= 0" if min(gates, default=0) < 0 else
+         f"--gates {a.gates}: give comma-separated numbers >= 0, each optionally @tau with "
+         "0 < tau <= 1" if gates is None else
          f"--lengths {a.lengths}: give comma-separated positive integers"
          if not lengths or min(lengths) < 1 else None)
   if bad:  # one line, before the model loads
@@ -240,7 +263,7 @@ def main(argv=None):
       if a.decode:
         stop = {int(x) for x in tok.encode(".", special=False)} | {int(lm.eot_token_id)}
         ways = [("answer_all", None), ("answer_surest", "surest")]
-        ways += [(f"answer_gate{b:g}", b) for b in gates]
+        ways += [("answer_" + gate_name(*g), g) for g in gates]
         for name, gate in ways:
           text = tok.decode(greedy(lm, lm.tok_encode(prompt), gate, a.decode, stop))
           rec[name] = dict(text=text, right=target.lower() in text.lower())

@@ -36,6 +36,13 @@ def test_gate_bias_is_beta_log_top_p_on_the_chunks_and_zero_after():
   np.testing.assert_allclose(b, [[2 * np.log(0.5), 0.0, 2 * np.log(0.25), 0.0, 0.0]], rtol=1e-6)
   assert b.shape == (1, 5) and b.dtype == np.float32
   assert not fp.gate_bias([0.5, 0.3], 3, 0.0).any()  # strength 0: the official method
+  # a threshold: chunks at least tau sure are unbiased, the others biased from tau down
+  t = fp.gate_bias([0.5, 1.0, 0.25], 4, 2.0, tau=0.5)
+  np.testing.assert_allclose(t, [[0.0, 0.0, 2 * np.log(0.5), 0.0]], rtol=1e-6, atol=1e-7)
+  assert fp.parse_gates("8, 16@0.5") == [(8.0, 1.0), (16.0, 0.5)]
+  assert fp.gate_name(16.0, 0.5) == "gate16@0.5" and fp.gate_name(8.0, 1.0) == "gate8"
+  for bad in ("2,x", "-1", "8@0", "8@1.5", "8@y"):
+    assert fp.parse_gates(bad) is None, bad
 
 
 def test_summary_counts_right_first_digits_answers_and_the_surest_chunk():
