@@ -211,6 +211,10 @@ def test_ruler_end_to_end(lms, tok_dir, monkeypatch):
     (dict(method="beacon", asset="smollm2_beacon", chunk_overlap=8), "applies to method=focus"),
     (dict(method="focus", asset="smollm2_focus", chunk_overlap="-3"),
      "chunk_overlap='-3': must be an integer >= 0"),
+    (dict(method="focus", asset="smollm2_focus", gate_threshold="1.5"),
+     "gate_threshold='1.5': must be a number in (0, 1]"),
+    (dict(method="focus", asset="smollm2_focus", gate_threshold=0),
+     "gate_threshold=0: must be a number in (0, 1]"),
 ])
 def test_bad_model_args_one_line_before_loading(kwargs, msg, monkeypatch):
   monkeypatch.setattr(harness, "load_parts", lambda a: pytest.fail("loaded a model"))

@@ -213,7 +213,10 @@ def check_model_args(kwargs: dict) -> Args:
   gate, overlap, tau = (kw.get(k) for k in ("candidate_gate", "chunk_overlap", "gate_threshold"))
   gate = None if gate is None else _number_ge0("candidate_gate", gate)
   overlap = None if overlap is None else _int("chunk_overlap", overlap, minimum=0)
-  tau = None if tau is None else _number_ge0("gate_threshold", tau)  # FocusConfig: (0, 1]
+  tau = None if tau is None else _number_ge0("gate_threshold", tau)
+  if tau is not None and not 0 < tau <= 1:
+    raise HarnessError(f"model_args gate_threshold={kw['gate_threshold']!r}: must be a number in "
+                       "(0, 1] (1: the plain gate)")
   return Args(method, ckpt, asset, window or 0, tok, dtype, _int("batch_size", bs), loop, gate,
               overlap, tau)
 
