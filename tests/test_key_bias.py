@@ -35,6 +35,20 @@ def _explicit(q, k, v, qm, km):
   return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(jnp.where(ok, s, -jnp.inf), -1), vr)
 
 
+def _check_gradients(fn, q, k, v, qm, km):
+  """d/d (q, k, v, bias) of a loss on ``fn``'s output against the explicit softmax's; returns
+  ``fn``'s gradients."""
+  def loss(f, q, k, v, bias):
+    meta = TokenMeta.causal(km.order, valid=km.valid, bias=bias)
+    return jnp.sum(jnp.sin(f(q, k, v, qm, meta)))
+
+  got = jax.grad(lambda *a: loss(fn, *a), argnums=(0, 1, 2, 3))(q, k, v, km.bias)
+  want = jax.grad(lambda *a: loss(_explicit, *a), argnums=(0, 1, 2, 3))(q, k, v, km.bias)
+  for g, w in zip(got, want):
+    np.testing.assert_allclose(g, w, atol=5e-5, rtol=5e-4)
+  return got
+
+
 @pytest.mark.parametrize("path", ["dense", "chunked", "chunked_tiled", "auto"])
 def test_biased_scores_match_an_explicit_softmax(path):
   q, k, v, qm, km = _case()
@@ -55,14 +69,7 @@ def test_biased_gradients_match_an_explicit_softmax(path):
   fn = dict(dense=lambda *a: dense_attention(*a)[0],
             chunked_tiled=lambda *a: chunked_attention(*a, block_q=32, block_k=32)[0])[path]
 
-  def loss(f, q, k, v, bias):
-    meta = TokenMeta.causal(km.order, valid=km.valid, bias=bias)
-    return jnp.sum(jnp.sin(f(q, k, v, qm, meta)))
-
-  got = jax.grad(lambda *a: loss(fn, *a), argnums=(0, 1, 2, 3))(q, k, v, km.bias)
-  want = jax.grad(lambda *a: loss(_explicit, *a), argnums=(0, 1, 2, 3))(q, k, v, km.bias)
-  for g, w in zip(got, want):
-    np.testing.assert_allclose(g, w, atol=5e-5, rtol=5e-4)
+  _check_gradients(fn, q, k, v, qm, km)
 
 
 def test_bias_survives_concatenation_and_unbiased_keys_read_zero():
@@ -109,14 +116,7 @@ def test_kernel_paths_add_the_bias(path):
   plain = TokenMeta.causal(km.order, valid=km.valid)
   assert float(jnp.max(jnp.abs(fn(q, k, v, qm, plain) - want))) > 1e-2
 
-  def loss(f, q, k, v, bias):
-    meta = TokenMeta.causal(km.order, valid=km.valid, bias=bias)
-    return jnp.sum(jnp.sin(f(q, k, v, qm, meta)))
-
-  got = jax.grad(lambda *a: loss(fn, *a), argnums=(0, 1, 2, 3))(q, k, v, km.bias)
-  ref = jax.grad(lambda *a: loss(_explicit, *a), argnums=(0, 1, 2, 3))(q, k, v, km.bias)
-  for g, w in zip(got, ref):
-    np.testing.assert_allclose(g, w, atol=5e-5, rtol=5e-4)
+  got = _check_gradients(fn, q, k, v, qm, km)
   assert float(jnp.max(jnp.abs(got[3]))) > 1e-3  # the bias gradient is not left at zero
 
 
