@@ -340,6 +340,9 @@ def test_training_rows_bucketed_to_the_batch_needs(tiny):
                           prompt_cap=8, bos_id=1) for s in (3, 4)]
   assert [r.n_chunks for r in three] == [3, 3]
   assert FocusTask.row_bucket(three, shp) == 2 * 3  # a half octave: not 2 x 4
+  ref = dict(shp, reference=True)  # the gate's reference rows: one more per sample
+  assert FocusTask.row_bucket(rows, ref) == 2 * 3
+  assert FocusTask.row_bucket(long * 2, ref) == 2 * 7  # never above batch x (cmax + 1)
   fl = FocusLoss(cfg, f)
   lb = pack_local(rows, length_multiple=16)
   targets = np.asarray([r.target for r in rows], np.int32)
@@ -353,14 +356,15 @@ def test_training_rows_bucketed_to_the_batch_needs(tiny):
 
 # ------------------------------------------------------------------------------------------------
 # Several teacher-forced decode steps per training sample (docs/focusllm.md §5.1).
-@pytest.mark.parametrize("gate", [0.0, 3.0])
-def test_decode_steps_loss_equals_teacher_forced_generation(tiny, gate):
+@pytest.mark.parametrize("gate,gain", [(0.0, 0.0), (3.0, 0.0), (3.0, 1.5)])
+def test_decode_steps_loss_equals_teacher_forced_generation(tiny, gate, gain):
   """Each of a sample's J scored steps is the inference model's next-token NLL after the prompt
   ``x[:t0]`` and the forced tokens ``x[t0:t0+j]`` (closed form, ``FocusLLM.recompute``); J = 1 is
   the official single-target loss. With the candidate gate (docs/focusllm.md §4.5) on, training
-  reads the candidates under the same bias as inference."""
+  reads the candidates under the same bias as inference, its reference rows (``gate_gain``)
+  included."""
   cfg, params = tiny
-  f = tiny_focus(candidate_gate=gate)
+  f = tiny_focus(candidate_gate=gate, gate_gain=gain, gate_threshold=0.01 if gain else 1.0)
   w = f.local_window
   fl = FocusLoss(cfg, f, bucket=16)
   m = FocusLLM(cfg, f, bucket=16)
@@ -557,6 +561,13 @@ def test_dense_steps_in_the_task_and_bad_input(tiny):
   assert [int((t >= 0).sum()) for t in plans["dense"]] == [24, 24]
   nll, count = dense.loss(params, plans)
   assert nll.shape == (2,) and np.all(np.isfinite(nll)) and np.all(np.asarray(count) == 1)
+  gained = FocusTask(cfg, tiny_focus(candidate_gate=3.0, gate_threshold=0.01, gate_gain=1.5),
+                     dict(fc, dense_share=1.0), seed=3)
+  g_plans = gained.prepare(ds, [0, 1], step=4)["plans"]
+  refs = np.asarray(g_plans["chunks"]["ref_row"])
+  owner = np.asarray(g_plans["chunks"]["owner"])
+  assert owner[refs].tolist() == [0, 1]  # one reference row per sample, its own
+  assert np.all(np.isfinite(np.asarray(gained.loss(params, g_plans)[0])))
   drawn = ["dense" in half.prepare(ds, [1, 2], step=s)["plans"] for s in range(40)]
   assert 8 < sum(drawn) < 32  # about half the steps, the same on a rerun
   assert drawn == ["dense" in half.prepare(ds, [1, 2], step=s)["plans"] for s in range(40)]

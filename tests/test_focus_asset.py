@@ -94,14 +94,18 @@ def test_asset_carries_its_candidate_gate(tmp_path, base):
   save_focus_asset(tmp_path / "off", cfg, tiny_focus(), params, base=str(base))
   assert "candidate_gate" not in json.loads((tmp_path / "off" / "focus.json").read_text())
   assert "gate_threshold" not in json.loads((tmp_path / "off" / "focus.json").read_text())
-  save_focus_asset(tmp_path / "on", cfg, tiny_focus(candidate_gate=4.0, gate_threshold=0.5),
-                   params, base=str(base))
+  assert "gate_gain" not in json.loads((tmp_path / "off" / "focus.json").read_text())
+  save_focus_asset(tmp_path / "on", cfg, tiny_focus(candidate_gate=4.0, gate_threshold=0.5,
+                                                    gate_gain=1.5), params, base=str(base))
   meta = json.loads((tmp_path / "on" / "focus.json").read_text())
   assert meta["candidate_gate"] == 4.0 and meta["gate_threshold"] == 0.5
+  assert meta["gate_gain"] == 1.5
   assert load_focus_asset(tmp_path / "on")[1].candidate_gate == 4.0
   assert load_focus_asset(tmp_path / "on")[1].gate_threshold == 0.5
+  assert load_focus_asset(tmp_path / "on")[1].gate_gain == 1.5
   assert load_focus_asset(tmp_path / "off")[1].candidate_gate == 0.0
   assert load_focus_asset(tmp_path / "off")[1].gate_threshold == 1.0
+  assert load_focus_asset(tmp_path / "off")[1].gate_gain == 0.0
   for bad in (-1, "4", True):
     (tmp_path / "on" / "focus.json").write_text(json.dumps(dict(meta, candidate_gate=bad)))
     with pytest.raises(AssetError, match="'candidate_gate' must be a finite number >= 0"):

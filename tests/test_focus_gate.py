@@ -86,6 +86,81 @@ def test_gate_threshold_keeps_sure_chunks_at_full_weight(tiny):
   assert np.max(np.abs(np.asarray(logits) - np.asarray(unclipped))) > 1e-3
 
 
+def _prompt_confidence(cfg, params, prompt_ids) -> float:
+  """The plain decoder over the dynamic prompt alone: log of its top next-token probability."""
+  toks = jnp.asarray(np.asarray(prompt_ids)[None])
+  logits, _ = Decoder(cfg).apply({"params": params}, toks, jnp.arange(toks.shape[1])[None])
+  return float(jnp.max(jax.nn.log_softmax(logits[0, -1])))
+
+
+def test_gate_gain_measures_each_chunk_against_the_prompt_alone(tiny):
+  """``gate_gain`` kappa: the level is ``max(log tau, log kappa + log p_ref)``, ``p_ref`` the
+  base reading the dynamic prompt without a chunk (a reference row, not a candidate). tau is low
+  and kappa taken so the level falls between the chunks' own confidences; the candidates are
+  those of the plain gate (the reference row changes only the bias)."""
+  cfg, params = tiny
+  x = prompt(100, 0)
+  plain = FocusLLM(cfg, tiny_focus(candidate_gate=BETA), bucket=16)
+  row = plain.plan(x)
+  cb, lb, cap = plain._pack([row], 0)
+  ref = _reference_confidence(cfg, params, cb)
+  real = np.asarray(cb.lengths) > 0
+  p_ref = _prompt_confidence(cfg, params, row.prompt)
+  kappa = float(np.exp(np.median(ref[real]) - p_ref))
+  tau = 1e-3
+  m = FocusLLM(cfg, tiny_focus(candidate_gate=BETA, gate_threshold=tau, gate_gain=kappa),
+               bucket=16)
+  logits, state = m.prefill(params, x[None], np.array([len(x)], np.int32), 2)
+  ref_row = int(np.asarray(state.ref_row)[0])
+  assert ref_row == row.n_chunks  # after the prompt's chunk rows, and not among its candidates
+  assert ref_row not in np.asarray(state.gather)[np.asarray(state.cand_valid)]
+  np.testing.assert_allclose(float(np.asarray(state.cand_conf)[ref_row]), p_ref, atol=1e-5)
+
+  level = max(np.log(tau), np.log(kappa) + p_ref)
+  assert level > np.log(tau)  # the reference decides
+  clipped = np.minimum(np.nan_to_num(ref) - level, 0.0)
+  assert (clipped[real] == 0).any() and (clipped[real] < -0.01).any()
+  ck, cv, _, _ = plain._condense(params, cb, cap)
+  bias = np.where(cb.cand_valid, BETA * clipped[np.asarray(cb.gather)], 0.0)
+  want = C.local_next_logits(m.model, params, ck, cv, cb.gather, cb.cand_valid, lb.tokens,
+                             lb.lengths, lb.n_chunks, cand_bias=jnp.asarray(bias, jnp.float32))
+  np.testing.assert_allclose(logits, want, atol=2e-5, rtol=1e-5)
+  unreferenced, _ = plain.prefill(params, x[None], np.array([len(x)], np.int32), 2)
+  assert np.max(np.abs(np.asarray(logits) - np.asarray(unreferenced))) > 1e-3
+
+
+def test_gate_gain_cached_decode_equals_the_closed_form(tiny):
+  """The reference rows are stepped with the generated tokens like the chunk rows (prompts of
+  5, 3 and 0 chunks: the last has no reference row)."""
+  cfg, params = tiny
+  m = FocusLLM(cfg, tiny_focus(candidate_gate=BETA, gate_threshold=0.01, gate_gain=1.5),
+               bucket=16)
+  prompts = [prompt(100, 0), prompt(61, 1), prompt(20, 2)]
+  lengths = np.array([len(p) for p in prompts], np.int32)
+  tokens = np.zeros((3, lengths.max()), np.int32)
+  for i, p in enumerate(prompts):
+    tokens[i, :len(p)] = p
+  logits, state = m.prefill(params, tokens, lengths, 3)
+  assert np.asarray(state.ref_row).tolist()[2] == -1
+  np.testing.assert_allclose(logits, m.recompute(params, prompts, [[]] * 3), atol=2e-5)
+  fed = [[], [], []]
+  for g in np.random.default_rng(1).integers(3, 97, size=(2, 3)):
+    for i in range(3):
+      fed[i].append(int(g[i]))
+    logits, state = m.step(params, state, g)
+    np.testing.assert_allclose(logits, m.recompute(params, prompts, fed), atol=2e-5)
+    # the reference row's signal follows the prompt alone with the tokens generated so far
+    row = m.plan(prompts[0], fed[0])
+    np.testing.assert_allclose(float(np.asarray(state.cand_conf)[int(state.ref_row[0])]),
+                               _prompt_confidence(cfg, params, row.prompt), atol=1e-5)
+
+
+@pytest.mark.parametrize("value", [-1.0, float("nan"), float("inf"), True, "2"])
+def test_gate_gain_must_be_a_finite_non_negative_number(value):
+  with pytest.raises(FocusError, match="gate_gain must be a finite number >= 0"):
+    tiny_focus(candidate_gate=1.0, gate_gain=value)
+
+
 @pytest.mark.parametrize("value", [0.0, 1.5, -0.2, float("nan"), True, "0.5"])
 def test_gate_threshold_must_be_in_zero_one(value):
   with pytest.raises(FocusError, match="gate_threshold must be a number in \\(0, 1\\]"):

@@ -215,6 +215,9 @@ def test_ruler_end_to_end(lms, tok_dir, monkeypatch):
      "gate_threshold='1.5': must be a number in (0, 1]"),
     (dict(method="focus", asset="smollm2_focus", gate_threshold=0),
      "gate_threshold=0: must be a number in (0, 1]"),
+    (dict(method="focus", asset="smollm2_focus", gate_gain="-2"),
+     "gate_gain='-2': must be a finite number >= 0"),
+    (dict(method="plain", checkpoint="smollm2", gate_gain=2), "applies to method=focus"),
 ])
 def test_bad_model_args_one_line_before_loading(kwargs, msg, monkeypatch):
   monkeypatch.setattr(harness, "load_parts", lambda a: pytest.fail("loaded a model"))
@@ -229,8 +232,8 @@ def test_candidate_gate_model_arg_is_read_for_focus():
   default = harness.check_model_args(dict(method="focus", asset="smollm2_focus"))
   assert default.candidate_gate is None and default.chunk_overlap is None  # the asset's own
   args = harness.check_model_args(dict(method="focus", asset="smollm2_focus", chunk_overlap="32",
-                                       gate_threshold="0.5"))
-  assert args.chunk_overlap == 32 and args.gate_threshold == 0.5
+                                       gate_threshold="0.5", gate_gain="1.5"))
+  assert args.chunk_overlap == 32 and args.gate_threshold == 0.5 and args.gate_gain == 1.5
 
 
 def test_prompt_past_capacity_refused_before_running(base, monkeypatch):
@@ -304,6 +307,8 @@ def test_report_cells_run_at_their_own_lengths():
     rep.parse(["--cells", "niah_single_1:1024"])
   with pytest.raises(HarnessError, match="TASK:LENGTH"):
     rep.parse(["--cells", "passkeys:1024"])
+  with pytest.raises(HarnessError, match="--max_gen_toks 0: give at least 1 token"):
+    rep.parse(["--max_gen_toks", "0"])
   # the default grid: every task at 4K, the long tasks at 8K and 32K; full attention past 8K
   # and FocusLLM's perplexity past 4K recorded as not run
   d = rep.parse([])
@@ -345,6 +350,9 @@ def test_report_generation_cells_keep_what_was_answered(monkeypatch):
   assert answers == [{"target": ["7654321"], "answer": long_text[:rep.ANSWER_CHARS]},
                      {"target": ["1234567"], "answer": "The pass key is 12345."}]
   assert len(answers[0]["answer"]) == rep.ANSWER_CHARS < len(long_text)
+  assert seen["gen_kwargs"] is None  # the task's own answer length
+  rep.run_ruler(object(), "niah_single_1", 4096, 2, "tok", max_gen_toks=24)
+  assert seen["gen_kwargs"] == {"max_gen_toks": 24}
 
 
 def test_heldout_qa_cell_scores_the_generators_heldout_split(monkeypatch):

@@ -66,9 +66,9 @@ TRUNCATION = "truncation"  # the plain decoder reading the last `window` prompt 
 METHODS = (PLAIN, TRUNCATION, BEACON, FOCUS)
 WITH_ASSET = (BEACON, FOCUS)
 MODEL_ARGS = ("method", "checkpoint", "asset", "window", "tokenizer", "dtype", "batch_size", "loop",
-              "candidate_gate", "gate_threshold", "chunk_overlap")
+              "candidate_gate", "gate_threshold", "gate_gain", "chunk_overlap")
 # FocusLLM reading settings that override the asset's
-FOCUS_READING = ("candidate_gate", "gate_threshold", "chunk_overlap")
+FOCUS_READING = ("candidate_gate", "gate_threshold", "gate_gain", "chunk_overlap")
 # lm-eval's CLI hands every model these (None is dropped): JAX places arrays on its own device.
 IGNORED_ARGS = ("device", "max_batch_size")
 DTYPES = ("float32", "bfloat16")
@@ -106,6 +106,7 @@ class Args:
   candidate_gate: Optional[float] = None  # FocusLLM: the asset's own when None
   chunk_overlap: Optional[int] = None  # FocusLLM: the asset's own when None
   gate_threshold: Optional[float] = None  # FocusLLM: the asset's own when None
+  gate_gain: Optional[float] = None  # FocusLLM: the asset's own when None
 
 
 def _int(key, value, minimum=1) -> int:
@@ -217,8 +218,10 @@ def check_model_args(kwargs: dict) -> Args:
   if tau is not None and not 0 < tau <= 1:
     raise HarnessError(f"model_args gate_threshold={kw['gate_threshold']!r}: must be a number in "
                        "(0, 1] (1: the plain gate)")
+  gain = kw.get("gate_gain")
+  gain = None if gain is None else _number_ge0("gate_gain", gain)
   return Args(method, ckpt, asset, window or 0, tok, dtype, _int("batch_size", bs), loop, gate,
-              overlap, tau)
+              overlap, tau, gain)
 
 
 def checkpoint_dir(args: Args) -> str:

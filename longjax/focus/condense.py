@@ -247,16 +247,23 @@ def _base_top_logprob(model: Decoder, params, tokens, positions, memory: KVPrefi
   return jnp.max(jax.nn.log_softmax(logits[:, 0].astype(jnp.float32), axis=-1), axis=-1)
 
 
-def gate_bias(conf, gather, cand_valid, strength: float, threshold: float = 1.0):
-  """Each prompt's candidate score biases ``[B, Cmax]``: ``strength * min(0, conf - log
-  threshold)`` of the chunk row in each candidate slot (``conf [N]`` from
-  :func:`slot_log_confidence`), 0 in empty slots. At strength 0 the bias is 0 (the official
-  method); as it grows the local model reads less of the chunks where the base is unsure, and
-  chunks at least ``threshold`` sure keep their full weight (1: none does; docs/focusllm.md
-  §4.5)."""
-  below = jnp.minimum(jax.lax.stop_gradient(conf) - jnp.log(jnp.float32(threshold)), 0.0)
-  bias = jnp.float32(strength) * jnp.take(below, gather, axis=0)
-  return jnp.where(cand_valid, bias, 0.0)
+def gate_bias(conf, gather, cand_valid, strength: float, threshold: float = 1.0,
+              gain: float = 0.0, ref_row=None):
+  """Each prompt's candidate score biases ``[B, Cmax]``: ``strength * min(0, conf - level)`` of
+  the chunk row in each candidate slot (``conf [N]`` from :func:`slot_log_confidence`), 0 in
+  empty slots. At strength 0 the bias is 0 (the official method); as it grows the local model
+  reads less of the chunks where the base is unsure. The level is ``log threshold`` (chunks at
+  least ``threshold`` sure keep their full weight; 1: none does) or, with a ``gain`` kappa > 0,
+  ``log max(threshold, kappa * p_ref)``, ``p_ref`` the base's confidence on the prompt's
+  reference row ``ref_row [B]`` (the dynamic prompt without a chunk): only chunks that make the
+  base ``kappa`` times surer than it is without them keep their weight (docs/focusllm.md §4.5)."""
+  conf = jax.lax.stop_gradient(conf)
+  level = jnp.log(jnp.float32(threshold))
+  if gain:
+    ref = jnp.take(conf, jnp.maximum(ref_row, 0), axis=0)
+    level = jnp.maximum(level, jnp.log(jnp.float32(gain)) + ref)[:, None]
+  below = jnp.minimum(jnp.take(conf, gather, axis=0) - level, 0.0)
+  return jnp.where(cand_valid, jnp.float32(strength) * below, 0.0)
 
 
 def gather_candidates(cand, gather):

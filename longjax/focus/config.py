@@ -38,6 +38,11 @@ class FocusConfig:
     "Candidate gate").
   * ``gate_threshold`` tau (longjax; 1 = the plain gate): with the gate on, chunks where the base
     is at least tau sure keep their full weight; the bias is ``beta * min(0, log p - log tau)``.
+  * ``gate_gain`` kappa (longjax; 0 = no reference): with the gate on, a chunk keeps its full
+    weight only where it makes the base kappa times surer than the dynamic prompt alone does
+    (``p >= max(tau, kappa * p_ref)``; one more row per prompt, docs/focusllm.md, "Candidate
+    gate"): on prose, where the next token is often easy whatever a chunk holds, every chunk then
+    fades.
   * ``chunk_overlap`` O (longjax; 0 = the official method): every chunk but the first also reads
     the O memory tokens before it (chunk i is ``x[max(0, i*S-O) : (i+1)*S]``), so a fact cut by a
     chunk boundary is whole in one chunk row; the number of chunks (candidates) is unchanged
@@ -52,6 +57,7 @@ class FocusConfig:
   bos_id: int = 1
   candidate_gate: float = 0.0
   gate_threshold: float = 1.0
+  gate_gain: float = 0.0
   chunk_overlap: int = 0
 
   def __post_init__(self):
@@ -81,6 +87,12 @@ class FocusConfig:
       raise FocusError(f"FocusConfig.gate_threshold must be a number in (0, 1] (1: no chunk keeps "
                        f"its full weight), got {tau!r}")
     object.__setattr__(self, "gate_threshold", float(tau))
+    kappa = self.gate_gain
+    if (isinstance(kappa, bool) or not isinstance(kappa, (int, float))
+        or not math.isfinite(kappa) or kappa < 0):
+      raise FocusError(f"FocusConfig.gate_gain must be a finite number >= 0 (0: no reference "
+                       f"row), got {kappa!r}")
+    object.__setattr__(self, "gate_gain", float(kappa))
     o = self.chunk_overlap
     if not isinstance(o, int) or isinstance(o, bool) or o < 0 or o >= self.chunk_stride:
       raise FocusError(f"FocusConfig.chunk_overlap must be an integer in [0, chunk_stride="
@@ -90,6 +102,12 @@ class FocusConfig:
         self.candidate_projections):
       raise FocusError(f"FocusConfig.candidate_projections must be a non-empty subset of "
                        f"{ALT_PROJECTIONS} without repeats, got {self.candidate_projections}")
+
+  @property
+  def reference_rows(self) -> bool:
+    """Whether the candidate gate reads each prompt's reference row (``gate_gain`` with the gate
+    on)."""
+    return bool(self.candidate_gate and self.gate_gain)
 
   @property
   def prompt_len(self) -> int:
@@ -147,7 +165,7 @@ class FocusConfig:
                min_len_threshold=f.min_len_threshold,
                bos_id=int(bos_id) if bos_id is not None else 1,
                candidate_gate=f.candidate_gate, gate_threshold=f.gate_threshold,
-               chunk_overlap=f.chunk_overlap)
+               gate_gain=f.gate_gain, chunk_overlap=f.chunk_overlap)
 
 
 def check_model(cfg, fcfg: FocusConfig, params: Optional[dict] = None):

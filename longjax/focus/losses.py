@@ -156,7 +156,8 @@ class FocusLoss:
                            overlap=min(self.fcfg.chunk_overlap, int(ix["stride"]) - 1),
                            **{k: int(ix[k]) for k in INDEX_KEYS})
             for x, ix in zip(tokens, indices)]
-    cb = pack_chunks(rows, row_multiple=self.n_shards, length_multiple=self.bucket)
+    cb = pack_chunks(rows, row_multiple=self.n_shards, length_multiple=self.bucket,
+                     reference=self.fcfg.reference_rows)
     return TrainBatch(cb, pack_local(step_locals(rows, steps), length_multiple=self.bucket),
                       row_targets(rows))
 
@@ -165,11 +166,10 @@ class FocusLoss:
     one target per sample)."""
     params = freeze_base(params)
     cb, lb = batch.chunks, batch.local
-    gate = self.fcfg.candidate_gate
     if batch.targets.ndim == 1:
       cand_k, cand_v, *conf = self._condense(params, cb.tokens, cb.positions, cb.valid,
                                              cb.lengths, **self._gate_kw)
-      gather, cand_valid = cb.gather, cb.cand_valid
+      gather, cand_valid, ref_row = cb.gather, cb.cand_valid, cb.ref_row
     else:  # step j of sample b reads candidate j of its chunk rows: flat index row * J + j
       b, j = batch.targets.shape
       cand_k, cand_v, *conf = self._condense(params, cb.tokens, cb.positions, cb.valid,
@@ -180,10 +180,18 @@ class FocusLoss:
       gather = (cb.gather[:, None, :] * j + jnp.arange(j, dtype=cb.gather.dtype)[None, :, None])
       gather = gather.reshape(b * j, -1)
       cand_valid = jnp.repeat(cb.cand_valid, j, axis=0)
-    bias = (C.gate_bias(conf[0], gather, cand_valid, gate, self.fcfg.gate_threshold) if conf
-            else None)
+      ref_row = (cb.ref_row[:, None] * j + jnp.arange(j, dtype=cb.ref_row.dtype)).reshape(-1)
+    bias = self._bias(conf, gather, cand_valid, ref_row)
     return C.local_last_hidden(self.model, params, cand_k, cand_v, gather, cand_valid,
                                lb.tokens, lb.lengths, lb.n_chunks, cand_bias=bias)
+
+  def _bias(self, conf, gather, cand_valid, ref_row):
+    """The candidate gate's score biases (None: the gate is off)."""
+    if not conf:
+      return None
+    f = self.fcfg
+    return C.gate_bias(conf[0], gather, cand_valid, f.candidate_gate, f.gate_threshold,
+                       f.gate_gain, ref_row)
 
   @property
   def _gate_kw(self) -> dict:
@@ -239,8 +247,7 @@ class FocusLoss:
     cb, lb = batch.chunks, batch.local
     cand_k, cand_v, *conf = self._condense(params, cb.tokens, cb.positions, cb.valid, cb.lengths,
                                            **self._gate_kw)
-    bias = (C.gate_bias(conf[0], cb.gather, cb.cand_valid, self.fcfg.candidate_gate,
-                        self.fcfg.gate_threshold) if conf else None)
+    bias = self._bias(conf, cb.gather, cb.cand_valid, cb.ref_row)
     h = C.local_hidden(self.model, params, cand_k, cand_v, cb.gather, cb.cand_valid, lb.tokens,
                        lb.lengths, lb.n_chunks, cand_bias=bias)
     return jax.nn.log_softmax(lm_head(self.cfg, params, h))

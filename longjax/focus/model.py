@@ -59,6 +59,8 @@ class FocusState:
   n_chunks: jax.Array  # [B]
   # [N] the base's log top probability at each row's candidate slot (None: no candidate gate)
   cand_conf: Optional[jax.Array] = None
+  # [B] each prompt's reference row (the gate's ``gate_gain``; None: no reference rows)
+  ref_row: Optional[jax.Array] = None
 
   @property
   def cache_capacity(self) -> int:
@@ -164,10 +166,12 @@ class FocusLLM:
 
   def _pack(self, rows, extra: int):
     if self.chunk_bucket == "pow2":
-      cb = pack_chunks(rows, row_multiple=self.n_shards, length_multiple=self.bucket, pow2=True)
+      cb = pack_chunks(rows, row_multiple=self.n_shards, length_multiple=self.bucket, pow2=True,
+                       reference=self.fcfg.reference_rows)
     else:
       cb = pack_chunks(rows, row_multiple=math.lcm(self.n_shards, self.chunk_bucket),
-                       length_multiple=self.bucket, cmax_multiple=self.chunk_bucket)
+                       length_multiple=self.bucket, cmax_multiple=self.chunk_bucket,
+                       reference=self.fcfg.reference_rows)
     # A mesh splits the local context by position over its devices: a multiple of their number.
     lb = pack_local(rows, capacity=max(len(r.local) for r in rows) + extra,
                     length_multiple=math.lcm(self.bucket, self.n_shards))
@@ -197,7 +201,8 @@ class FocusLLM:
         prev=cand_tok, owner=cb.owner,
         row_valid=cb.owner >= 0, cand_k=cand_k, cand_v=cand_v, gather=cb.gather,
         cand_valid=cb.cand_valid, local_tokens=lb.tokens, local_len=lb.lengths,
-        n_chunks=lb.n_chunks, cand_conf=conf)
+        n_chunks=lb.n_chunks, cand_conf=conf,
+        ref_row=cb.ref_row if self.fcfg.reference_rows else None)
     return self._local_logits(params, state, all_logits), state
 
   def _local_logits(self, params, s: FocusState, all_logits: bool, model=None):
@@ -205,7 +210,7 @@ class FocusLLM:
             s.cand_valid, s.local_tokens, s.local_len, s.n_chunks)
     bias = (None if s.cand_conf is None
             else C.gate_bias(s.cand_conf, s.gather, s.cand_valid, self.fcfg.candidate_gate,
-                             self.fcfg.gate_threshold))
+                             self.fcfg.gate_threshold, self.fcfg.gate_gain, s.ref_row))
     kw = dict(mesh=self.mesh, axis=self.axis, cand_bias=bias)
     if all_logits:
       return lm_head(self.cfg, params, C.local_hidden(*args, **kw))

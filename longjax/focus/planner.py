@@ -193,7 +193,10 @@ class ChunkBatch:
 
   ``tokens/positions/valid [N, T]``; ``lengths [N]`` real length of ``c_i ⊕ d`` (the candidate is at
   ``lengths-1``; 0 for padding rows); ``owner [N]`` prompt index (-1: padding row);
-  ``gather [B, Cmax]`` chunk row of each prompt's j-th chunk, ``cand_valid [B, Cmax]``.
+  ``gather [B, Cmax]`` chunk row of each prompt's j-th chunk, ``cand_valid [B, Cmax]``;
+  ``ref_row [B]`` each prompt's reference row, the dynamic prompt without a chunk (the candidate
+  gate's reference, docs/focusllm.md §4.5; -1: none). A reference row is stepped and read like a
+  chunk row but is no prompt's candidate.
   """
   tokens: np.ndarray
   positions: np.ndarray
@@ -202,6 +205,7 @@ class ChunkBatch:
   owner: np.ndarray
   gather: np.ndarray
   cand_valid: np.ndarray
+  ref_row: np.ndarray
 
   @property
   def n_rows(self) -> int:
@@ -209,16 +213,19 @@ class ChunkBatch:
 
 
 def pack_chunks(rows: Sequence[RowPlan], *, row_multiple: int = 1, length_multiple: int = 1,
-                min_length: int = 1, cmax_multiple: int = 1, pow2: bool = False) -> ChunkBatch:
+                min_length: int = 1, cmax_multiple: int = 1, pow2: bool = False,
+                reference: bool = False) -> ChunkBatch:
   """Flatten every prompt's chunks into one padded chunk batch (row count a multiple of
   ``row_multiple``, e.g. the number of devices on the chunk axis; at least one row).
 
   ``pow2``: the row count is ``row_multiple * 2^k`` and the candidate slots ``cmax_multiple *
   2^k`` (:func:`pow2_bucket`) instead of the next multiples: few compiled shapes, < 2x padding.
+  ``reference``: after its chunk rows, every prompt with chunks also gets its reference row (the
+  dynamic prompt alone; ``ChunkBatch.ref_row``).
   """
   bucket = pow2_bucket if pow2 else round_up
   seqs, owner = [], []
-  gather_rows = []
+  gather_rows, ref_row = [], []
   for b, r in enumerate(rows):
     ids = []
     for c in r.chunk_rows():
@@ -226,6 +233,10 @@ def pack_chunks(rows: Sequence[RowPlan], *, row_multiple: int = 1, length_multip
       seqs.append(c)
       owner.append(b)
     gather_rows.append(ids)
+    ref_row.append(len(seqs) if reference and ids else -1)
+    if reference and ids:
+      seqs.append(np.asarray(r.prompt))
+      owner.append(b)
   n = bucket(max(len(seqs), 1), row_multiple)
   t = round_up(max([len(s) for s in seqs] + [min_length, 1]), length_multiple)
   tokens = np.zeros((n, t), np.int32)
@@ -243,7 +254,8 @@ def pack_chunks(rows: Sequence[RowPlan], *, row_multiple: int = 1, length_multip
     gather[b, :len(g)] = g
     cand_valid[b, :len(g)] = True
   positions = np.broadcast_to(np.arange(t, dtype=np.int32), (n, t)).copy()
-  return ChunkBatch(tokens, positions, valid, lengths, owner, gather, cand_valid)
+  return ChunkBatch(tokens, positions, valid, lengths, owner, gather, cand_valid,
+                    np.asarray(ref_row, np.int32))
 
 
 @jax.tree_util.register_dataclass

@@ -92,7 +92,8 @@ class FocusTask:
     w, forced = int(self.fc["window"]), self.steps - 1
     p = min(self.fcfg.prompt_cap, stride, w)
     cmax = -(-max_len // stride)
-    return dict(rows=batch * cmax,
+    ref = self.fcfg.reference_rows  # + the gate's reference row per sample
+    return dict(rows=batch * (cmax + ref), reference=ref,
                 length=round_up(self._overlap(stride) + stride + p + 1 + forced, 16), cmax=cmax,
                 local=round_up(w + 1 + forced, 16))
 
@@ -108,10 +109,11 @@ class FocusTask:
     row forward each: the half-octave steps keep them below a third of the rows (powers of two
     alone: up to half), at ~2 log2(cmax) static shapes. The row count stays a multiple of the
     batch (what the mesh divides). The whole global batch is planned on every host, so all hosts
-    agree."""
-    batch = len(rows)
-    need = -(-sum(r.n_chunks for r in rows) // batch)
-    return batch * min(next_half_octave(need), shp["cmax"])
+    agree. With the gate's reference rows (``FocusConfig.gate_gain``) every sample with chunks
+    has one more row."""
+    batch, ref = len(rows), bool(shp.get("reference"))
+    need = -(-sum(r.n_chunks + int(ref and r.n_chunks > 0) for r in rows) // batch)
+    return batch * min(next_half_octave(need), shp["cmax"] + ref)
 
   def prepare(self, ds, idx, step: int, row_offset: int = 0) -> dict:
     """Host side: draw each sample's indices, split into chunks + local context, pad to the
@@ -139,7 +141,7 @@ class FocusTask:
                                  steps=self.steps, overlap=self._overlap(stride)))
     shp = self.static_shapes(len(rows), stride, int(ds.lengths.max()))
     cb = pack_chunks(rows, row_multiple=self.row_bucket(rows, shp), length_multiple=shp["length"],
-                     cmax_multiple=shp["cmax"])
+                     cmax_multiple=shp["cmax"], reference=self.fcfg.reference_rows)
     lb = pack_local(step_locals(rows, self.steps), length_multiple=shp["local"])
     batch = dict(chunks=dataclasses.asdict(cb), local=dataclasses.asdict(lb),
                  targets=row_targets(rows))
@@ -166,7 +168,7 @@ class FocusTask:
                               bos_id=self.fcfg.bos_id, overlap=self._overlap(ix["stride"])))
     shp = self.static_shapes(len(rows), ix["stride"], int(ds.lengths.max()))
     cb = pack_chunks(rows, row_multiple=self.row_bucket(rows, shp), length_multiple=shp["length"],
-                     cmax_multiple=shp["cmax"])
+                     cmax_multiple=shp["cmax"], reference=self.fcfg.reference_rows)
     lb = pack_local(rows, length_multiple=shp["local"])
     width = lb.tokens.shape[1]
     batch = dict(chunks=dataclasses.asdict(cb), local=dataclasses.asdict(lb),

@@ -207,6 +207,8 @@ class FocusSection:
   candidate_gate: float = 0.0
   # chunks the base is at least this sure of keep their full weight under the gate (1: none)
   gate_threshold: float = 1.0
+  # and only where they make it this many times surer than the dynamic prompt alone (0: off)
+  gate_gain: float = 0.0
   # every chunk but the first also reads this many memory tokens before it (docs/focusllm.md,
   # "Chunk overlap"; 0: the official method)
   chunk_overlap: int = 0

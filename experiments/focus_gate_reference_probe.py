@@ -1,0 +1,198 @@
+"""Does the candidate gate need a reference? (issue: FocusLLM learning round 2)
+
+The candidate gate (docs/focusllm.md §4.5) weighs chunk i's candidate by the frozen base's top
+probability ``p_i`` at the chunk row's candidate slot. On RULER's needles that separates the
+needle's chunk (p ~ 0.9) from the rest (~0.3). On prose it does not close: gated FocusLLM still
+costs perplexity against truncation. One explanation: on prose the next token is often easy
+whatever the chunk holds, so ``p_i`` is high for every chunk. A chunk that holds what the answer
+needs makes the base *surer than it is without the chunk*; that asks for a reference ``r``:
+
+* ``prompt``: the base reading the dynamic prompt alone (BOS first, as a chunk row without its
+  chunk);
+* ``local``: the local model with no candidate (truncation's own next-token distribution).
+
+The *gain gate* keeps chunk i's full weight only where ``p_i >= max(tau, kappa * r)`` and biases
+its scores by ``beta * min(0, log p_i - log max(tau, kappa * r))`` elsewhere (``kappa = 0``: the
+plain gate with threshold ``tau``).
+
+Two held-out sets, read with the committed candidates (no training):
+
+* ``prose``: ``--docs`` pydoc documents of 3072 tokens, the last ``--reserve`` teacher-forced as
+  FocusLLM's perplexity protocol does (every step re-reads the chunks with the tokens so far);
+  per reading the perplexity (exp of the mean over documents of each document's mean NLL);
+* ``ruler``: RULER ``niah_single_1`` at ``--length`` (lm-eval's prompts), the first answer
+  digit after the answer's leading space; per reading how often it is the right one.
+
+JSON lines per step/sample, then a summary; ``--out`` writes both.
+
+  python experiments/focus_gate_reference_probe.py --overlap 32 --docs 8 --reserve 32 \\
+      --samples 10 --out results/focus_gate_reference_probe.json
+"""
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+
+from experiments.digit_probe import log_softmax, ruler_prompts, write_whole  # noqa: E402
+
+# (name, beta, tau, kappa, reference): the readings compared
+READINGS = [("all", 0, 1.0, 0.0, None), ("gate8", 8, 1.0, 0.0, None),
+            ("gate16@0.5", 16, 0.5, 0.0, None)]
+for _ref in ("prompt", "local"):
+  for _beta, _tau, _kappa in ((8, 0.5, 1.5), (8, 0.5, 2.0), (16, 0.5, 2.0)):
+    READINGS.append((f"gain{_beta}@{_tau:g}x{_kappa:g}:{_ref}", _beta, _tau, _kappa, _ref))
+
+
+def gain_bias(top_p, ref: float, cmax: int, beta: float, tau: float, kappa: float):
+  """``[1, Cmax]``: ``beta * min(0, log p_i - log max(tau, kappa * ref))`` per chunk, 0 for
+  empty slots (``beta = 0``: none)."""
+  b = np.zeros((1, cmax), np.float32)
+  if beta:
+    top = np.log(np.maximum(np.asarray(top_p, np.float64), 1e-9))
+    b[0, :len(top_p)] = beta * np.minimum(top - np.log(max(tau, kappa * ref)), 0.0)
+  return b
+
+
+class Reader:
+  """Condenses one prompt's chunks and reads the local model's next-token log-probabilities
+  under any candidate bias, with the gate's signals."""
+
+  def __init__(self, lm):
+    import jax
+    from longjax.focus import condense as C
+    self.fm, self.params = lm.parts.model, lm.parts.params
+    fm, params = self.fm, self.params
+    self._condense = jax.jit(fm._condense, static_argnums=2)
+    self._local = jax.jit(lambda ck, cv, g, valid, toks, lens, n, bias: C.local_next_logits(
+        fm.model, params, ck, cv, g, valid, toks, lens, n, cand_bias=bias))
+    self._top = jax.jit(self._top_logprob)
+
+  def _top_logprob(self, tokens, valid, last):
+    """``log max_y p(y)`` of the base after row r's token ``last[r]`` (causal rows from 0)."""
+    import jax
+    import jax.numpy as jnp
+    from longjax.kernels.mask import TokenMeta
+    pos = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
+    logits, _ = self.fm.model.apply({"params": self.params}, tokens, pos,
+                                    q_meta=TokenMeta.causal(pos, valid=valid),
+                                    head_rows=last[:, None])
+    return jnp.max(jax.nn.log_softmax(logits[:, 0].astype(jnp.float32), axis=-1), axis=-1)
+
+  def read(self, ids, generated=()):
+    row = self.fm.plan(np.asarray(ids), list(generated))
+    cb, lb, cap = self.fm._pack([row], 0)
+    ck, cv, _, _ = self._condense(self.params, cb, cap)
+    valid = np.asarray(cb.cand_valid)
+    none = np.zeros_like(valid)
+    n = row.n_chunks
+    last = np.maximum(np.asarray(cb.lengths) - 1, 0)[:n].astype(np.int32)
+    top = [float(x) for x in np.exp(np.asarray(self._top(cb.tokens[:n], cb.valid[:n], last)))]
+    local = lambda m, b: log_softmax(np.asarray(  # noqa: E731
+        self._local(ck, cv, cb.gather, m, lb.tokens, lb.lengths, lb.n_chunks, b), np.float32)[0])
+    zero = np.zeros(valid.shape, np.float32)
+    out = dict(n_chunks=row.n_chunks, top_p=top, none=local(none, zero))
+    refs = dict(prompt=self._prompt_top(row.prompt), local=float(np.exp(out["none"].max())))
+    for name, beta, tau, kappa, ref in READINGS:
+      bias = gain_bias(top, refs[ref] if ref else 0.0, valid.shape[1], beta, tau, kappa)
+      out[name] = local(valid, bias)
+    out["refs"] = refs
+    return out
+
+  def _prompt_top(self, prompt) -> float:
+    """The base's top next-token probability reading the dynamic prompt alone (padded to a
+    multiple of 64 tokens: few compiled shapes)."""
+    t = -(-len(prompt) // 64) * 64
+    toks = np.zeros((1, t), np.int32)
+    toks[0, :len(prompt)] = prompt
+    valid = np.arange(t)[None] < len(prompt)
+    return float(np.exp(self._top(toks, valid, np.array([len(prompt) - 1], np.int32))[0]))
+
+
+NAMES = ["none"] + [r[0] for r in READINGS]
+
+
+def prose(reader, tok, n_docs: int, reserve: int):
+  from experiments.learn_passkey_real import real_text_docs
+  doc_nll = {k: [] for k in NAMES}
+  for d, ids in enumerate(real_text_docs(tok, n_docs, 3072)):
+    ids = np.asarray(ids, np.int32)
+    ctx, tgt = ids[:len(ids) - reserve], ids[len(ids) - reserve:]
+    nll = {k: [] for k in NAMES}
+    for t in range(reserve):
+      r = reader.read(ctx, tgt[:t])
+      for k in NAMES:
+        nll[k].append(-float(r[k][tgt[t]]))
+      print(json.dumps(dict(set="prose", doc=d, step=t, refs=r["refs"],
+                            top_p_max=max(r["top_p"]),
+                            nll={k: round(v[-1], 3) for k, v in nll.items()})), flush=True)
+    for k in NAMES:
+      doc_nll[k].append(float(np.mean(nll[k])))
+  return {k: dict(ppl=round(float(np.exp(np.mean(v))), 3), doc_nll=[round(x, 4) for x in v])
+          for k, v in doc_nll.items()}
+
+
+def ruler(reader, lm, length: int, n: int, base: str):
+  tok = lm.parts.tokenizer
+  right = {k: 0 for k in NAMES}
+  rows = []
+  for prompt, target in ruler_prompts(lm, "niah_single_1", length, n, base):
+    p_ids = lm.tok_encode(prompt)
+    t_ids = lm.tok_encode(prompt + " " + target)[len(p_ids):]  # " ", then one token per digit
+    r = reader.read(p_ids, t_ids[:1])
+    rec = dict(set="ruler", target=target, refs=r["refs"], top_p=r["top_p"],
+               first={k: tok.decode([int(np.argmax(r[k]))]) for k in NAMES})
+    for k in NAMES:
+      right[k] += int(np.argmax(r[k]) == t_ids[1])
+    rows.append(rec)
+    print(json.dumps(rec), flush=True)
+  return dict(n=len(rows), right_first=right), rows
+
+
+def main(argv=None):
+  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  ap.add_argument("--asset", default="assets/smollm2_focus")
+  ap.add_argument("--overlap", type=int, default=32, help="chunk_overlap to read with")
+  ap.add_argument("--docs", type=int, default=8, help="prose documents (0: skip prose)")
+  ap.add_argument("--reserve", type=int, default=32, help="prose: scored tokens per document")
+  ap.add_argument("--samples", type=int, default=10, help="RULER samples (0: skip RULER)")
+  ap.add_argument("--length", type=int, default=4096, help="RULER length")
+  ap.add_argument("--out", help="also write the summary to this JSON file")
+  a = ap.parse_args(argv)
+  bad = (f"--asset {a.asset}: no such directory (give an exported FocusLLM asset)"
+         if not Path(a.asset).is_dir() else
+         f"--overlap {a.overlap}: give 0 or more" if a.overlap < 0 else
+         f"--docs {a.docs}/--samples {a.samples}: give 0 or more"
+         if min(a.docs, a.samples) < 0 else
+         f"--reserve {a.reserve}: give 1 or more" if a.reserve < 1 else None)
+  if bad:
+    print(f"focus_gate_reference_probe.py: error: {bad}", file=sys.stderr)
+    return 2
+  from longjax.ckpts import smollm2
+  from longjax.eval.harness import FOCUS, LongjaxLM
+  base = str(smollm2.get())
+  lm = LongjaxLM(method=FOCUS, checkpoint="smollm2", asset=a.asset, chunk_overlap=a.overlap)
+  reader = Reader(lm)
+  res = dict(asset=a.asset, chunk_overlap=a.overlap,
+             readings={n: dict(beta=b, tau=t, kappa=k, reference=r)
+                       for n, b, t, k, r in READINGS})
+  t0 = time.time()
+  if a.samples:
+    res["ruler"], res["ruler_samples"] = ruler(reader, lm, a.length, a.samples, base)
+    res["ruler"]["length"] = a.length
+    print(json.dumps(dict(ruler=res["ruler"], seconds=round(time.time() - t0))), flush=True)
+  if a.docs:
+    res["prose"] = prose(reader, lm.parts.tokenizer, a.docs, a.reserve)
+    res["prose_protocol"] = dict(docs=a.docs, doc_tokens=3072, reserve=a.reserve)
+    print(json.dumps(dict(prose={k: v["ppl"] for k, v in res["prose"].items()},
+                          seconds=round(time.time() - t0))), flush=True)
+  if a.out:
+    write_whole(a.out, res)
+
+
+if __name__ == "__main__":
+  sys.exit(main())
