@@ -43,9 +43,10 @@ from experiments.digit_probe import log_softmax, ruler_prompts, write_whole  # n
 # (name, beta, tau, kappa, reference): the readings compared
 READINGS = [("all", 0, 1.0, 0.0, None), ("gate8", 8, 1.0, 0.0, None),
             ("gate16@0.5", 16, 0.5, 0.0, None)]
-for _ref in ("prompt", "local"):
-  for _beta, _tau, _kappa in ((8, 0.5, 1.5), (8, 0.5, 2.0), (16, 0.5, 2.0)):
-    READINGS.append((f"gain{_beta}@{_tau:g}x{_kappa:g}:{_ref}", _beta, _tau, _kappa, _ref))
+for _beta, _tau, _kappa in ((8, 0.5, 1.5), (8, 0.5, 2.0), (16, 0.5, 2.0), (8, 1.0, 2.0),
+                            (8, 0.8, 2.0), (16, 0.8, 2.0), (8, 0.5, 3.0)):
+  READINGS.append((f"gain{_beta}@{_tau:g}x{_kappa:g}:prompt", _beta, _tau, _kappa, "prompt"))
+READINGS.append(("gain8@0.5x2:local", 8, 0.5, 2.0, "local"))
 
 
 def gain_bias(top_p, ref: float, cmax: int, beta: float, tau: float, kappa: float):
@@ -116,10 +117,12 @@ class Reader:
 NAMES = ["none"] + [r[0] for r in READINGS]
 
 
-def prose(reader, tok, n_docs: int, reserve: int):
+def prose(reader, tok, n_docs: int, reserve: int, only=None):
   from experiments.learn_passkey_real import real_text_docs
   doc_nll = {k: [] for k in NAMES}
   for d, ids in enumerate(real_text_docs(tok, n_docs, 3072)):
+    if only is not None and d not in only:
+      continue
     ids = np.asarray(ids, np.int32)
     ctx, tgt = ids[:len(ids) - reserve], ids[len(ids) - reserve:]
     nll = {k: [] for k in NAMES}
@@ -159,6 +162,8 @@ def main(argv=None):
   ap.add_argument("--overlap", type=int, default=32, help="chunk_overlap to read with")
   ap.add_argument("--docs", type=int, default=8, help="prose documents (0: skip prose)")
   ap.add_argument("--reserve", type=int, default=32, help="prose: scored tokens per document")
+  ap.add_argument("--only_docs", default="",
+                  help="prose: read only these of the --docs documents (comma list of indices)")
   ap.add_argument("--samples", type=int, default=10, help="RULER samples (0: skip RULER)")
   ap.add_argument("--length", type=int, default=4096, help="RULER length")
   ap.add_argument("--out", help="also write the summary to this JSON file")
@@ -186,8 +191,10 @@ def main(argv=None):
     res["ruler"]["length"] = a.length
     print(json.dumps(dict(ruler=res["ruler"], seconds=round(time.time() - t0))), flush=True)
   if a.docs:
-    res["prose"] = prose(reader, lm.parts.tokenizer, a.docs, a.reserve)
-    res["prose_protocol"] = dict(docs=a.docs, doc_tokens=3072, reserve=a.reserve)
+    only = {int(x) for x in a.only_docs.split(",") if x.strip()} or None
+    res["prose"] = prose(reader, lm.parts.tokenizer, a.docs, a.reserve, only)
+    res["prose_protocol"] = dict(docs=a.docs, doc_tokens=3072, reserve=a.reserve,
+                                 only_docs=sorted(only) if only else "all")
     print(json.dumps(dict(prose={k: v["ppl"] for k, v in res["prose"].items()},
                           seconds=round(time.time() - t0))), flush=True)
   if a.out:
