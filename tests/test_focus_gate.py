@@ -14,7 +14,7 @@ from longjax.focus import condense as C
 from longjax.focus.config import FocusError
 from longjax.models.decoder import Decoder
 
-from focus_helpers import prompt, tiny_focus, tiny_model
+from focus_helpers import padded, prompt, tiny_focus, tiny_model
 
 BETA = 3.0
 
@@ -39,6 +39,16 @@ def _reference_confidence(cfg, params, cb):
   return np.array(out)
 
 
+def _local_logits_with_bias(m, params, cb, lb, cap, level_gap):
+  """The local model's next-token logits with each candidate's scores biased by ``BETA *
+  level_gap`` of its chunk row (``level_gap [N]``: log confidence minus the gate's level,
+  clipped at 0 where the gate keeps full weight): the reference the gated prefill must equal."""
+  ck, cv, _, _ = m._condense(params, cb, cap)
+  bias = np.where(cb.cand_valid, BETA * level_gap[np.asarray(cb.gather)], 0.0)
+  return C.local_next_logits(m.model, params, ck, cv, cb.gather, cb.cand_valid, lb.tokens,
+                             lb.lengths, lb.n_chunks, cand_bias=jnp.asarray(bias, jnp.float32))
+
+
 def test_gated_prefill_reads_candidates_biased_by_the_base_confidence(tiny):
   cfg, params = tiny
   m = FocusLLM(cfg, tiny_focus(candidate_gate=BETA), bucket=16)
@@ -52,10 +62,7 @@ def test_gated_prefill_reads_candidates_biased_by_the_base_confidence(tiny):
   np.testing.assert_allclose(np.asarray(state.cand_conf)[real], ref[real], atol=1e-5)
   assert np.ptp(ref[real]) > 0.05  # the rows differ: a bias that is not a constant shift
 
-  ck, cv, _, _ = m._condense(params, cb, cap)
-  bias = np.where(cb.cand_valid, BETA * np.nan_to_num(ref)[np.asarray(cb.gather)], 0.0)
-  want = C.local_next_logits(m.model, params, ck, cv, cb.gather, cb.cand_valid, lb.tokens,
-                             lb.lengths, lb.n_chunks, cand_bias=jnp.asarray(bias, jnp.float32))
+  want = _local_logits_with_bias(m, params, cb, lb, cap, np.nan_to_num(ref))
   np.testing.assert_allclose(logits, want, atol=2e-5, rtol=1e-5)
   official, _ = FocusLLM(cfg, tiny_focus(), bucket=16).prefill(params, x[None],
                                                               np.array([len(x)], np.int32), 2)
@@ -77,10 +84,7 @@ def test_gate_threshold_keeps_sure_chunks_at_full_weight(tiny):
   logits, _ = m.prefill(params, x[None], np.array([len(x)], np.int32), 2)
   clipped = np.minimum(np.nan_to_num(ref) - np.log(tau), 0.0)
   assert (clipped[real] == 0).any() and (clipped[real] < -0.01).any()
-  ck, cv, _, _ = m._condense(params, cb, cap)
-  bias = np.where(cb.cand_valid, BETA * clipped[np.asarray(cb.gather)], 0.0)
-  want = C.local_next_logits(m.model, params, ck, cv, cb.gather, cb.cand_valid, lb.tokens,
-                             lb.lengths, lb.n_chunks, cand_bias=jnp.asarray(bias, jnp.float32))
+  want = _local_logits_with_bias(m, params, cb, lb, cap, clipped)
   np.testing.assert_allclose(logits, want, atol=2e-5, rtol=1e-5)
   unclipped, _ = plain.prefill(params, x[None], np.array([len(x)], np.int32), 2)
   assert np.max(np.abs(np.asarray(logits) - np.asarray(unclipped))) > 1e-3
@@ -120,10 +124,7 @@ def test_gate_gain_measures_each_chunk_against_the_prompt_alone(tiny):
   assert level > np.log(tau)  # the reference decides
   clipped = np.minimum(np.nan_to_num(ref) - level, 0.0)
   assert (clipped[real] == 0).any() and (clipped[real] < -0.01).any()
-  ck, cv, _, _ = plain._condense(params, cb, cap)
-  bias = np.where(cb.cand_valid, BETA * clipped[np.asarray(cb.gather)], 0.0)
-  want = C.local_next_logits(m.model, params, ck, cv, cb.gather, cb.cand_valid, lb.tokens,
-                             lb.lengths, lb.n_chunks, cand_bias=jnp.asarray(bias, jnp.float32))
+  want = _local_logits_with_bias(plain, params, cb, lb, cap, clipped)  # plain's candidates
   np.testing.assert_allclose(logits, want, atol=2e-5, rtol=1e-5)
   unreferenced, _ = plain.prefill(params, x[None], np.array([len(x)], np.int32), 2)
   assert np.max(np.abs(np.asarray(logits) - np.asarray(unreferenced))) > 1e-3
@@ -136,10 +137,7 @@ def test_gate_gain_cached_decode_equals_the_closed_form(tiny):
   m = FocusLLM(cfg, tiny_focus(candidate_gate=BETA, gate_threshold=0.01, gate_gain=1.5),
                bucket=16)
   prompts = [prompt(100, 0), prompt(61, 1), prompt(20, 2)]
-  lengths = np.array([len(p) for p in prompts], np.int32)
-  tokens = np.zeros((3, lengths.max()), np.int32)
-  for i, p in enumerate(prompts):
-    tokens[i, :len(p)] = p
+  tokens, lengths = padded(prompts)
   logits, state = m.prefill(params, tokens, lengths, 3)
   assert np.asarray(state.ref_row).tolist()[2] == -1
   np.testing.assert_allclose(logits, m.recompute(params, prompts, [[]] * 3), atol=2e-5)
@@ -171,10 +169,7 @@ def test_gated_cached_decode_equals_the_gated_closed_form(tiny):
   cfg, params = tiny
   m = FocusLLM(cfg, tiny_focus(candidate_gate=BETA), bucket=16)
   prompts = [prompt(100, 0), prompt(61, 1), prompt(20, 2)]  # 5, 3 and 0 chunks
-  lengths = np.array([len(p) for p in prompts], np.int32)
-  tokens = np.zeros((3, lengths.max()), np.int32)
-  for i, p in enumerate(prompts):
-    tokens[i, :len(p)] = p
+  tokens, lengths = padded(prompts)
   logits, state = m.prefill(params, tokens, lengths, 4)
   np.testing.assert_allclose(logits, m.recompute(params, prompts, [[]] * 3), atol=2e-5)
   fed = [[], [], []]
