@@ -15,13 +15,22 @@ The *gain gate* keeps chunk i's full weight only where ``p_i >= max(tau, kappa *
 its scores by ``beta * min(0, log p_i - log max(tau, kappa * r))`` elsewhere (``kappa = 0``: the
 plain gate with threshold ``tau``).
 
+The gain gate compares the confidences of different tokens: a few digits into a RULER answer the
+prompt alone is sure the number *ends* (``r`` near 1), and the needle's chunk, sure of the next
+digit, fades too. The *same-token gain* (``--set same_token``) compares one token: with ``y_i``
+chunk i's top token, ``p_i = p_i(y_i)`` against ``r_i = p_prompt(y_i)``, the prompt alone's
+probability *of that token*; the bias is ``beta * min(0, log p_i - log max(tau, kappa * r_i))``.
+
 Two held-out sets, read with the committed candidates (no training):
 
 * ``prose``: ``--docs`` pydoc documents of 3072 tokens, the last ``--reserve`` teacher-forced as
   FocusLLM's perplexity protocol does (every step re-reads the chunks with the tokens so far);
   per reading the perplexity (exp of the mean over documents of each document's mean NLL);
 * ``ruler``: RULER ``niah_single_1`` at ``--length`` (lm-eval's prompts), the first answer
-  digit after the answer's leading space; per reading how often it is the right one.
+  digit after the answer's leading space; per reading how often it is the right one. With
+  ``--whole_answer`` every answer token is read teacher-forced (one condensing per token) and a
+  reading scores a sample when it predicts each of them: what greedy decoding would write, up to
+  the needle's last token.
 
 JSON lines per step/sample, then a summary; ``--out`` writes both.
 
@@ -40,22 +49,31 @@ import numpy as np  # noqa: E402
 
 from experiments.digit_probe import log_softmax, ruler_prompts, write_whole  # noqa: E402
 
-# (name, beta, tau, kappa, reference): the readings compared
-READINGS = [("all", 0, 1.0, 0.0, None), ("gate8", 8, 1.0, 0.0, None),
-            ("gate16@0.5", 16, 0.5, 0.0, None)]
-for _beta, _tau, _kappa in ((8, 0.5, 1.5), (8, 0.5, 2.0), (16, 0.5, 2.0), (8, 1.0, 2.0),
-                            (8, 0.8, 2.0), (16, 0.8, 2.0), (8, 0.5, 3.0)):
-  READINGS.append((f"gain{_beta}@{_tau:g}x{_kappa:g}:prompt", _beta, _tau, _kappa, "prompt"))
-READINGS.append(("gain8@0.5x2:local", 8, 0.5, 2.0, "local"))
+# (name, beta, tau, kappa, reference): the readings compared, per --set. reference: None (the
+# plain gate), "prompt"/"local" (the gain against that reference's top probability), "same" (the
+# same-token gain against the prompt alone's probability of the chunk's top token)
+_PLAIN = [("all", 0, 1.0, 0.0, None), ("gate8", 8, 1.0, 0.0, None)]
+READING_SETS = dict(
+    reference=_PLAIN + [("gate16@0.5", 16, 0.5, 0.0, None)] + [
+        (f"gain{b}@{t:g}x{k:g}:prompt", b, t, k, "prompt")
+        for b, t, k in ((8, 0.5, 1.5), (8, 0.5, 2.0), (16, 0.5, 2.0), (8, 1.0, 2.0),
+                        (8, 0.8, 2.0), (16, 0.8, 2.0), (8, 0.5, 3.0))]
+    + [("gain8@0.5x2:local", 8, 0.5, 2.0, "local")],
+    same_token=_PLAIN + [("gain16@0.8x2:prompt", 16, 0.8, 2.0, "prompt")] + [
+        (f"same{b}@{t:g}x{k:g}", b, t, k, "same")
+        for b, t, k in ((8, 0.5, 2.0), (16, 0.5, 2.0), (16, 0.8, 2.0), (8, 0.3, 2.0),
+                        (16, 0.5, 4.0), (16, 1.0, 2.0))])
+READINGS = READING_SETS["reference"]
 
 
-def gain_bias(top_p, ref: float, cmax: int, beta: float, tau: float, kappa: float):
-  """``[1, Cmax]``: ``beta * min(0, log p_i - log max(tau, kappa * ref))`` per chunk, 0 for
-  empty slots (``beta = 0``: none)."""
+def gain_bias(top_p, ref, cmax: int, beta: float, tau: float, kappa: float):
+  """``[1, Cmax]``: ``beta * min(0, log p_i - log max(tau, kappa * ref_i))`` per chunk, 0 for
+  empty slots (``beta = 0``: none). ``ref``: one reference for every chunk, or one per chunk."""
   b = np.zeros((1, cmax), np.float32)
   if beta:
     top = np.log(np.maximum(np.asarray(top_p, np.float64), 1e-9))
-    b[0, :len(top_p)] = beta * np.minimum(top - np.log(max(tau, kappa * ref)), 0.0)
+    level = np.maximum(tau, kappa * np.asarray(ref, np.float64))
+    b[0, :len(top_p)] = beta * np.minimum(top - np.log(level), 0.0)
   return b
 
 
@@ -63,8 +81,9 @@ class Reader:
   """Condenses one prompt's chunks and reads the local model's next-token log-probabilities
   under any candidate bias, with the gate's signals."""
 
-  def __init__(self, lm):
+  def __init__(self, lm, readings=None):
     import jax
+    self.readings = READINGS if readings is None else readings
     from longjax.focus import condense as C
     self.fm, self.params = lm.parts.model, lm.parts.params
     fm, params = self.fm, self.params
@@ -74,7 +93,8 @@ class Reader:
     self._top = jax.jit(self._top_logprob)
 
   def _top_logprob(self, tokens, valid, last):
-    """``log max_y p(y)`` of the base after row r's token ``last[r]`` (causal rows from 0)."""
+    """The base's log-probabilities ``[R, V]`` after row r's token ``last[r]`` (causal rows
+    from 0)."""
     import jax
     import jax.numpy as jnp
     from longjax.kernels.mask import TokenMeta
@@ -82,7 +102,7 @@ class Reader:
     logits, _ = self.fm.model.apply({"params": self.params}, tokens, pos,
                                     q_meta=TokenMeta.causal(pos, valid=valid),
                                     head_rows=last[:, None])
-    return jnp.max(jax.nn.log_softmax(logits[:, 0].astype(jnp.float32), axis=-1), axis=-1)
+    return jax.nn.log_softmax(logits[:, 0].astype(jnp.float32), axis=-1)
 
   def read(self, ids, generated=()):
     row = self.fm.plan(np.asarray(ids), list(generated))
@@ -92,68 +112,90 @@ class Reader:
     none = np.zeros_like(valid)
     n = row.n_chunks
     last = np.maximum(np.asarray(cb.lengths) - 1, 0)[:n].astype(np.int32)
-    top = [float(x) for x in np.exp(np.asarray(self._top(cb.tokens[:n], cb.valid[:n], last)))]
+    chunk_lp = np.asarray(self._top(cb.tokens[:n], cb.valid[:n], last))
+    top_tok = chunk_lp.argmax(-1)
+    top = [float(x) for x in np.exp(chunk_lp.max(-1))]
     local = lambda m, b: log_softmax(np.asarray(  # noqa: E731
         self._local(ck, cv, cb.gather, m, lb.tokens, lb.lengths, lb.n_chunks, b), np.float32)[0])
     zero = np.zeros(valid.shape, np.float32)
     out = dict(n_chunks=row.n_chunks, top_p=top, none=local(none, zero))
-    refs = dict(prompt=self._prompt_top(row.prompt), local=float(np.exp(out["none"].max())))
-    for name, beta, tau, kappa, ref in READINGS:
-      bias = gain_bias(top, refs[ref] if ref else 0.0, valid.shape[1], beta, tau, kappa)
-      out[name] = local(valid, bias)
+    prompt_lp = self._prompt_logprobs(row.prompt)
+    refs = dict(prompt=float(np.exp(prompt_lp.max())), local=float(np.exp(out["none"].max())))
+    # the prompt alone's probability of each chunk's top token
+    same = np.exp(prompt_lp[top_tok]).tolist()
+    for name, beta, tau, kappa, ref in self.readings:
+      r = same if ref == "same" else refs[ref] if ref else 0.0
+      out[name] = local(valid, gain_bias(top, r, valid.shape[1], beta, tau, kappa))
     out["refs"] = refs
+    out["same_ref"] = same
     return out
 
-  def _prompt_top(self, prompt) -> float:
-    """The base's top next-token probability reading the dynamic prompt alone (padded to a
-    multiple of 64 tokens: few compiled shapes)."""
+  def _prompt_logprobs(self, prompt) -> np.ndarray:
+    """The base's next-token log-probabilities ``[V]`` reading the dynamic prompt alone (padded
+    to a multiple of 64 tokens: few compiled shapes)."""
     t = -(-len(prompt) // 64) * 64
     toks = np.zeros((1, t), np.int32)
     toks[0, :len(prompt)] = prompt
     valid = np.arange(t)[None] < len(prompt)
-    return float(np.exp(self._top(toks, valid, np.array([len(prompt) - 1], np.int32))[0]))
+    return np.asarray(self._top(toks, valid, np.array([len(prompt) - 1], np.int32))[0])
 
 
-NAMES = ["none"] + [r[0] for r in READINGS]
+def names(readings):
+  return ["none"] + [r[0] for r in readings]
 
 
 def prose(reader, tok, n_docs: int, reserve: int, only=None):
   from experiments.learn_passkey_real import real_text_docs
-  doc_nll = {k: [] for k in NAMES}
+  keys = names(reader.readings)
+  doc_nll = {k: [] for k in keys}
   for d, ids in enumerate(real_text_docs(tok, n_docs, 3072)):
     if only is not None and d not in only:
       continue
     ids = np.asarray(ids, np.int32)
     ctx, tgt = ids[:len(ids) - reserve], ids[len(ids) - reserve:]
-    nll = {k: [] for k in NAMES}
+    nll = {k: [] for k in keys}
     for t in range(reserve):
       r = reader.read(ctx, tgt[:t])
-      for k in NAMES:
+      for k in keys:
         nll[k].append(-float(r[k][tgt[t]]))
       print(json.dumps(dict(set="prose", doc=d, step=t, refs=r["refs"],
                             top_p_max=max(r["top_p"]),
                             nll={k: round(v[-1], 3) for k, v in nll.items()})), flush=True)
-    for k in NAMES:
+    for k in keys:
       doc_nll[k].append(float(np.mean(nll[k])))
   return {k: dict(ppl=round(float(np.exp(np.mean(v))), 3), doc_nll=[round(x, 4) for x in v])
           for k, v in doc_nll.items()}
 
 
-def ruler(reader, lm, length: int, n: int, base: str):
+def ruler(reader, lm, length: int, n: int, base: str, whole: bool = False):
   tok = lm.parts.tokenizer
-  right = {k: 0 for k in NAMES}
+  keys = names(reader.readings)
+  right = {k: 0 for k in keys}
   rows = []
   for prompt, target in ruler_prompts(lm, "niah_single_1", length, n, base):
     p_ids = lm.tok_encode(prompt)
     t_ids = lm.tok_encode(prompt + " " + target)[len(p_ids):]  # " ", then one token per digit
     r = reader.read(p_ids, t_ids[:1])
     rec = dict(set="ruler", target=target, refs=r["refs"], top_p=r["top_p"],
-               first={k: tok.decode([int(np.argmax(r[k]))]) for k in NAMES})
-    for k in NAMES:
-      right[k] += int(np.argmax(r[k]) == t_ids[1])
+               first={k: tok.decode([int(np.argmax(r[k]))]) for k in keys})
+    ok = {k: int(np.argmax(r[k]) == t_ids[1]) for k in keys}
+    if whole:  # the rest of the answer, teacher-forced, while some reading is still right
+      said = {k: tok.decode([int(np.argmax(r[k]))]) for k in keys}
+      for t in range(2, len(t_ids)):
+        if not any(ok.values()):
+          break
+        r = reader.read(p_ids, t_ids[:t])
+        for k in keys:
+          if ok[k]:
+            said[k] += tok.decode([int(np.argmax(r[k]))])
+            ok[k] = int(np.argmax(r[k]) == t_ids[t])
+      rec["said"] = said
+    for k in keys:
+      right[k] += ok[k]
     rows.append(rec)
     print(json.dumps(rec), flush=True)
-  return dict(n=len(rows), right_first=right), rows
+  return dict(n=len(rows), right_first=right) if not whole else \
+      dict(n=len(rows), right_whole=right), rows
 
 
 def main(argv=None):
@@ -166,6 +208,10 @@ def main(argv=None):
                   help="prose: read only these of the --docs documents (comma list of indices)")
   ap.add_argument("--samples", type=int, default=10, help="RULER samples (0: skip RULER)")
   ap.add_argument("--length", type=int, default=4096, help="RULER length")
+  ap.add_argument("--whole_answer", action="store_true",
+                  help="RULER: score every answer token (teacher-forced), not the first digit")
+  ap.add_argument("--set", default="reference", choices=sorted(READING_SETS),
+                  help="which readings to compare")
   ap.add_argument("--out", help="also write the summary to this JSON file")
   a = ap.parse_args(argv)
   bad = (f"--asset {a.asset}: no such directory (give an exported FocusLLM asset)"
@@ -181,13 +227,14 @@ def main(argv=None):
   from longjax.eval.harness import FOCUS, LongjaxLM
   base = str(smollm2.get())
   lm = LongjaxLM(method=FOCUS, checkpoint="smollm2", asset=a.asset, chunk_overlap=a.overlap)
-  reader = Reader(lm)
-  res = dict(asset=a.asset, chunk_overlap=a.overlap,
+  reader = Reader(lm, READING_SETS[a.set])
+  res = dict(asset=a.asset, chunk_overlap=a.overlap, set=a.set,
              readings={n: dict(beta=b, tau=t, kappa=k, reference=r)
-                       for n, b, t, k, r in READINGS})
+                       for n, b, t, k, r in reader.readings})
   t0 = time.time()
   if a.samples:
-    res["ruler"], res["ruler_samples"] = ruler(reader, lm, a.length, a.samples, base)
+    res["ruler"], res["ruler_samples"] = ruler(reader, lm, a.length, a.samples, base,
+                                               a.whole_answer)
     res["ruler"]["length"] = a.length
     print(json.dumps(dict(ruler=res["ruler"], seconds=round(time.time() - t0))), flush=True)
   if a.docs:

@@ -80,8 +80,8 @@ def test_bad_input_is_one_line_before_the_model_loads(tmp_path, capsys):
 
 def test_gain_bias_of_the_reference_probe_is_the_models_level():
   """experiments/focus_gate_reference_probe.py: ``beta * min(0, log p_i - log max(tau, kappa *
-  p_ref))`` per chunk (what ``FocusConfig.gate_gain`` computes), 0 after the chunks and at
-  beta 0."""
+  p_ref))`` per chunk (``p_ref`` one for every chunk, or one per chunk as ``FocusConfig.gate_gain``
+  computes), 0 after the chunks and at beta 0."""
   import focus_gate_reference_probe as rp
   top = [0.9, 0.3, 0.6]
   b = rp.gain_bias(top, 0.4, 5, 8.0, 0.5, 2.0)  # level max(0.5, 0.8) = 0.8
@@ -91,3 +91,7 @@ def test_gain_bias_of_the_reference_probe_is_the_models_level():
   low = rp.gain_bias(top, 0.1, 3, 8.0, 0.5, 2.0)  # level max(0.5, 0.2): the threshold decides
   np.testing.assert_allclose(low[0], [0.0, 8 * np.log(0.3 / 0.5), 0.0], rtol=1e-6)
   assert not rp.gain_bias(top, 0.4, 3, 0, 0.5, 2.0).any()
+  # the same-token reading: one reference per chunk (the prompt's probability of its token)
+  same = rp.gain_bias(top, [0.1, 0.05, 0.45], 3, 8.0, 0.5, 2.0)  # levels 0.5, 0.5, 0.9
+  np.testing.assert_allclose(same[0], [0.0, 8 * np.log(0.3 / 0.5), 8 * np.log(0.6 / 0.9)],
+                             rtol=1e-6)

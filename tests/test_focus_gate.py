@@ -13,6 +13,7 @@ from longjax.focus import FocusLLM
 from longjax.focus import condense as C
 from longjax.focus.config import FocusError
 from longjax.models.decoder import Decoder
+from longjax.models.head import lm_head
 
 from focus_helpers import padded, prompt, tiny_focus, tiny_model
 
@@ -24,19 +25,28 @@ def tiny():
   return tiny_model()
 
 
-def _reference_confidence(cfg, params, cb):
-  """Per chunk row: the plain decoder (base weights only, no candidate slot) over the row alone,
-  log of its top next-token probability after the row's last token."""
-  out = []
+def _last_logprobs(cfg, params, ids):
+  """The plain decoder (base weights only, no candidate slot) over ``ids`` alone: its
+  next-token log-probabilities ``[V]`` after the last token."""
+  toks = jnp.asarray(np.asarray(ids)[None])
+  logits, _ = Decoder(cfg).apply({"params": params}, toks, jnp.arange(toks.shape[1])[None])
+  return np.asarray(jax.nn.log_softmax(logits[0, -1]))
+
+
+def _reference_reading(cfg, params, cb):
+  """Per chunk row, the base over the row alone: (log of its top next-token probability, that
+  token); (nan, -1) for an empty row."""
+  conf, top = [], []
   for n in range(cb.tokens.shape[0]):
     length = int(cb.lengths[n])
-    if length == 0:
-      out.append(np.nan)
-      continue
-    toks = jnp.asarray(cb.tokens[n:n + 1, :length])
-    logits, _ = Decoder(cfg).apply({"params": params}, toks, jnp.arange(length)[None])
-    out.append(float(jnp.max(jax.nn.log_softmax(logits[0, -1]))))
-  return np.array(out)
+    lp = _last_logprobs(cfg, params, cb.tokens[n, :length]) if length else None
+    conf.append(np.nan if lp is None else float(lp.max()))
+    top.append(-1 if lp is None else int(lp.argmax()))
+  return np.array(conf), np.array(top)
+
+
+def _reference_confidence(cfg, params, cb):
+  return _reference_reading(cfg, params, cb)[0]
 
 
 def _local_logits_with_bias(m, params, cb, lb, cap, level_gap):
@@ -59,7 +69,7 @@ def test_gated_prefill_reads_candidates_biased_by_the_base_confidence(tiny):
 
   ref = _reference_confidence(cfg, params, cb)
   real = np.asarray(cb.lengths) > 0
-  np.testing.assert_allclose(np.asarray(state.cand_conf)[real], ref[real], atol=1e-5)
+  np.testing.assert_allclose(np.asarray(state.gate_signal.log_conf)[real], ref[real], atol=1e-5)
   assert np.ptp(ref[real]) > 0.05  # the rows differ: a bias that is not a constant shift
 
   want = _local_logits_with_bias(m, params, cb, lb, cap, np.nan_to_num(ref))
@@ -90,27 +100,26 @@ def test_gate_threshold_keeps_sure_chunks_at_full_weight(tiny):
   assert np.max(np.abs(np.asarray(logits) - np.asarray(unclipped))) > 1e-3
 
 
-def _prompt_confidence(cfg, params, prompt_ids) -> float:
-  """The plain decoder over the dynamic prompt alone: log of its top next-token probability."""
-  toks = jnp.asarray(np.asarray(prompt_ids)[None])
-  logits, _ = Decoder(cfg).apply({"params": params}, toks, jnp.arange(toks.shape[1])[None])
-  return float(jnp.max(jax.nn.log_softmax(logits[0, -1])))
-
-
-def test_gate_gain_measures_each_chunk_against_the_prompt_alone(tiny):
-  """``gate_gain`` kappa: the level is ``max(log tau, log kappa + log p_ref)``, ``p_ref`` the
-  base reading the dynamic prompt without a chunk (a reference row, not a candidate). tau is low
-  and kappa taken so the level falls between the chunks' own confidences; the candidates are
-  those of the plain gate (the reference row changes only the bias)."""
+def test_gate_gain_measures_each_chunk_token_against_the_prompt_alone(tiny):
+  """``gate_gain`` kappa: chunk i's level is ``max(log tau, log kappa + log r_i)``, ``r_i`` the
+  probability that the base reading the dynamic prompt without a chunk (a reference row, not a
+  candidate) gives chunk i's own top token. tau is low and kappa taken so that a chunk whose top
+  token is not the prompt's keeps full weight, which a level from the prompt's own top
+  probability would clip; the candidates are those of the plain gate (the reference row changes
+  only the bias)."""
   cfg, params = tiny
   x = prompt(100, 0)
   plain = FocusLLM(cfg, tiny_focus(candidate_gate=BETA), bucket=16)
   row = plain.plan(x)
   cb, lb, cap = plain._pack([row], 0)
-  ref = _reference_confidence(cfg, params, cb)
+  conf, top = _reference_reading(cfg, params, cb)
   real = np.asarray(cb.lengths) > 0
-  p_ref = _prompt_confidence(cfg, params, row.prompt)
-  kappa = float(np.exp(np.median(ref[real]) - p_ref))
+  prompt_lp = _last_logprobs(cfg, params, row.prompt)
+  same = np.where(real, prompt_lp[np.maximum(top, 0)], np.nan)  # log r_i per chunk row
+  other = real & (top != prompt_lp.argmax())
+  c = int(np.argmax(np.where(other, conf - same, -np.inf)))  # a chunk of another token
+  assert other[c] and same[c] < prompt_lp.max()
+  kappa = float(np.exp(conf[c] - (same[c] + prompt_lp.max()) / 2))
   tau = 1e-3
   m = FocusLLM(cfg, tiny_focus(candidate_gate=BETA, gate_threshold=tau, gate_gain=kappa),
                bucket=16)
@@ -118,12 +127,13 @@ def test_gate_gain_measures_each_chunk_against_the_prompt_alone(tiny):
   ref_row = int(np.asarray(state.ref_row)[0])
   assert ref_row == row.n_chunks  # after the prompt's chunk rows, and not among its candidates
   assert ref_row not in np.asarray(state.gather)[np.asarray(state.cand_valid)]
-  np.testing.assert_allclose(float(np.asarray(state.cand_conf)[ref_row]), p_ref, atol=1e-5)
+  np.testing.assert_array_equal(np.asarray(state.gate_signal.token)[real], top[real])
 
-  level = max(np.log(tau), np.log(kappa) + p_ref)
-  assert level > np.log(tau)  # the reference decides
-  clipped = np.minimum(np.nan_to_num(ref) - level, 0.0)
-  assert (clipped[real] == 0).any() and (clipped[real] < -0.01).any()
+  level = np.maximum(np.log(tau), np.log(kappa) + same)
+  assert (level[real] > np.log(tau)).all()  # the reference decides
+  clipped = np.nan_to_num(np.minimum(conf - level, 0.0))
+  assert clipped[c] == 0 and (clipped[real] < -0.01).any()
+  assert conf[c] - np.log(kappa) - prompt_lp.max() < -0.01  # the prompt's top would clip it
   want = _local_logits_with_bias(plain, params, cb, lb, cap, clipped)  # plain's candidates
   np.testing.assert_allclose(logits, want, atol=2e-5, rtol=1e-5)
   unreferenced, _ = plain.prefill(params, x[None], np.array([len(x)], np.int32), 2)
@@ -147,10 +157,12 @@ def test_gate_gain_cached_decode_equals_the_closed_form(tiny):
       fed[i].append(int(g[i]))
     logits, state = m.step(params, state, g)
     np.testing.assert_allclose(logits, m.recompute(params, prompts, fed), atol=2e-5)
-    # the reference row's signal follows the prompt alone with the tokens generated so far
+    # the reference row reads the prompt alone with the tokens generated so far: its hidden
+    # state gives that reading's whole distribution
     row = m.plan(prompts[0], fed[0])
-    np.testing.assert_allclose(float(np.asarray(state.cand_conf)[int(state.ref_row[0])]),
-                               _prompt_confidence(cfg, params, row.prompt), atol=1e-5)
+    ref_h = np.asarray(state.gate_signal.hidden)[int(state.ref_row[0])]
+    np.testing.assert_allclose(jax.nn.log_softmax(lm_head(cfg, params, jnp.asarray(ref_h))),
+                               _last_logprobs(cfg, params, row.prompt), atol=1e-4)
 
 
 @pytest.mark.parametrize("value", [-1.0, float("nan"), float("inf"), True, "2"])
@@ -185,7 +197,7 @@ def test_official_method_carries_no_gate(tiny):
   x = prompt(100, 0)
   _, state = FocusLLM(cfg, tiny_focus(), bucket=16).prefill(params, x[None],
                                                             np.array([len(x)], np.int32), 1)
-  assert state.cand_conf is None
+  assert state.gate_signal is None
 
 
 @pytest.mark.parametrize("value", [-1.0, float("nan"), float("inf"), True, "2"])
@@ -195,7 +207,7 @@ def test_gate_strength_must_be_a_finite_non_negative_number(value):
 
 
 def test_gate_on_a_one_device_chunk_mesh_equals_no_mesh(tiny):
-  """The sharded signal and step (``slot_log_confidence_sharded``) on a 1-device chunk mesh give
+  """The sharded signal and step (``slot_gate_signal_sharded``) on a 1-device chunk mesh give
   the unsharded gated logits (tests/test_focus_sharded.py runs 8 devices in a subprocess)."""
   from focus_helpers import decode_logits, prompt_batch
   cfg, params = tiny
@@ -215,7 +227,6 @@ def test_gated_dense_training_reads_the_inference_bias(tiny):
   bias built from the reference confidence; the gate moves them."""
   from longjax.focus.losses import DenseBatch, FocusLoss, pack_dense_targets
   from longjax.focus.planner import pack_chunks, pack_local, split_dense
-  from longjax.models.head import lm_head
   cfg, params = tiny
   f = tiny_focus(candidate_gate=BETA)
   xs, spans = [prompt(110, 5), prompt(75, 6)], [(60, 24), (33, 20)]

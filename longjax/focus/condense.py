@@ -23,6 +23,8 @@ parameters on every device once, instead of at every call.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
@@ -53,6 +55,15 @@ ACCELERATOR_BATCH_SIZE = 8
 def default_batch_size(platform: str) -> int:
   """Default chunk rows per condensing forward on a JAX ``platform`` (``"cpu"``, ``"gpu"``, ...)."""
   return DEFAULT_BATCH_SIZE.get(str(platform).lower(), ACCELERATOR_BATCH_SIZE)
+
+
+class GateSignal(NamedTuple):
+  """The frozen base's own reading at each chunk row's candidate slot: the candidate gate's
+  signal (docs/focusllm.md §4.5). Leading axes ``[N]`` (or ``[N, J]`` with decode steps)."""
+  log_conf: jax.Array  # log max_y p(y | row), fp32, <= 0
+  token: jax.Array  # that top token y (int32)
+  hidden: jax.Array  # the final hidden state the head read [..., H]: a reference row's whole
+  # distribution, for the probability it gives each chunk's top token (``gate_gain``)
 
 
 def _no_rows(tokens):
@@ -156,8 +167,9 @@ def condense_candidates(model: Decoder, params, tokens, positions, valid, length
   ordinary KV of every token before it (the earlier candidates read as ordinary tokens, as the
   cached decode step re-encodes them): ``[L, N, J, Hkv, D]``, one shared forward for all steps.
 
-  ``confidence``: also return the candidate gate's signal at each candidate slot (``[N]``, or
-  ``[N, J]`` with steps; :func:`slot_log_confidence`), read over the same cache.
+  ``confidence``: also return the candidate gate's signal at each candidate slot (a
+  :class:`GateSignal` of ``[N]``, or ``[N, J]`` with steps; :func:`slot_gate_signal`), read over
+  the same cache.
   """
   n, t = tokens.shape
   last = jnp.maximum(lengths - 1, 0)
@@ -180,8 +192,8 @@ def condense_candidates(model: Decoder, params, tokens, positions, valid, length
                               head_rows=_no_rows(cand_tok))
     if not confidence:
       return ck[:, :, 0], cv[:, :, 0]
-    return ck[:, :, 0], cv[:, :, 0], _base_top_logprob(model, params, cand_tok[:, 0],
-                                                       cand_pos[:, 0], memory)
+    return ck[:, :, 0], cv[:, :, 0], _base_reading(model, params, cand_tok[:, 0],
+                                                   cand_pos[:, 0], memory)
 
   if steps == 1:
     return candidate(last)
@@ -190,7 +202,9 @@ def condense_candidates(model: Decoder, params, tokens, positions, valid, length
   out = jax.lax.map(lambda j: candidate(jnp.minimum(first + j, last)),
                     jnp.arange(steps, dtype=jnp.int32))
   ck, cv = jnp.moveaxis(out[0], 0, 2), jnp.moveaxis(out[1], 0, 2)
-  return (ck, cv) if not confidence else (ck, cv, jnp.moveaxis(out[2], 0, 1))
+  if not confidence:
+    return ck, cv
+  return ck, cv, jax.tree.map(lambda a: jnp.moveaxis(a, 0, 1), out[2])
 
 
 def chunk_step(model: Decoder, params, cache_k, cache_v, cache_len, prev, new, row_valid):
@@ -220,11 +234,11 @@ def chunk_step(model: Decoder, params, cache_k, cache_v, cache_len, prev, new, r
   return cache_k, cache_v, cache_len + row_valid.astype(jnp.int32), k[:, :, 1], v[:, :, 1]
 
 
-def slot_log_confidence(model: Decoder, params, cache_k, cache_v, cache_len, tokens):
-  """The frozen base's own reading at each chunk row's candidate slot: ``log max_y p(y | row)``
-  ``[N]`` (fp32, <= 0), where ``tokens [N]`` is the candidate token, read with the base
-  weights at position ``cache_len`` over the row's first ``cache_len`` cache entries (everything
-  before the candidate; the caches as :func:`condense` / :func:`chunk_step` leave them).
+def slot_gate_signal(model: Decoder, params, cache_k, cache_v, cache_len, tokens) -> GateSignal:
+  """The frozen base's own reading at each chunk row's candidate slot (:class:`GateSignal`,
+  ``[N]``), where ``tokens [N]`` is the candidate token, read with the base weights at position
+  ``cache_len`` over the row's first ``cache_len`` cache entries (everything before the
+  candidate; the caches as :func:`condense` / :func:`chunk_step` leave them).
 
   The candidate gate's signal (docs/focusllm.md §4.5): the base model reading a chunk together
   with the question is sure of its next token where the chunk holds the answer, and unsure
@@ -234,35 +248,45 @@ def slot_log_confidence(model: Decoder, params, cache_k, cache_v, cache_len, tok
   memory = KVPrefix(cache_k, cache_v, slots,
                     TokenMeta.causal(slots, valid=slots < cache_len[:, None]),
                     rotated=caches_rotated(model.cfg))
-  return _base_top_logprob(model, params, tokens, cache_len, memory)
+  return _base_reading(model, params, tokens, cache_len, memory)
 
 
-def _base_top_logprob(model: Decoder, params, tokens, positions, memory: KVPrefix):
-  """``log max_y p(y)`` ``[N]`` after one token per row (``tokens``, ``positions`` ``[N]``) read
-  with the base weights over ``memory``."""
+def _base_reading(model: Decoder, params, tokens, positions, memory: KVPrefix) -> GateSignal:
+  """:class:`GateSignal` ``[N]`` after one token per row (``tokens``, ``positions`` ``[N]``)
+  read with the base weights over ``memory``."""
   n = tokens.shape[0]
-  logits, _ = model.apply({"params": jax.lax.stop_gradient(params)},
-                          tokens[:, None].astype(jnp.int32), positions[:, None], memory=memory,
-                          head_rows=jnp.zeros((n, 1), jnp.int32))  # no alt: base weights only
-  return jnp.max(jax.nn.log_softmax(logits[:, 0].astype(jnp.float32), axis=-1), axis=-1)
+  base = jax.lax.stop_gradient(params)
+  h, _ = model.apply({"params": base}, tokens[:, None].astype(jnp.int32), positions[:, None],
+                     memory=memory, head=False,
+                     head_rows=jnp.zeros((n, 1), jnp.int32))  # no alt: base weights only
+  logp = jax.nn.log_softmax(lm_head(model.cfg, base, h[:, 0]), axis=-1)
+  return GateSignal(jnp.max(logp, axis=-1), jnp.argmax(logp, axis=-1).astype(jnp.int32), h[:, 0])
 
 
-def gate_bias(conf, gather, cand_valid, strength: float, threshold: float = 1.0,
-              gain: float = 0.0, ref_row=None):
-  """Each prompt's candidate score biases ``[B, Cmax]``: ``strength * min(0, conf - level)`` of
-  the chunk row in each candidate slot (``conf [N]`` from :func:`slot_log_confidence`), 0 in
-  empty slots. At strength 0 the bias is 0 (the official method); as it grows the local model
-  reads less of the chunks where the base is unsure. The level is ``log threshold`` (chunks at
-  least ``threshold`` sure keep their full weight; 1: none does) or, with a ``gain`` kappa > 0,
-  ``log max(threshold, kappa * p_ref)``, ``p_ref`` the base's confidence on the prompt's
-  reference row ``ref_row [B]`` (the dynamic prompt without a chunk): only chunks that make the
-  base ``kappa`` times surer than it is without them keep their weight (docs/focusllm.md §4.5)."""
-  conf = jax.lax.stop_gradient(conf)
+def gate_bias(signal: GateSignal, gather, cand_valid, strength: float, threshold: float = 1.0,
+              gain: float = 0.0, ref_row=None, head=None):
+  """Each prompt's candidate score biases ``[B, Cmax]``: ``strength * min(0, log p_i - level)``
+  with ``p_i`` the base's confidence at the candidate slot of the chunk row in slot i
+  (``signal`` from :func:`slot_gate_signal`), 0 in empty slots. At strength 0 the bias is 0 (the
+  official method); as it grows the local model reads less of the chunks where the base is
+  unsure. The level is ``log threshold`` (chunks at least ``threshold`` sure keep their full
+  weight; 1: none does) or, with a ``gain`` kappa > 0, ``log max(threshold, kappa * r_i)``:
+  ``r_i`` is the probability that the prompt's reference row ``ref_row [B]`` (the dynamic
+  prompt without a chunk) gives chunk i's top token ``y_i``, from the reference row's hidden
+  state through ``head`` (hidden ``[B, H]`` -> logits ``[B, V]``). Only chunks that make the
+  base ``kappa`` times surer of their token than it is without them keep their weight
+  (docs/focusllm.md §4.5)."""
+  signal = jax.lax.stop_gradient(signal)
   level = jnp.log(jnp.float32(threshold))
   if gain:
-    ref = jnp.take(conf, jnp.maximum(ref_row, 0), axis=0)
-    level = jnp.maximum(level, jnp.log(jnp.float32(gain)) + ref)[:, None]
-  below = jnp.minimum(jnp.take(conf, gather, axis=0) - level, 0.0)
+    if head is None or ref_row is None:
+      raise FocusError("gate_bias: a gain needs the reference rows (ref_row) and the head")
+    ref_h = jnp.take(signal.hidden, jnp.maximum(ref_row, 0), axis=0)
+    ref_logp = jax.nn.log_softmax(jax.lax.stop_gradient(head(ref_h)).astype(jnp.float32),
+                                  axis=-1)  # [B, V]
+    same = jnp.take_along_axis(ref_logp, jnp.take(signal.token, gather, axis=0), axis=1)
+    level = jnp.maximum(level, jnp.log(jnp.float32(gain)) + same)
+  below = jnp.minimum(jnp.take(signal.log_conf, gather, axis=0) - level, 0.0)
   return jnp.where(cand_valid, jnp.float32(strength) * below, 0.0)
 
 
@@ -438,10 +462,10 @@ def condense_candidates_sharded(model: Decoder, mesh, axis: str):
   return sharded
 
 
-def slot_log_confidence_sharded(model: Decoder, mesh, axis: str):
-  """:func:`slot_log_confidence` on chunk caches sharded along the chunk rows (each device reads
-  its own rows; the signal ``[N]`` comes back split the same way)."""
-  fn = lambda params, ck, cv, cl, tokens: slot_log_confidence(model, params, ck, cv, cl, tokens)
+def slot_gate_signal_sharded(model: Decoder, mesh, axis: str):
+  """:func:`slot_gate_signal` on chunk caches sharded along the chunk rows (each device reads
+  its own rows; the signal comes back split the same way)."""
+  fn = lambda params, ck, cv, cl, tokens: slot_gate_signal(model, params, ck, cv, cl, tokens)
   row, kv = P(axis), P(None, axis)
   return jax.shard_map(fn, mesh=mesh, in_specs=(P(), kv, kv, row, row), out_specs=row,
                        check_vma=False)

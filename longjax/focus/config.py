@@ -39,10 +39,10 @@ class FocusConfig:
   * ``gate_threshold`` tau (longjax; 1 = the plain gate): with the gate on, chunks where the base
     is at least tau sure keep their full weight; the bias is ``beta * min(0, log p - log tau)``.
   * ``gate_gain`` kappa (longjax; 0 = no reference): with the gate on, a chunk keeps its full
-    weight only where it makes the base kappa times surer than the dynamic prompt alone does
-    (``p >= max(tau, kappa * p_ref)``; one more row per prompt, docs/focusllm.md, "Candidate
-    gate"): on prose, where the next token is often easy whatever a chunk holds, every chunk then
-    fades.
+    weight only where it makes the base kappa times surer of its top token ``y`` than the dynamic
+    prompt alone does (``p(y) >= max(tau, kappa * p_ref(y))``; one more row per prompt,
+    docs/focusllm.md, "Candidate gate"): on prose, where the next token is often easy whatever a
+    chunk holds, every chunk then fades.
   * ``chunk_overlap`` O (longjax; 0 = the official method): every chunk but the first also reads
     the O memory tokens before it (chunk i is ``x[max(0, i*S-O) : (i+1)*S]``), so a fact cut by a
     chunk boundary is whole in one chunk row; the number of chunks (candidates) is unchanged

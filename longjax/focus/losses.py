@@ -176,22 +176,23 @@ class FocusLoss:
                                              cb.lengths, steps=j, **self._gate_kw)
       flat = lambda a: a.reshape(a.shape[:1] + (-1,) + a.shape[3:])
       cand_k, cand_v = flat(cand_k), flat(cand_v)
-      conf = [c.reshape(-1) for c in conf]  # [N, J] -> [N * J], the flat index above
+      # [N, J, ...] -> [N * J, ...], the flat index above
+      conf = [jax.tree.map(lambda c: c.reshape((-1,) + c.shape[2:]), c) for c in conf]
       gather = (cb.gather[:, None, :] * j + jnp.arange(j, dtype=cb.gather.dtype)[None, :, None])
       gather = gather.reshape(b * j, -1)
       cand_valid = jnp.repeat(cb.cand_valid, j, axis=0)
       ref_row = (cb.ref_row[:, None] * j + jnp.arange(j, dtype=cb.ref_row.dtype)).reshape(-1)
-    bias = self._bias(conf, gather, cand_valid, ref_row)
+    bias = self._bias(params, conf, gather, cand_valid, ref_row)
     return C.local_last_hidden(self.model, params, cand_k, cand_v, gather, cand_valid,
                                lb.tokens, lb.lengths, lb.n_chunks, cand_bias=bias)
 
-  def _bias(self, conf, gather, cand_valid, ref_row):
+  def _bias(self, params, conf, gather, cand_valid, ref_row):
     """The candidate gate's score biases (None: the gate is off)."""
     if not conf:
       return None
     f = self.fcfg
     return C.gate_bias(conf[0], gather, cand_valid, f.candidate_gate, f.gate_threshold,
-                       f.gate_gain, ref_row)
+                       f.gate_gain, ref_row, head=functools.partial(lm_head, self.cfg, params))
 
   @property
   def _gate_kw(self) -> dict:
@@ -247,7 +248,7 @@ class FocusLoss:
     cb, lb = batch.chunks, batch.local
     cand_k, cand_v, *conf = self._condense(params, cb.tokens, cb.positions, cb.valid, cb.lengths,
                                            **self._gate_kw)
-    bias = self._bias(conf, cb.gather, cb.cand_valid, cb.ref_row)
+    bias = self._bias(params, conf, cb.gather, cb.cand_valid, cb.ref_row)
     h = C.local_hidden(self.model, params, cand_k, cand_v, cb.gather, cb.cand_valid, lb.tokens,
                        lb.lengths, lb.n_chunks, cand_bias=bias)
     return jax.nn.log_softmax(lm_head(self.cfg, params, h))

@@ -57,8 +57,8 @@ class FocusState:
   local_tokens: jax.Array  # [B, U]
   local_len: jax.Array  # [B]
   n_chunks: jax.Array  # [B]
-  # [N] the base's log top probability at each row's candidate slot (None: no candidate gate)
-  cand_conf: Optional[jax.Array] = None
+  # the base's reading at each row's candidate slot, [N] (None: no candidate gate)
+  gate_signal: Optional[C.GateSignal] = None
   # [B] each prompt's reference row (the gate's ``gate_gain``; None: no reference rows)
   ref_row: Optional[jax.Array] = None
 
@@ -138,12 +138,12 @@ class FocusLLM:
       self.n_shards = int(mesh.shape[axis])
       platform = mesh.devices.flat[0].platform
       self._chunk_step = C.chunk_step_sharded(self.model, mesh, axis)
-      self._slot_conf = C.slot_log_confidence_sharded(self.model, mesh, axis)
+      self._slot_conf = C.slot_gate_signal_sharded(self.model, mesh, axis)
     else:
       self.n_shards = 1
       platform = jax.devices()[0].platform
       self._chunk_step = functools.partial(C.chunk_step, self.model)
-      self._slot_conf = functools.partial(C.slot_log_confidence, self.model)
+      self._slot_conf = functools.partial(C.slot_gate_signal, self.model)
     self.chunk_batch_size = (C.default_batch_size(platform) if chunk_batch_size is None
                              else check_chunk_batch_size(chunk_batch_size))
     self._prefill_jit = jax.jit(self._prefill_impl, static_argnames=("cache_cap", "all_logits"))
@@ -201,16 +201,17 @@ class FocusLLM:
         prev=cand_tok, owner=cb.owner,
         row_valid=cb.owner >= 0, cand_k=cand_k, cand_v=cand_v, gather=cb.gather,
         cand_valid=cb.cand_valid, local_tokens=lb.tokens, local_len=lb.lengths,
-        n_chunks=lb.n_chunks, cand_conf=conf,
+        n_chunks=lb.n_chunks, gate_signal=conf,
         ref_row=cb.ref_row if self.fcfg.reference_rows else None)
     return self._local_logits(params, state, all_logits), state
 
   def _local_logits(self, params, s: FocusState, all_logits: bool, model=None):
     args = (self.model if model is None else model, params, s.cand_k, s.cand_v, s.gather,
             s.cand_valid, s.local_tokens, s.local_len, s.n_chunks)
-    bias = (None if s.cand_conf is None
-            else C.gate_bias(s.cand_conf, s.gather, s.cand_valid, self.fcfg.candidate_gate,
-                             self.fcfg.gate_threshold, self.fcfg.gate_gain, s.ref_row))
+    bias = (None if s.gate_signal is None
+            else C.gate_bias(s.gate_signal, s.gather, s.cand_valid, self.fcfg.candidate_gate,
+                             self.fcfg.gate_threshold, self.fcfg.gate_gain, s.ref_row,
+                             head=functools.partial(lm_head, self.cfg, params)))
     kw = dict(mesh=self.mesh, axis=self.axis, cand_bias=bias)
     if all_logits:
       return lm_head(self.cfg, params, C.local_hidden(*args, **kw))
@@ -224,11 +225,11 @@ class FocusLLM:
     new = tokens[jnp.maximum(s.owner, 0)]
     chunk_step, slot_conf = ((self._chunk_step, self._slot_conf) if model is None
                              else (functools.partial(C.chunk_step, model),
-                                   functools.partial(C.slot_log_confidence, model)))
+                                   functools.partial(C.slot_gate_signal, model)))
     ck, cv, cl, cand_k, cand_v = chunk_step(params, s.cache_k, s.cache_v, s.cache_len, s.prev,
                                             new, s.row_valid)
-    if s.cand_conf is not None:  # the new candidate's slot follows the re-encoded previous one
-      s = dataclasses.replace(s, cand_conf=slot_conf(params, ck, cv, cl, new))
+    if s.gate_signal is not None:  # the new candidate's slot follows the re-encoded previous one
+      s = dataclasses.replace(s, gate_signal=slot_conf(params, ck, cv, cl, new))
     b = tokens.shape[0]
     local_tokens = s.local_tokens.at[jnp.arange(b), s.local_len].set(tokens, mode="drop")
     s = dataclasses.replace(s, cache_k=ck, cache_v=cv, cache_len=cl, prev=new, cand_k=cand_k,
