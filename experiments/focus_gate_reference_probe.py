@@ -39,6 +39,7 @@ JSON lines per step/sample, then a summary; ``--out`` writes both.
 """
 import argparse
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -64,6 +65,22 @@ READING_SETS = dict(
         for b, t, k in ((8, 0.5, 2.0), (16, 0.5, 2.0), (16, 0.8, 2.0), (8, 0.3, 2.0),
                         (16, 0.5, 4.0), (16, 1.0, 2.0))])
 READINGS = READING_SETS["reference"]
+_KINDS = {"gate": None, "gain": "prompt", "same": "same"}
+
+
+def parse_reading(spec: str):
+  """``all`` or ``{gate|gain|same}BETA[@TAU[xKAPPA]]`` (``gate8@0.5``, ``same16@0.8x3``): a
+  reading as in :data:`READING_SETS`; None when ``spec`` is not one."""
+  m = re.fullmatch(r"(gate|gain|same)(\d+(?:\.\d+)?)(?:@(\d*\.?\d+)(?:x(\d*\.?\d+))?)?", spec)
+  if spec == "all":
+    return ("all", 0, 1.0, 0.0, None)
+  if not m:
+    return None
+  kind, beta, tau, kappa = m.group(1), float(m.group(2)), float(m.group(3) or 1), \
+      float(m.group(4) or 0)
+  if (kind == "gate") != (kappa == 0) or not 0 < tau <= 1:
+    return None
+  return (spec, beta, tau, kappa, _KINDS[kind])
 
 
 def gain_bias(top_p, ref, cmax: int, beta: float, tau: float, kappa: float):
@@ -212,6 +229,10 @@ def main(argv=None):
                   help="RULER: score every answer token (teacher-forced), not the first digit")
   ap.add_argument("--set", default="reference", choices=sorted(READING_SETS),
                   help="which readings to compare")
+  ap.add_argument("--readings", default="",
+                  help="compare these readings instead of --set's (comma list: all, gate8, "
+                       "gate16@0.5, gain16@0.8x2 (top against the prompt's top), same16@0.8x3 "
+                       "(the same-token gain))")
   ap.add_argument("--out", help="also write the summary to this JSON file")
   a = ap.parse_args(argv)
   bad = (f"--asset {a.asset}: no such directory (give an exported FocusLLM asset)"
@@ -220,6 +241,11 @@ def main(argv=None):
          f"--docs {a.docs}/--samples {a.samples}: give 0 or more"
          if min(a.docs, a.samples) < 0 else
          f"--reserve {a.reserve}: give 1 or more" if a.reserve < 1 else None)
+  readings = [parse_reading(x.strip()) for x in a.readings.split(",") if x.strip()]
+  if not bad and None in readings:
+    wrong = [x for x, r in zip(a.readings.split(","), readings) if r is None]
+    bad = (f"--readings: {wrong[0].strip()!r} is not a reading (all, gateBETA[@TAU], "
+           "gainBETA@TAUxKAPPA or sameBETA@TAUxKAPPA, TAU in (0, 1], KAPPA > 0)")
   if bad:
     print(f"focus_gate_reference_probe.py: error: {bad}", file=sys.stderr)
     return 2
@@ -227,8 +253,8 @@ def main(argv=None):
   from longjax.eval.harness import FOCUS, LongjaxLM
   base = str(smollm2.get())
   lm = LongjaxLM(method=FOCUS, checkpoint="smollm2", asset=a.asset, chunk_overlap=a.overlap)
-  reader = Reader(lm, READING_SETS[a.set])
-  res = dict(asset=a.asset, chunk_overlap=a.overlap, set=a.set,
+  reader = Reader(lm, readings or READING_SETS[a.set])
+  res = dict(asset=a.asset, chunk_overlap=a.overlap, set="custom" if readings else a.set,
              readings={n: dict(beta=b, tau=t, kappa=k, reference=r)
                        for n, b, t, k, r in reader.readings})
   t0 = time.time()

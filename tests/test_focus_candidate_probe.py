@@ -3,6 +3,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
 
@@ -95,3 +96,17 @@ def test_gain_bias_of_the_reference_probe_is_the_models_level():
   same = rp.gain_bias(top, [0.1, 0.05, 0.45], 3, 8.0, 0.5, 2.0)  # levels 0.5, 0.5, 0.9
   np.testing.assert_allclose(same[0], [0.0, 8 * np.log(0.3 / 0.5), 8 * np.log(0.6 / 0.9)],
                              rtol=1e-6)
+
+
+@pytest.mark.parametrize("spec,want", [
+    ("all", ("all", 0, 1.0, 0.0, None)), ("gate8", ("gate8", 8.0, 1.0, 0.0, None)),
+    ("gate16@0.5", ("gate16@0.5", 16.0, 0.5, 0.0, None)),
+    ("gain16@0.8x2", ("gain16@0.8x2", 16.0, 0.8, 2.0, "prompt")),
+    ("same16@0.8x3", ("same16@0.8x3", 16.0, 0.8, 3.0, "same")),
+    ("same16", None), ("gate8@0.5x2", None), ("same16@1.5x2", None), ("same16@0x2", None),
+    ("bogus", None)])
+def test_reference_probe_parses_readings(spec, want):
+  """``--readings``: a gain needs a threshold and kappa, the plain gate takes none, tau is in
+  (0, 1]; anything else is not a reading (the probe then exits with one error line)."""
+  import focus_gate_reference_probe as rp
+  assert rp.parse_reading(spec) == want
