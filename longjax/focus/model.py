@@ -138,12 +138,12 @@ class FocusLLM:
       self.n_shards = int(mesh.shape[axis])
       platform = mesh.devices.flat[0].platform
       self._chunk_step = C.chunk_step_sharded(self.model, mesh, axis)
-      self._slot_conf = C.slot_gate_signal_sharded(self.model, mesh, axis)
+      self._slot_signal = C.slot_gate_signal_sharded(self.model, mesh, axis)
     else:
       self.n_shards = 1
       platform = jax.devices()[0].platform
       self._chunk_step = functools.partial(C.chunk_step, self.model)
-      self._slot_conf = functools.partial(C.slot_gate_signal, self.model)
+      self._slot_signal = functools.partial(C.slot_gate_signal, self.model)
     self.chunk_batch_size = (C.default_batch_size(platform) if chunk_batch_size is None
                              else check_chunk_batch_size(chunk_batch_size))
     self._prefill_jit = jax.jit(self._prefill_impl, static_argnames=("cache_cap", "all_logits"))
@@ -195,13 +195,14 @@ class FocusLLM:
     cand_k, cand_v, k, v = self._condense(params, cb, cache_cap)
     last = jnp.maximum(cb.lengths - 1, 0)
     cand_tok = jnp.take_along_axis(cb.tokens, last[:, None], axis=1)[:, 0]
-    conf = self._slot_conf(params, k, v, last, cand_tok) if self.fcfg.candidate_gate else None
+    signal = (self._slot_signal(params, k, v, last, cand_tok) if self.fcfg.candidate_gate
+              else None)
     state = FocusState(
         cache_k=k, cache_v=v, cache_len=last,
         prev=cand_tok, owner=cb.owner,
         row_valid=cb.owner >= 0, cand_k=cand_k, cand_v=cand_v, gather=cb.gather,
         cand_valid=cb.cand_valid, local_tokens=lb.tokens, local_len=lb.lengths,
-        n_chunks=lb.n_chunks, gate_signal=conf,
+        n_chunks=lb.n_chunks, gate_signal=signal,
         ref_row=cb.ref_row if self.fcfg.reference_rows else None)
     return self._local_logits(params, state, all_logits), state
 
@@ -223,13 +224,13 @@ class FocusLLM:
     for ``self.model``)."""
     tokens = tokens.astype(jnp.int32)
     new = tokens[jnp.maximum(s.owner, 0)]
-    chunk_step, slot_conf = ((self._chunk_step, self._slot_conf) if model is None
+    chunk_step, slot_signal = ((self._chunk_step, self._slot_signal) if model is None
                              else (functools.partial(C.chunk_step, model),
                                    functools.partial(C.slot_gate_signal, model)))
     ck, cv, cl, cand_k, cand_v = chunk_step(params, s.cache_k, s.cache_v, s.cache_len, s.prev,
                                             new, s.row_valid)
     if s.gate_signal is not None:  # the new candidate's slot follows the re-encoded previous one
-      s = dataclasses.replace(s, gate_signal=slot_conf(params, ck, cv, cl, new))
+      s = dataclasses.replace(s, gate_signal=slot_signal(params, ck, cv, cl, new))
     b = tokens.shape[0]
     local_tokens = s.local_tokens.at[jnp.arange(b), s.local_len].set(tokens, mode="drop")
     s = dataclasses.replace(s, cache_k=ck, cache_v=cv, cache_len=cl, prev=new, cand_k=cand_k,
