@@ -184,21 +184,25 @@ def prose(reader, tok, n_docs: int, reserve: int, only=None):
           for k, v in doc_nll.items()}
 
 
-def ruler(reader, lm, length: int, n: int, base: str, whole: bool = False):
+def answers(reader, lm, items, whole: bool = False, kind: str = "ruler"):
+  """``items``: ``(prompt, prefix, target)``; the answer ``prefix + target`` is read
+  teacher-forced after the prompt, scored from the first token after ``prefix``: that one, or with
+  ``whole`` every target token (while some reading is still right)."""
   tok = lm.parts.tokenizer
   keys = names(reader.readings)
   right = {k: 0 for k in keys}
   rows = []
-  for prompt, target in ruler_prompts(lm, "niah_single_1", length, n, base):
+  for prompt, prefix, target in items:
     p_ids = lm.tok_encode(prompt)
-    t_ids = lm.tok_encode(prompt + " " + target)[len(p_ids):]  # " ", then one token per digit
-    r = reader.read(p_ids, t_ids[:1])
-    rec = dict(set="ruler", target=target, refs=r["refs"], top_p=r["top_p"],
+    start = len(lm.tok_encode(prompt + prefix)) - len(p_ids)
+    t_ids = lm.tok_encode(prompt + prefix + target)[len(p_ids):]
+    r = reader.read(p_ids, t_ids[:start])
+    rec = dict(set=kind, target=target, refs=r["refs"], top_p=r["top_p"],
                first={k: tok.decode([int(np.argmax(r[k]))]) for k in keys})
-    ok = {k: int(np.argmax(r[k]) == t_ids[1]) for k in keys}
+    ok = {k: int(np.argmax(r[k]) == t_ids[start]) for k in keys}
     if whole:  # the rest of the answer, teacher-forced, while some reading is still right
       said = {k: tok.decode([int(np.argmax(r[k]))]) for k in keys}
-      for t in range(2, len(t_ids)):
+      for t in range(start + 1, len(t_ids)):
         if not any(ok.values()):
           break
         r = reader.read(p_ids, t_ids[:t])
@@ -211,8 +215,25 @@ def ruler(reader, lm, length: int, n: int, base: str, whole: bool = False):
       right[k] += ok[k]
     rows.append(rec)
     print(json.dumps(rec), flush=True)
-  return dict(n=len(rows), right_first=right) if not whole else \
-      dict(n=len(rows), right_whole=right), rows
+  return dict(n=len(rows), **{"right_whole" if whole else "right_first": right}), rows
+
+
+def ruler_items(lm, length: int, n: int, base: str):
+  """RULER ``niah_single_1``: the answer's leading space, then the number."""
+  for prompt, target in ruler_prompts(lm, "niah_single_1", length, n, base):
+    yield prompt, " ", target
+
+
+def passkey_items(lm, length: int, n: int, seed: int = 2024):
+  """The project's passkey as ``scripts/longctx_report.py`` asks it (keys at the middles of n
+  depth bins, chat template): the answer full attention gives, "The pass key is" then the key."""
+  from longjax.eval import passkey
+  depths = [round(100 * (i + 0.5) / n, 2) for i in range(n)]
+  for cell in passkey.beacon_grid([length], depths, seed=seed):
+    s = passkey.depth_sample(lm.parts.tokenizer, cell["length"], cell["depth"],
+                             passkey.INFO.format(key=cell["key"]), passkey.QUESTION)
+    prompt = lm.apply_chat_template([{"role": "user", "content": s["text"]}])
+    yield prompt, "The pass key is", f" {cell['key']}"
 
 
 def main(argv=None):
@@ -225,6 +246,9 @@ def main(argv=None):
                   help="prose: read only these of the --docs documents (comma list of indices)")
   ap.add_argument("--samples", type=int, default=10, help="RULER samples (0: skip RULER)")
   ap.add_argument("--length", type=int, default=4096, help="RULER length")
+  ap.add_argument("--passkey", type=int, default=0,
+                  help="also read the project's passkey: this many depths at --passkey_length")
+  ap.add_argument("--passkey_length", type=int, default=1024)
   ap.add_argument("--whole_answer", action="store_true",
                   help="RULER: score every answer token (teacher-forced), not the first digit")
   ap.add_argument("--set", default="reference", choices=sorted(READING_SETS),
@@ -238,8 +262,8 @@ def main(argv=None):
   bad = (f"--asset {a.asset}: no such directory (give an exported FocusLLM asset)"
          if not Path(a.asset).is_dir() else
          f"--overlap {a.overlap}: give 0 or more" if a.overlap < 0 else
-         f"--docs {a.docs}/--samples {a.samples}: give 0 or more"
-         if min(a.docs, a.samples) < 0 else
+         f"--docs {a.docs}/--samples {a.samples}/--passkey {a.passkey}: give 0 or more"
+         if min(a.docs, a.samples, a.passkey) < 0 else
          f"--reserve {a.reserve}: give 1 or more" if a.reserve < 1 else None)
   readings = [parse_reading(x.strip()) for x in a.readings.split(",") if x.strip()]
   if not bad and None in readings:
@@ -259,10 +283,15 @@ def main(argv=None):
                        for n, b, t, k, r in reader.readings})
   t0 = time.time()
   if a.samples:
-    res["ruler"], res["ruler_samples"] = ruler(reader, lm, a.length, a.samples, base,
-                                               a.whole_answer)
+    res["ruler"], res["ruler_samples"] = answers(
+        reader, lm, ruler_items(lm, a.length, a.samples, base), a.whole_answer)
     res["ruler"]["length"] = a.length
     print(json.dumps(dict(ruler=res["ruler"], seconds=round(time.time() - t0))), flush=True)
+  if a.passkey:
+    res["passkey"], res["passkey_samples"] = answers(
+        reader, lm, passkey_items(lm, a.passkey_length, a.passkey), a.whole_answer, "passkey")
+    res["passkey"]["length"] = a.passkey_length
+    print(json.dumps(dict(passkey=res["passkey"], seconds=round(time.time() - t0))), flush=True)
   if a.docs:
     only = {int(x) for x in a.only_docs.split(",") if x.strip()} or None
     res["prose"] = prose(reader, lm.parts.tokenizer, a.docs, a.reserve, only)
