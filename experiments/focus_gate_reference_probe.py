@@ -176,7 +176,8 @@ def prose(reader, tok, n_docs: int, reserve: int, only=None):
       for k in keys:
         nll[k].append(-float(r[k][tgt[t]]))
       print(json.dumps(dict(set="prose", doc=d, step=t, refs=r["refs"],
-                            top_p_max=max(r["top_p"]),
+                            top_p=[round(x, 4) for x in r["top_p"]],
+                            same_ref=[round(x, 4) for x in r["same_ref"]],
                             nll={k: round(v[-1], 3) for k, v in nll.items()})), flush=True)
     for k in keys:
       doc_nll[k].append(float(np.mean(nll[k])))
