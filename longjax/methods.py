@@ -148,7 +148,8 @@ class Focus:
   # the candidate gate weighs the candidates when they are read (docs/focusllm.md §4.5) and the
   # chunk overlap widens what each chunk row reads; the projections are the same tensors, so a
   # run with either may start from an asset without them
-  layout_only_fields = ("candidate_gate", "gate_threshold", "gate_gain", "chunk_overlap")
+  layout_only_fields = ("candidate_gate", "gate_threshold", "gate_gain", "gate_peer_gain",
+                        "chunk_overlap")
   reads_bos = True  # every chunk starts with the model's BOS
   plan_batch_axis = 0
   groups_by_windows = False

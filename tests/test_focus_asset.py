@@ -95,11 +95,15 @@ def test_asset_carries_its_candidate_gate(tmp_path, base):
   assert "candidate_gate" not in json.loads((tmp_path / "off" / "focus.json").read_text())
   assert "gate_threshold" not in json.loads((tmp_path / "off" / "focus.json").read_text())
   assert "gate_gain" not in json.loads((tmp_path / "off" / "focus.json").read_text())
+  assert "gate_peer_gain" not in json.loads((tmp_path / "off" / "focus.json").read_text())
   save_focus_asset(tmp_path / "on", cfg, tiny_focus(candidate_gate=4.0, gate_threshold=0.5,
-                                                    gate_gain=1.5), params, base=str(base))
+                                                    gate_gain=1.5, gate_peer_gain=3.0),
+                   params, base=str(base))
   meta = json.loads((tmp_path / "on" / "focus.json").read_text())
   assert meta["candidate_gate"] == 4.0 and meta["gate_threshold"] == 0.5
-  assert meta["gate_gain"] == 1.5
+  assert meta["gate_gain"] == 1.5 and meta["gate_peer_gain"] == 3.0
+  assert load_focus_asset(tmp_path / "on")[1].gate_peer_gain == 3.0
+  assert load_focus_asset(tmp_path / "off")[1].gate_peer_gain == 0.0
   assert load_focus_asset(tmp_path / "on")[1].candidate_gate == 4.0
   assert load_focus_asset(tmp_path / "on")[1].gate_threshold == 0.5
   assert load_focus_asset(tmp_path / "on")[1].gate_gain == 1.5

@@ -98,11 +98,23 @@ def test_gain_bias_of_the_reference_probe_is_the_models_level():
                              rtol=1e-6)
 
 
+def test_peer_reference_of_the_probe_is_the_lower_median_of_the_other_chunks():
+  """The probe's peer reference (its own numpy, independent of ``condense.peer_log_reference``):
+  chunk i's is the lower median over the other chunks of their probability of i's top token."""
+  import focus_gate_reference_probe as rp
+  p = np.array([[0.7, 0.2, 0.1], [0.1, 0.6, 0.3], [0.5, 0.1, 0.4], [0.3, 0.3, 0.4]])
+  top = p.argmax(-1)  # 0, 1, 0, 2
+  got = rp.peer_reference(np.log(p), top)
+  np.testing.assert_allclose(got, [0.3, 0.2, 0.3, 0.3], rtol=1e-9)
+  assert rp.peer_reference(np.log(p[:1]), top[:1]).tolist() == [0.0]
+
+
 @pytest.mark.parametrize("spec,want", [
     ("all", ("all", 0, 1.0, 0.0, None)), ("gate8", ("gate8", 8.0, 1.0, 0.0, None)),
     ("gate16@0.5", ("gate16@0.5", 16.0, 0.5, 0.0, None)),
     ("gain16@0.8x2", ("gain16@0.8x2", 16.0, 0.8, 2.0, "prompt")),
     ("same16@0.8x3", ("same16@0.8x3", 16.0, 0.8, 3.0, "same")),
+    ("peer16@0.3x4", ("peer16@0.3x4", 16.0, 0.3, 4.0, "peer")), ("peer8", None),
     ("same16", None), ("gate8@0.5x2", None), ("same16@1.5x2", None), ("same16@0x2", None),
     ("bogus", None)])
 def test_reference_probe_parses_readings(spec, want):

@@ -165,6 +165,93 @@ def test_gate_gain_cached_decode_equals_the_closed_form(tiny):
                                _last_logprobs(cfg, params, row.prompt), atol=1e-4)
 
 
+def test_peer_reference_is_the_lower_median_of_the_other_chunks():
+  """``peer_log_reference``: for slot i, the lower median over the prompt's *other valid* slots j
+  of ``log p_j(y_i)``; -inf for a prompt's only chunk. The head is the identity on normalised
+  log-probabilities, so each row's distribution is given directly."""
+  rng = np.random.default_rng(3)
+  logp = np.log(rng.dirichlet(np.ones(6), size=7)).astype(np.float32)  # 7 rows, 6 tokens
+  top = logp.argmax(-1)
+  gather = np.array([[0, 1, 2, 3, 4], [5, 6, 0, 0, 0]], np.int32)
+  valid = np.array([[1, 1, 1, 1, 1], [1, 0, 0, 0, 0]], bool)
+  signal = C.GateSignal(jnp.asarray(logp.max(-1)), jnp.asarray(top, jnp.int32), jnp.asarray(logp))
+  got = np.asarray(C.peer_log_reference(signal, jnp.asarray(gather), jnp.asarray(valid),
+                                        lambda h: h))
+  for i in range(5):
+    others = sorted(logp[gather[0, j], top[gather[0, i]]] for j in range(5) if j != i)
+    assert got[0, i] == pytest.approx(others[1], abs=1e-6)  # 4 others: the 2nd smallest
+  assert got[1, 0] == -np.inf
+  assert np.ptp(got[0]) > 0.1  # the slots differ: not one value for every chunk
+
+
+def _row_logprobs(cfg, params, cb):
+  """Per chunk row, the base's next-token log-probabilities ``[V]`` over the row alone (nan
+  for an empty row)."""
+  return np.stack([_last_logprobs(cfg, params, cb.tokens[n, :int(cb.lengths[n])])
+                   if int(cb.lengths[n]) else np.full(cfg.vocab_size, np.nan)
+                   for n in range(cb.tokens.shape[0])])
+
+
+def test_gate_peer_gain_measures_each_chunk_token_against_the_other_chunks(tiny):
+  """``gate_peer_gain`` kappa_p: chunk i's level is ``max(log tau, log kappa_p + log m_i)``,
+  ``m_i`` the median over the prompt's other chunks of their probability of chunk i's top
+  token, each read by the base over its own row. kappa_p is taken so that some chunks keep full
+  weight and some are clipped; no reference row is needed."""
+  cfg, params = tiny
+  x = prompt(100, 0)
+  plain = FocusLLM(cfg, tiny_focus(candidate_gate=BETA), bucket=16)
+  row = plain.plan(x)
+  cb, lb, cap = plain._pack([row], 0)
+  lp = _row_logprobs(cfg, params, cb)
+  real = np.flatnonzero(np.asarray(cb.lengths) > 0)
+  assert len(real) >= 4
+  conf, top = lp[real].max(-1), lp[real].argmax(-1)
+  peer = np.array([sorted(lp[real[j], top[i]] for j in range(len(real)) if j != i)[
+      (len(real) - 2) // 2] for i in range(len(real))])
+  gap = conf - peer
+  kappa = float(np.exp(np.median(gap)))
+  tau = 1e-3
+  m = FocusLLM(cfg, tiny_focus(candidate_gate=BETA, gate_threshold=tau, gate_peer_gain=kappa),
+               bucket=16)
+  logits, state = m.prefill(params, x[None], np.array([len(x)], np.int32), 2)
+  assert state.ref_row is None  # the peers need no reference row
+  level = np.maximum(np.log(tau), np.log(kappa) + peer)
+  clipped = np.zeros(cb.tokens.shape[0])
+  clipped[real] = np.minimum(conf - level, 0.0)
+  assert (clipped[real] == 0).any() and (clipped[real] < -0.01).any()
+  want = _local_logits_with_bias(plain, params, cb, lb, cap, clipped)
+  np.testing.assert_allclose(logits, want, atol=2e-5, rtol=1e-5)
+  # the prompt's own reading as the reference instead gives other logits: the peers decide
+  lone = FocusLLM(cfg, tiny_focus(candidate_gate=BETA, gate_threshold=tau, gate_gain=kappa),
+                  bucket=16)
+  other, _ = lone.prefill(params, x[None], np.array([len(x)], np.int32), 2)
+  assert np.max(np.abs(np.asarray(logits) - np.asarray(other))) > 1e-3
+
+
+def test_gate_peer_gain_cached_decode_equals_the_closed_form(tiny):
+  """With both references (prompts of 5, 3 and 0 chunks), each decode step equals the gated
+  forward over the prompt and the tokens fed so far."""
+  cfg, params = tiny
+  m = FocusLLM(cfg, tiny_focus(candidate_gate=BETA, gate_threshold=0.01, gate_gain=1.5,
+                               gate_peer_gain=2.0), bucket=16)
+  prompts = [prompt(100, 0), prompt(61, 1), prompt(20, 2)]
+  tokens, lengths = padded(prompts)
+  logits, state = m.prefill(params, tokens, lengths, 3)
+  np.testing.assert_allclose(logits, m.recompute(params, prompts, [[]] * 3), atol=2e-5)
+  fed = [[], [], []]
+  for g in np.random.default_rng(2).integers(3, 97, size=(2, 3)):
+    for i in range(3):
+      fed[i].append(int(g[i]))
+    logits, state = m.step(params, state, g)
+    np.testing.assert_allclose(logits, m.recompute(params, prompts, fed), atol=2e-5)
+
+
+@pytest.mark.parametrize("value", [-1.0, float("nan"), float("inf"), True, "2"])
+def test_gate_peer_gain_must_be_a_finite_non_negative_number(value):
+  with pytest.raises(FocusError, match="gate_peer_gain must be a finite number >= 0"):
+    tiny_focus(candidate_gate=1.0, gate_peer_gain=value)
+
+
 @pytest.mark.parametrize("value", [-1.0, float("nan"), float("inf"), True, "2"])
 def test_gate_gain_must_be_a_finite_non_negative_number(value):
   with pytest.raises(FocusError, match="gate_gain must be a finite number >= 0"):

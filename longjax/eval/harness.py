@@ -66,9 +66,10 @@ TRUNCATION = "truncation"  # the plain decoder reading the last `window` prompt 
 METHODS = (PLAIN, TRUNCATION, BEACON, FOCUS)
 WITH_ASSET = (BEACON, FOCUS)
 MODEL_ARGS = ("method", "checkpoint", "asset", "window", "tokenizer", "dtype", "batch_size", "loop",
-              "candidate_gate", "gate_threshold", "gate_gain", "chunk_overlap")
+              "candidate_gate", "gate_threshold", "gate_gain", "gate_peer_gain", "chunk_overlap")
 # FocusLLM reading settings that override the asset's
-FOCUS_READING = ("candidate_gate", "gate_threshold", "gate_gain", "chunk_overlap")
+FOCUS_READING = ("candidate_gate", "gate_threshold", "gate_gain", "gate_peer_gain",
+                 "chunk_overlap")
 # lm-eval's CLI hands every model these (None is dropped): JAX places arrays on its own device.
 IGNORED_ARGS = ("device", "max_batch_size")
 DTYPES = ("float32", "bfloat16")
@@ -107,6 +108,7 @@ class Args:
   chunk_overlap: Optional[int] = None  # FocusLLM: the asset's own when None
   gate_threshold: Optional[float] = None  # FocusLLM: the asset's own when None
   gate_gain: Optional[float] = None  # FocusLLM: the asset's own when None
+  gate_peer_gain: Optional[float] = None  # FocusLLM: the asset's own when None
 
 
 def _int(key, value, minimum=1) -> int:
@@ -220,8 +222,10 @@ def check_model_args(kwargs: dict) -> Args:
                        "(0, 1] (1: the plain gate)")
   gain = kw.get("gate_gain")
   gain = None if gain is None else _number_ge0("gate_gain", gain)
+  peer = kw.get("gate_peer_gain")
+  peer = None if peer is None else _number_ge0("gate_peer_gain", peer)
   return Args(method, ckpt, asset, window or 0, tok, dtype, _int("batch_size", bs), loop, gate,
-              overlap, tau, gain)
+              overlap, tau, gain, peer)
 
 
 def checkpoint_dir(args: Args) -> str:

@@ -27,7 +27,8 @@ META = f"{STEM}.json"
 # (assets.FIELD_KINDS): anything else is refused, a misspelt name included.
 FIELDS = {"local_window": "int", "memory_stride": "ints", "beacon_param": "strs",
           "prompt_cap": "int?", "min_len_threshold": "int", "candidate_gate": "number>=0",
-          "chunk_overlap": "int>=0", "gate_threshold": "number>=0", "gate_gain": "number>=0"}
+          "chunk_overlap": "int>=0", "gate_threshold": "number>=0", "gate_gain": "number>=0",
+          "gate_peer_gain": "number>=0"}
 
 
 def _is_candidate(name: str) -> bool:
@@ -57,6 +58,8 @@ def save_focus_asset(out_dir, cfg, fcfg, params, *, base: str, dtype: str = "bfl
     meta["gate_threshold"] = fcfg.gate_threshold
   if fcfg.gate_gain:  # likewise (absent: 0, no reference row)
     meta["gate_gain"] = fcfg.gate_gain
+  if fcfg.gate_peer_gain:  # likewise (absent: 0, no peer reference)
+    meta["gate_peer_gain"] = fcfg.gate_peer_gain
   if fcfg.chunk_overlap:  # likewise (absent: 0, the official chunks)
     meta["chunk_overlap"] = fcfg.chunk_overlap
   if lowrank_entry is not None:
@@ -79,6 +82,7 @@ def _settings(meta: dict, base: str):
                              candidate_gate=meta.get("candidate_gate", 0.0),
                              gate_threshold=meta.get("gate_threshold", 1.0),
                              gate_gain=meta.get("gate_gain", 0.0),
+                             gate_peer_gain=meta.get("gate_peer_gain", 0.0),
                              chunk_overlap=meta.get("chunk_overlap", 0))
 
 

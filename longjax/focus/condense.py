@@ -264,30 +264,58 @@ def _base_reading(model: Decoder, params, tokens, positions, memory: KVPrefix) -
 
 
 def gate_bias(signal: GateSignal, gather, cand_valid, strength: float, threshold: float = 1.0,
-              gain: float = 0.0, ref_row=None, head=None):
+              gain: float = 0.0, ref_row=None, head=None, peer_gain: float = 0.0):
   """Each prompt's candidate score biases ``[B, Cmax]``: ``strength * min(0, log p_i - level)``
   with ``p_i`` the base's confidence at the candidate slot of the chunk row in slot i
   (``signal`` from :func:`slot_gate_signal`), 0 in empty slots. At strength 0 the bias is 0 (the
   official method); as it grows the local model reads less of the chunks where the base is
   unsure. The level is ``log threshold`` (chunks at least ``threshold`` sure keep their full
-  weight; 1: none does) or, with a ``gain`` kappa > 0, ``log max(threshold, kappa * r_i)``:
-  ``r_i`` is the probability that the prompt's reference row ``ref_row [B]`` (the dynamic
-  prompt without a chunk) gives chunk i's top token ``y_i``, from the reference row's hidden
-  state through ``head`` (hidden ``[B, H]`` -> logits ``[B, V]``). Only chunks that make the
-  base ``kappa`` times surer of their token than it is without them keep their weight
-  (docs/focusllm.md §4.5)."""
+  weight; 1: none does), raised by two optional references of chunk i's top token ``y_i``
+  (docs/focusllm.md §4.5), ``head`` mapping hidden states ``[..., H]`` to logits ``[..., V]``:
+
+  * ``gain`` kappa > 0: to ``log kappa + log r_i``, ``r_i`` the probability that the prompt's
+    reference row ``ref_row [B]`` (the dynamic prompt without a chunk) gives ``y_i``. Only chunks
+    that make the base kappa times surer of their token than it is without them keep their
+    weight.
+  * ``peer_gain`` kappa_p > 0: to ``log kappa_p + log m_i``, ``m_i`` the median over the prompt's
+    other chunks j of ``p_j(y_i)`` (:func:`peer_log_reference`). A token every chunk predicts
+    comes from any text before the prompt, not from what chunk i holds."""
   signal = jax.lax.stop_gradient(signal)
   level = jnp.log(jnp.float32(threshold))
+  if (gain or peer_gain) and head is None:
+    raise FocusError("gate_bias: a gain or a peer gain needs the head")
+  tokens = jnp.take(signal.token, gather, axis=0)  # [B, Cmax] each slot's y_i
   if gain:
-    if head is None or ref_row is None:
-      raise FocusError("gate_bias: a gain needs the reference rows (ref_row) and the head")
+    if ref_row is None:
+      raise FocusError("gate_bias: a gain needs the reference rows (ref_row)")
     ref_h = jnp.take(signal.hidden, jnp.maximum(ref_row, 0), axis=0)
     ref_logp = jax.nn.log_softmax(jax.lax.stop_gradient(head(ref_h)).astype(jnp.float32),
                                   axis=-1)  # [B, V]
-    same = jnp.take_along_axis(ref_logp, jnp.take(signal.token, gather, axis=0), axis=1)
+    same = jnp.take_along_axis(ref_logp, tokens, axis=1)
     level = jnp.maximum(level, jnp.log(jnp.float32(gain)) + same)
+  if peer_gain:
+    level = jnp.maximum(level, jnp.log(jnp.float32(peer_gain))
+                        + peer_log_reference(signal, gather, cand_valid, head))
   below = jnp.minimum(jnp.take(signal.log_conf, gather, axis=0) - level, 0.0)
   return jnp.where(cand_valid, jnp.float32(strength) * below, 0.0)
+
+
+def peer_log_reference(signal: GateSignal, gather, cand_valid, head):
+  """``[B, Cmax]``: for the chunk in slot i, the log of the (lower) median over the prompt's
+  other valid chunks j of ``p_j(y_i)``, the base's probability at chunk j's candidate slot of
+  chunk i's top token; ``-inf`` where the prompt has no other chunk. The head reads every row's
+  hidden state once (``[N, V]``, as :func:`slot_gate_signal` does) and the ``[B, Cmax, Cmax]``
+  probabilities are gathered from it."""
+  logp = jax.nn.log_softmax(jax.lax.stop_gradient(head(signal.hidden)).astype(jnp.float32),
+                            axis=-1)  # [N, V]
+  tokens = jnp.take(signal.token, gather, axis=0)
+  pair = logp[gather[:, :, None], tokens[:, None, :]]  # [B, j, i] = log p_j(y_i)
+  c = gather.shape[1]
+  other = cand_valid[:, :, None] & ~jnp.eye(c, dtype=bool)[None]
+  ranked = jnp.sort(jnp.where(other, pair, jnp.inf), axis=1)
+  count = jnp.sum(other, axis=1)  # [B, i]
+  median = jnp.take_along_axis(ranked, (jnp.maximum(count, 1) - 1)[:, None, :] // 2, axis=1)[:, 0]
+  return jnp.where(count > 0, median, -jnp.inf)
 
 
 def gather_candidates(cand, gather):

@@ -43,6 +43,10 @@ class FocusConfig:
     prompt alone does (``p(y) >= max(tau, kappa * p_ref(y))``; one more row per prompt,
     docs/focusllm.md, "Candidate gate"): on prose, where the next token is often easy whatever a
     chunk holds, every chunk then fades.
+  * ``gate_peer_gain`` kappa_p (longjax; 0 = no peer reference): with the gate on, a chunk keeps
+    its full weight only where the base is also kappa_p times surer of its top token ``y`` than
+    at the median of the prompt's other chunks (``p(y) >= kappa_p * median_j p_j(y)``): a token
+    every chunk predicts comes from the text before the prompt, not from what one chunk holds.
   * ``chunk_overlap`` O (longjax; 0 = the official method): every chunk but the first also reads
     the O memory tokens before it (chunk i is ``x[max(0, i*S-O) : (i+1)*S]``), so a fact cut by a
     chunk boundary is whole in one chunk row; the number of chunks (candidates) is unchanged
@@ -58,6 +62,7 @@ class FocusConfig:
   candidate_gate: float = 0.0
   gate_threshold: float = 1.0
   gate_gain: float = 0.0
+  gate_peer_gain: float = 0.0
   chunk_overlap: int = 0
 
   def __post_init__(self):
@@ -93,6 +98,12 @@ class FocusConfig:
       raise FocusError(f"FocusConfig.gate_gain must be a finite number >= 0 (0: no reference "
                        f"row), got {kappa!r}")
     object.__setattr__(self, "gate_gain", float(kappa))
+    peer = self.gate_peer_gain
+    if (isinstance(peer, bool) or not isinstance(peer, (int, float))
+        or not math.isfinite(peer) or peer < 0):
+      raise FocusError(f"FocusConfig.gate_peer_gain must be a finite number >= 0 (0: no peer "
+                       f"reference), got {peer!r}")
+    object.__setattr__(self, "gate_peer_gain", float(peer))
     o = self.chunk_overlap
     if not isinstance(o, int) or isinstance(o, bool) or o < 0 or o >= self.chunk_stride:
       raise FocusError(f"FocusConfig.chunk_overlap must be an integer in [0, chunk_stride="
@@ -165,7 +176,8 @@ class FocusConfig:
                min_len_threshold=f.min_len_threshold,
                bos_id=int(bos_id) if bos_id is not None else 1,
                candidate_gate=f.candidate_gate, gate_threshold=f.gate_threshold,
-               gate_gain=f.gate_gain, chunk_overlap=f.chunk_overlap)
+               gate_gain=f.gate_gain, gate_peer_gain=f.gate_peer_gain,
+               chunk_overlap=f.chunk_overlap)
 
 
 def check_model(cfg, fcfg: FocusConfig, params: Optional[dict] = None):

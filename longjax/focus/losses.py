@@ -192,7 +192,8 @@ class FocusLoss:
       return None
     f = self.fcfg
     return C.gate_bias(conf[0], gather, cand_valid, f.candidate_gate, f.gate_threshold,
-                       f.gate_gain, ref_row, head=functools.partial(lm_head, self.cfg, params))
+                       f.gate_gain, ref_row, head=functools.partial(lm_head, self.cfg, params),
+                       peer_gain=f.gate_peer_gain)
 
   @property
   def _gate_kw(self) -> dict:

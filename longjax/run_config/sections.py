@@ -209,6 +209,8 @@ class FocusSection:
   gate_threshold: float = 1.0
   # and only where they make it this many times surer than the dynamic prompt alone (0: off)
   gate_gain: float = 0.0
+  # and this many times surer than the median of the prompt's other chunks (0: off)
+  gate_peer_gain: float = 0.0
   # every chunk but the first also reads this many memory tokens before it (docs/focusllm.md,
   # "Chunk overlap"; 0: the official method)
   chunk_overlap: int = 0
