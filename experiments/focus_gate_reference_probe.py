@@ -21,6 +21,11 @@ digit, fades too. The *same-token gain* (``--set same_token``) compares one toke
 chunk i's top token, ``p_i = p_i(y_i)`` against ``r_i = p_prompt(y_i)``, the prompt alone's
 probability *of that token*; the bias is ``beta * min(0, log p_i - log max(tau, kappa * r_i))``.
 
+The *peer reference* (``peerBETA@TAUxKAPPA``) adds the other chunks: ``r_i`` becomes the larger of
+the prompt's probability of ``y_i`` and the median over the other chunks ``j`` of ``p_j(y_i)``. A
+token that every chunk predicts comes from any context before the prompt (the document's style),
+not from chunk i; the chunk that holds what the answer needs predicts what its peers do not.
+
 Two held-out sets, read with the committed candidates (no training):
 
 * ``prose``: ``--docs`` pydoc documents of 3072 tokens, the last ``--reserve`` teacher-forced as
@@ -52,7 +57,8 @@ from experiments.digit_probe import log_softmax, ruler_prompts, write_whole  # n
 
 # (name, beta, tau, kappa, reference): the readings compared, per --set. reference: None (the
 # plain gate), "prompt"/"local" (the gain against that reference's top probability), "same" (the
-# same-token gain against the prompt alone's probability of the chunk's top token)
+# same-token gain against the prompt alone's probability of the chunk's top token; "peer": the
+# larger of that and the other chunks' median probability of it)
 _PLAIN = [("all", 0, 1.0, 0.0, None), ("gate8", 8, 1.0, 0.0, None)]
 READING_SETS = dict(
     reference=_PLAIN + [("gate16@0.5", 16, 0.5, 0.0, None)] + [
@@ -65,13 +71,13 @@ READING_SETS = dict(
         for b, t, k in ((8, 0.5, 2.0), (16, 0.5, 2.0), (16, 0.8, 2.0), (8, 0.3, 2.0),
                         (16, 0.5, 4.0), (16, 1.0, 2.0))])
 READINGS = READING_SETS["reference"]
-_KINDS = {"gate": None, "gain": "prompt", "same": "same"}
+_KINDS = {"gate": None, "gain": "prompt", "same": "same", "peer": "peer"}
 
 
 def parse_reading(spec: str):
-  """``all`` or ``{gate|gain|same}BETA[@TAU[xKAPPA]]`` (``gate8@0.5``, ``same16@0.8x3``): a
+  """``all`` or ``{gate|gain|same|peer}BETA[@TAU[xKAPPA]]`` (``gate8@0.5``, ``same16@0.8x3``): a
   reading as in :data:`READING_SETS`; None when ``spec`` is not one."""
-  m = re.fullmatch(r"(gate|gain|same)(\d+(?:\.\d+)?)(?:@(\d*\.?\d+)(?:x(\d*\.?\d+))?)?", spec)
+  m = re.fullmatch(r"(gate|gain|same|peer)(\d+(?:\.\d+)?)(?:@(\d*\.?\d+)(?:x(\d*\.?\d+))?)?", spec)
   if spec == "all":
     return ("all", 0, 1.0, 0.0, None)
   if not m:
@@ -81,6 +87,19 @@ def parse_reading(spec: str):
   if (kind == "gate") != (kappa == 0) or not 0 < tau <= 1:
     return None
   return (spec, beta, tau, kappa, _KINDS[kind])
+
+
+def peer_reference(chunk_lp, top_tok):
+  """``[C]``: for each chunk i, the median over the other chunks j of ``p_j(y_i)`` (the lower
+  median; 0 with no other chunk). ``chunk_lp [C, V]`` each chunk row's log-probabilities,
+  ``top_tok [C]`` each row's top token ``y_i``."""
+  p = np.exp(np.asarray(chunk_lp, np.float64)[:, np.asarray(top_tok)])  # [j, i] = p_j(y_i)
+  c = p.shape[0]
+  out = np.zeros(c)
+  for i in range(c):
+    others = np.sort(np.delete(p[:, i], i))
+    out[i] = others[(len(others) - 1) // 2] if len(others) else 0.0
+  return out
 
 
 def gain_bias(top_p, ref, cmax: int, beta: float, tau: float, kappa: float):
@@ -140,11 +159,14 @@ class Reader:
     refs = dict(prompt=float(np.exp(prompt_lp.max())), local=float(np.exp(out["none"].max())))
     # the prompt alone's probability of each chunk's top token
     same = np.exp(prompt_lp[top_tok]).tolist()
+    peer = peer_reference(chunk_lp, top_tok).tolist()
+    both = np.maximum(same, peer).tolist()
     for name, beta, tau, kappa, ref in self.readings:
-      r = same if ref == "same" else refs[ref] if ref else 0.0
+      r = same if ref == "same" else both if ref == "peer" else refs[ref] if ref else 0.0
       out[name] = local(valid, gain_bias(top, r, valid.shape[1], beta, tau, kappa))
     out["refs"] = refs
     out["same_ref"] = same
+    out["peer_ref"] = peer
     return out
 
   def _prompt_logprobs(self, prompt) -> np.ndarray:
@@ -178,6 +200,7 @@ def prose(reader, tok, n_docs: int, reserve: int, only=None):
       print(json.dumps(dict(set="prose", doc=d, step=t, refs=r["refs"],
                             top_p=[round(x, 4) for x in r["top_p"]],
                             same_ref=[round(x, 4) for x in r["same_ref"]],
+                            peer_ref=[round(x, 4) for x in r["peer_ref"]],
                             nll={k: round(v[-1], 3) for k, v in nll.items()})), flush=True)
     for k in keys:
       doc_nll[k].append(float(np.mean(nll[k])))
@@ -199,6 +222,8 @@ def answers(reader, lm, items, whole: bool = False, kind: str = "ruler"):
     t_ids = lm.tok_encode(prompt + prefix + target)[len(p_ids):]
     r = reader.read(p_ids, t_ids[:start])
     rec = dict(set=kind, target=target, refs=r["refs"], top_p=r["top_p"],
+               same_ref=[round(x, 4) for x in r["same_ref"]],
+               peer_ref=[round(x, 4) for x in r["peer_ref"]],
                first={k: tok.decode([int(np.argmax(r[k]))]) for k in keys})
     ok = {k: int(np.argmax(r[k]) == t_ids[start]) for k in keys}
     if whole:  # the rest of the answer, teacher-forced, while some reading is still right
@@ -257,7 +282,7 @@ def main(argv=None):
   ap.add_argument("--readings", default="",
                   help="compare these readings instead of --set's (comma list: all, gate8, "
                        "gate16@0.5, gain16@0.8x2 (top against the prompt's top), same16@0.8x3 "
-                       "(the same-token gain))")
+                       "(the same-token gain), peer16@0.3x4 (and the other chunks' median))")
   ap.add_argument("--out", help="also write the summary to this JSON file")
   a = ap.parse_args(argv)
   bad = (f"--asset {a.asset}: no such directory (give an exported FocusLLM asset)"
@@ -270,7 +295,8 @@ def main(argv=None):
   if not bad and None in readings:
     wrong = [x for x, r in zip(a.readings.split(","), readings) if r is None]
     bad = (f"--readings: {wrong[0].strip()!r} is not a reading (all, gateBETA[@TAU], "
-           "gainBETA@TAUxKAPPA or sameBETA@TAUxKAPPA, TAU in (0, 1], KAPPA > 0)")
+           "gainBETA@TAUxKAPPA, sameBETA@TAUxKAPPA or peerBETA@TAUxKAPPA, TAU in (0, 1], "
+           "KAPPA > 0)")
   if bad:
     print(f"focus_gate_reference_probe.py: error: {bad}", file=sys.stderr)
     return 2
