@@ -26,6 +26,11 @@ the prompt's probability of ``y_i`` and the median over the other chunks ``j`` o
 token that every chunk predicts comes from any context before the prompt (the document's style),
 not from chunk i; the chunk that holds what the answer needs predicts what its peers do not.
 
+The *distinctive token* (``distBETA@TAUxKAPPA``) replaces the chunk's top token by the one among
+its top ``DIST_TOP_K`` with the largest gain ``log p_i(y) - log max(r(y), m_i(y))`` over both
+references, and gates on that token's probability: a needle chunk whose first choice is the
+prompt's own token (" a") may hold the key as its second.
+
 Two held-out sets, read with the committed candidates (no training):
 
 * ``prose``: ``--docs`` pydoc documents of 3072 tokens, the last ``--reserve`` teacher-forced as
@@ -71,13 +76,15 @@ READING_SETS = dict(
         for b, t, k in ((8, 0.5, 2.0), (16, 0.5, 2.0), (16, 0.8, 2.0), (8, 0.3, 2.0),
                         (16, 0.5, 4.0), (16, 1.0, 2.0))])
 READINGS = READING_SETS["reference"]
-_KINDS = {"gate": None, "gain": "prompt", "same": "same", "peer": "peer"}
+_KINDS = {"gate": None, "gain": "prompt", "same": "same", "peer": "peer", "dist": "dist"}
+DIST_TOP_K = 8  # the distinctive token is chosen among each chunk's top 8
 
 
 def parse_reading(spec: str):
-  """``all`` or ``{gate|gain|same|peer}BETA[@TAU[xKAPPA]]`` (``gate8@0.5``, ``same16@0.8x3``): a
-  reading as in :data:`READING_SETS`; None when ``spec`` is not one."""
-  m = re.fullmatch(r"(gate|gain|same|peer)(\d+(?:\.\d+)?)(?:@(\d*\.?\d+)(?:x(\d*\.?\d+))?)?", spec)
+  """``all`` or ``{gate|gain|same|peer|dist}BETA[@TAU[xKAPPA]]`` (``gate8@0.5``,
+  ``same16@0.8x3``): a reading as in :data:`READING_SETS`; None when ``spec`` is not one."""
+  m = re.fullmatch(r"(gate|gain|same|peer|dist)(\d+(?:\.\d+)?)(?:@(\d*\.?\d+)(?:x(\d*\.?\d+))?)?",
+                   spec)
   if spec == "all":
     return ("all", 0, 1.0, 0.0, None)
   if not m:
@@ -100,6 +107,29 @@ def peer_reference(chunk_lp, top_tok):
     others = np.sort(np.delete(p[:, i], i))
     out[i] = others[(len(others) - 1) // 2] if len(others) else 0.0
   return out
+
+
+def distinctive(chunk_lp, prompt_lp, k: int = DIST_TOP_K):
+  """Per chunk i: ``(p_i(y*), ref(y*), y*)`` lists, ``y*`` the token among chunk i's top ``k``
+  with the largest ``log p_i(y) - log max(p_prompt(y), m_i(y))``, ``m_i(y)`` the lower median
+  over the other chunks of ``p_j(y)`` (0 with none)."""
+  lp = np.asarray(chunk_lp, np.float64)
+  c = lp.shape[0]
+  ps, refs, toks = [], [], []
+  for i in range(c):
+    cand = np.argsort(-lp[i])[:k]
+    best = None
+    for y in cand:
+      others = np.sort(np.exp(np.delete(lp[:, y], i)))
+      m = others[(len(others) - 1) // 2] if len(others) else 0.0
+      ref = max(float(np.exp(prompt_lp[y])), float(m))
+      gain = lp[i, y] - np.log(max(ref, 1e-30))
+      if best is None or gain > best[0]:
+        best = (gain, float(np.exp(lp[i, y])), ref, int(y))
+    ps.append(best[1])
+    refs.append(best[2])
+    toks.append(best[3])
+  return ps, refs, toks
 
 
 def gain_bias(top_p, ref, cmax: int, beta: float, tau: float, kappa: float):
@@ -161,9 +191,14 @@ class Reader:
     same = np.exp(prompt_lp[top_tok]).tolist()
     peer = peer_reference(chunk_lp, top_tok).tolist()
     both = np.maximum(same, peer).tolist()
+    if any(r[4] == "dist" for r in self.readings):
+      out["dist_p"], out["dist_ref"], out["dist_tok"] = distinctive(chunk_lp, prompt_lp)
     for name, beta, tau, kappa, ref in self.readings:
       r = same if ref == "same" else both if ref == "peer" else refs[ref] if ref else 0.0
-      out[name] = local(valid, gain_bias(top, r, valid.shape[1], beta, tau, kappa))
+      p = top
+      if ref == "dist":
+        p, r = out["dist_p"], out["dist_ref"]
+      out[name] = local(valid, gain_bias(p, r, valid.shape[1], beta, tau, kappa))
     out["refs"] = refs
     out["same_ref"] = same
     out["peer_ref"] = peer
@@ -201,6 +236,9 @@ def prose(reader, tok, n_docs: int, reserve: int, only=None):
                             top_p=[round(x, 4) for x in r["top_p"]],
                             same_ref=[round(x, 4) for x in r["same_ref"]],
                             peer_ref=[round(x, 4) for x in r["peer_ref"]],
+                            **({"dist_p": [round(x, 4) for x in r["dist_p"]],
+                                "dist_ref": [round(x, 4) for x in r["dist_ref"]]}
+                               if "dist_p" in r else {}),
                             nll={k: round(v[-1], 3) for k, v in nll.items()})), flush=True)
     for k in keys:
       doc_nll[k].append(float(np.mean(nll[k])))
@@ -224,6 +262,8 @@ def answers(reader, lm, items, whole: bool = False, kind: str = "ruler"):
     rec = dict(set=kind, target=target, refs=r["refs"], top_p=r["top_p"],
                same_ref=[round(x, 4) for x in r["same_ref"]],
                peer_ref=[round(x, 4) for x in r["peer_ref"]],
+               **({"dist_p": [round(x, 4) for x in r["dist_p"]],
+                   "dist_ref": [round(x, 4) for x in r["dist_ref"]]} if "dist_p" in r else {}),
                first={k: tok.decode([int(np.argmax(r[k]))]) for k in keys})
     ok = {k: int(np.argmax(r[k]) == t_ids[start]) for k in keys}
     if whole:  # the rest of the answer, teacher-forced, while some reading is still right
@@ -275,6 +315,8 @@ def main(argv=None):
   ap.add_argument("--passkey", type=int, default=0,
                   help="also read the project's passkey: this many depths at --passkey_length")
   ap.add_argument("--passkey_length", type=int, default=1024)
+  ap.add_argument("--only_samples", default="",
+                  help="RULER and passkey: read only these samples (comma list of indices)")
   ap.add_argument("--whole_answer", action="store_true",
                   help="RULER: score every answer token (teacher-forced), not the first digit")
   ap.add_argument("--set", default="reference", choices=sorted(READING_SETS),
@@ -282,7 +324,8 @@ def main(argv=None):
   ap.add_argument("--readings", default="",
                   help="compare these readings instead of --set's (comma list: all, gate8, "
                        "gate16@0.5, gain16@0.8x2 (top against the prompt's top), same16@0.8x3 "
-                       "(the same-token gain), peer16@0.3x4 (and the other chunks' median))")
+                       "(the same-token gain), peer16@0.3x4 (and the other chunks' median), "
+                       "dist16@0.15x4 (the chunk's most distinctive token))")
   ap.add_argument("--out", help="also write the summary to this JSON file")
   a = ap.parse_args(argv)
   bad = (f"--asset {a.asset}: no such directory (give an exported FocusLLM asset)"
@@ -295,8 +338,8 @@ def main(argv=None):
   if not bad and None in readings:
     wrong = [x for x, r in zip(a.readings.split(","), readings) if r is None]
     bad = (f"--readings: {wrong[0].strip()!r} is not a reading (all, gateBETA[@TAU], "
-           "gainBETA@TAUxKAPPA, sameBETA@TAUxKAPPA or peerBETA@TAUxKAPPA, TAU in (0, 1], "
-           "KAPPA > 0)")
+           "gainBETA@TAUxKAPPA, sameBETA@TAUxKAPPA, peerBETA@TAUxKAPPA or distBETA@TAUxKAPPA, "
+           "TAU in (0, 1], KAPPA > 0)")
   if bad:
     print(f"focus_gate_reference_probe.py: error: {bad}", file=sys.stderr)
     return 2
@@ -309,14 +352,17 @@ def main(argv=None):
              readings={n: dict(beta=b, tau=t, kappa=k, reference=r)
                        for n, b, t, k, r in reader.readings})
   t0 = time.time()
+  pick = {int(x) for x in a.only_samples.split(",") if x.strip()} or None
+  chosen = lambda items: (x for i, x in enumerate(items) if pick is None or i in pick)  # noqa: E731
   if a.samples:
     res["ruler"], res["ruler_samples"] = answers(
-        reader, lm, ruler_items(lm, a.length, a.samples, base), a.whole_answer)
+        reader, lm, chosen(ruler_items(lm, a.length, a.samples, base)), a.whole_answer)
     res["ruler"]["length"] = a.length
     print(json.dumps(dict(ruler=res["ruler"], seconds=round(time.time() - t0))), flush=True)
   if a.passkey:
     res["passkey"], res["passkey_samples"] = answers(
-        reader, lm, passkey_items(lm, a.passkey_length, a.passkey), a.whole_answer, "passkey")
+        reader, lm, chosen(passkey_items(lm, a.passkey_length, a.passkey)), a.whole_answer,
+        "passkey")
     res["passkey"]["length"] = a.passkey_length
     print(json.dumps(dict(passkey=res["passkey"], seconds=round(time.time() - t0))), flush=True)
   if a.docs:

@@ -109,12 +109,27 @@ def test_peer_reference_of_the_probe_is_the_lower_median_of_the_other_chunks():
   assert rp.peer_reference(np.log(p[:1]), top[:1]).tolist() == [0.0]
 
 
+def test_distinctive_token_is_the_top_k_token_with_the_largest_gain_over_both_references():
+  """Chunk 0's first choice (token 0) is what the prompt and the other chunks expect; its second
+  (token 1) is not: token 1 is chosen, with its own probability and the larger reference."""
+  import focus_gate_reference_probe as rp
+  p = np.array([[0.40, 0.35, 0.15, 0.10], [0.80, 0.01, 0.12, 0.07], [0.70, 0.02, 0.18, 0.10]])
+  prompt = np.log(np.array([0.6, 0.004, 0.3, 0.096]))
+  ps, refs, toks = rp.distinctive(np.log(p), prompt, k=2)
+  # chunk 0: token 1 (0.35 over its peers' 0.01) beats token 0 (0.40 over the peers' 0.70);
+  # chunks 1 and 2: their top token (0.8 and 0.7 over the prompt's 0.6) beats token 2 (< 0.3)
+  assert toks == [1, 0, 0]
+  np.testing.assert_allclose(ps, [0.35, 0.8, 0.7], rtol=1e-9)
+  np.testing.assert_allclose(refs, [0.01, 0.6, 0.6], rtol=1e-9)
+
+
 @pytest.mark.parametrize("spec,want", [
     ("all", ("all", 0, 1.0, 0.0, None)), ("gate8", ("gate8", 8.0, 1.0, 0.0, None)),
     ("gate16@0.5", ("gate16@0.5", 16.0, 0.5, 0.0, None)),
     ("gain16@0.8x2", ("gain16@0.8x2", 16.0, 0.8, 2.0, "prompt")),
     ("same16@0.8x3", ("same16@0.8x3", 16.0, 0.8, 3.0, "same")),
     ("peer16@0.3x4", ("peer16@0.3x4", 16.0, 0.3, 4.0, "peer")), ("peer8", None),
+    ("dist16@0.15x4", ("dist16@0.15x4", 16.0, 0.15, 4.0, "dist")),
     ("same16", None), ("gate8@0.5x2", None), ("same16@1.5x2", None), ("same16@0x2", None),
     ("bogus", None)])
 def test_reference_probe_parses_readings(spec, want):
