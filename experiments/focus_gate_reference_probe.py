@@ -194,10 +194,10 @@ class Reader:
     if any(r[4] == "dist" for r in self.readings):
       out["dist_p"], out["dist_ref"], out["dist_tok"] = distinctive(chunk_lp, prompt_lp)
     for name, beta, tau, kappa, ref in self.readings:
-      r = same if ref == "same" else both if ref == "peer" else refs[ref] if ref else 0.0
-      p = top
+      p, r = top, (same if ref == "same" else both if ref == "peer" else 0.0 if ref is None
+                   else (out["dist_ref"] if ref == "dist" else refs[ref]))
       if ref == "dist":
-        p, r = out["dist_p"], out["dist_ref"]
+        p = out["dist_p"]
       out[name] = local(valid, gain_bias(p, r, valid.shape[1], beta, tau, kappa))
     out["refs"] = refs
     out["same_ref"] = same
