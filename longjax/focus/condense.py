@@ -284,32 +284,34 @@ def gate_bias(signal: GateSignal, gather, cand_valid, strength: float, threshold
   level = jnp.log(jnp.float32(threshold))
   if (gain or peer_gain) and head is None:
     raise FocusError("gate_bias: a gain or a peer gain needs the head")
+  if gain and ref_row is None:
+    raise FocusError("gate_bias: a gain needs the reference rows (ref_row)")
+  row_logp = lambda h: jax.nn.log_softmax(  # noqa: E731
+      jax.lax.stop_gradient(head(h)).astype(jnp.float32), axis=-1)
+  # the peers read every row's distribution [N, V]; the reference rows' are among them
+  every = row_logp(signal.hidden) if peer_gain else None
   tokens = jnp.take(signal.token, gather, axis=0)  # [B, Cmax] each slot's y_i
   if gain:
-    if ref_row is None:
-      raise FocusError("gate_bias: a gain needs the reference rows (ref_row)")
-    ref_h = jnp.take(signal.hidden, jnp.maximum(ref_row, 0), axis=0)
-    ref_logp = jax.nn.log_softmax(jax.lax.stop_gradient(head(ref_h)).astype(jnp.float32),
-                                  axis=-1)  # [B, V]
+    ref = jnp.maximum(ref_row, 0)
+    ref_logp = (jnp.take(every, ref, axis=0) if every is not None
+                else row_logp(jnp.take(signal.hidden, ref, axis=0)))  # [B, V]
     same = jnp.take_along_axis(ref_logp, tokens, axis=1)
     level = jnp.maximum(level, jnp.log(jnp.float32(gain)) + same)
   if peer_gain:
     level = jnp.maximum(level, jnp.log(jnp.float32(peer_gain))
-                        + peer_log_reference(signal, gather, cand_valid, head))
+                        + peer_log_reference(every, tokens, gather, cand_valid))
   below = jnp.minimum(jnp.take(signal.log_conf, gather, axis=0) - level, 0.0)
   return jnp.where(cand_valid, jnp.float32(strength) * below, 0.0)
 
 
-def peer_log_reference(signal: GateSignal, gather, cand_valid, head):
+def peer_log_reference(row_logp, tokens, gather, cand_valid):
   """``[B, Cmax]``: for the chunk in slot i, the log of the (lower) median over the prompt's
   other valid chunks j of ``p_j(y_i)``, the base's probability at chunk j's candidate slot of
-  chunk i's top token; ``-inf`` where the prompt has no other chunk. The head reads every row's
-  hidden state once (``[N, V]``, as :func:`slot_gate_signal` does) and the ``[B, Cmax, Cmax]``
-  probabilities are gathered from it."""
-  logp = jax.nn.log_softmax(jax.lax.stop_gradient(head(signal.hidden)).astype(jnp.float32),
-                            axis=-1)  # [N, V]
-  tokens = jnp.take(signal.token, gather, axis=0)
-  pair = logp[gather[:, :, None], tokens[:, None, :]]  # [B, j, i] = log p_j(y_i)
+  chunk i's top token; ``-inf`` where the prompt has no other chunk. ``row_logp [N, V]``: every
+  row's log-probabilities at its candidate slot (the head on :class:`GateSignal`'s hidden
+  states); ``tokens [B, Cmax]``: each slot's ``y_i``. The ``[B, Cmax, Cmax]`` probabilities are
+  gathered from ``row_logp``."""
+  pair = row_logp[gather[:, :, None], tokens[:, None, :]]  # [B, j, i] = log p_j(y_i)
   c = gather.shape[1]
   other = cand_valid[:, :, None] & ~jnp.eye(c, dtype=bool)[None]
   ranked = jnp.sort(jnp.where(other, pair, jnp.inf), axis=1)

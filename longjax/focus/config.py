@@ -80,30 +80,15 @@ class FocusConfig:
         or self.min_len_threshold < 0):
       raise FocusError(f"FocusConfig.min_len_threshold must be an integer >= 0, got "
                        f"{self.min_len_threshold!r}")
-    gate = self.candidate_gate
-    if (isinstance(gate, bool) or not isinstance(gate, (int, float)) or not math.isfinite(gate)
-        or gate < 0):
-      raise FocusError(f"FocusConfig.candidate_gate must be a finite number >= 0 (0: the official "
-                       f"method), got {gate!r}")
-    object.__setattr__(self, "candidate_gate", float(gate))
+    self._finite_ge0("candidate_gate", "the official method")
     tau = self.gate_threshold
     if (isinstance(tau, bool) or not isinstance(tau, (int, float)) or not math.isfinite(tau)
         or not 0 < tau <= 1):
       raise FocusError(f"FocusConfig.gate_threshold must be a number in (0, 1] (1: no chunk keeps "
                        f"its full weight), got {tau!r}")
     object.__setattr__(self, "gate_threshold", float(tau))
-    kappa = self.gate_gain
-    if (isinstance(kappa, bool) or not isinstance(kappa, (int, float))
-        or not math.isfinite(kappa) or kappa < 0):
-      raise FocusError(f"FocusConfig.gate_gain must be a finite number >= 0 (0: no reference "
-                       f"row), got {kappa!r}")
-    object.__setattr__(self, "gate_gain", float(kappa))
-    peer = self.gate_peer_gain
-    if (isinstance(peer, bool) or not isinstance(peer, (int, float))
-        or not math.isfinite(peer) or peer < 0):
-      raise FocusError(f"FocusConfig.gate_peer_gain must be a finite number >= 0 (0: no peer "
-                       f"reference), got {peer!r}")
-    object.__setattr__(self, "gate_peer_gain", float(peer))
+    self._finite_ge0("gate_gain", "no reference row")
+    self._finite_ge0("gate_peer_gain", "no peer reference")
     o = self.chunk_overlap
     if not isinstance(o, int) or isinstance(o, bool) or o < 0 or o >= self.chunk_stride:
       raise FocusError(f"FocusConfig.chunk_overlap must be an integer in [0, chunk_stride="
@@ -113,6 +98,13 @@ class FocusConfig:
         self.candidate_projections):
       raise FocusError(f"FocusConfig.candidate_projections must be a non-empty subset of "
                        f"{ALT_PROJECTIONS} without repeats, got {self.candidate_projections}")
+
+  def _finite_ge0(self, name: str, zero: str):
+    """Field ``name`` must be a finite number >= 0 (``zero``: what 0 means); stored as float."""
+    v = getattr(self, name)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+      raise FocusError(f"FocusConfig.{name} must be a finite number >= 0 (0: {zero}), got {v!r}")
+    object.__setattr__(self, name, float(v))
 
   @property
   def reference_rows(self) -> bool:
