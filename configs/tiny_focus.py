@@ -27,7 +27,8 @@ def get_config():
                                            prompt_cap=32, param=("q", "k", "v", "o"),
                                            min_len_threshold=0, min_local=8, objective="random",
                                            steps=1, candidate_gate=0.0, gate_threshold=1.0,
-                                           gate_gain=0.0, gate_peer_gain=0.0, chunk_overlap=0))
+                                           gate_gain=0.0, gate_peer_gain=0.0, gate_top_k=1,
+                                           chunk_overlap=0))
   # no data.tokenizer: the tiny model's own (byte); a checkpoint brings its own
   c.data = common.data_defaults(sources="synthetic:pattern", min_length=128, max_length=256,
                                 synthetic=dict(count=256, min_chars=128, max_chars=250, digits=5))

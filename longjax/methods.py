@@ -149,7 +149,7 @@ class Focus:
   # chunk overlap widens what each chunk row reads; the projections are the same tensors, so a
   # run with either may start from an asset without them
   layout_only_fields = ("candidate_gate", "gate_threshold", "gate_gain", "gate_peer_gain",
-                        "chunk_overlap")
+                        "gate_top_k", "chunk_overlap")
   reads_bos = True  # every chunk starts with the model's BOS
   plan_batch_axis = 0
   groups_by_windows = False

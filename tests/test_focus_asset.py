@@ -96,14 +96,18 @@ def test_asset_carries_its_candidate_gate(tmp_path, base):
   assert "gate_threshold" not in json.loads((tmp_path / "off" / "focus.json").read_text())
   assert "gate_gain" not in json.loads((tmp_path / "off" / "focus.json").read_text())
   assert "gate_peer_gain" not in json.loads((tmp_path / "off" / "focus.json").read_text())
+  assert "gate_top_k" not in json.loads((tmp_path / "off" / "focus.json").read_text())
   save_focus_asset(tmp_path / "on", cfg, tiny_focus(candidate_gate=4.0, gate_threshold=0.5,
-                                                    gate_gain=1.5, gate_peer_gain=3.0),
+                                                    gate_gain=1.5, gate_peer_gain=3.0,
+                                                    gate_top_k=8),
                    params, base=str(base))
   meta = json.loads((tmp_path / "on" / "focus.json").read_text())
   assert meta["candidate_gate"] == 4.0 and meta["gate_threshold"] == 0.5
   assert meta["gate_gain"] == 1.5 and meta["gate_peer_gain"] == 3.0
   assert load_focus_asset(tmp_path / "on")[1].gate_peer_gain == 3.0
   assert load_focus_asset(tmp_path / "off")[1].gate_peer_gain == 0.0
+  assert meta["gate_top_k"] == 8 and load_focus_asset(tmp_path / "on")[1].gate_top_k == 8
+  assert load_focus_asset(tmp_path / "off")[1].gate_top_k == 1
   assert load_focus_asset(tmp_path / "on")[1].candidate_gate == 4.0
   assert load_focus_asset(tmp_path / "on")[1].gate_threshold == 0.5
   assert load_focus_asset(tmp_path / "on")[1].gate_gain == 1.5
@@ -113,6 +117,10 @@ def test_asset_carries_its_candidate_gate(tmp_path, base):
   for bad in (-1, "4", True):
     (tmp_path / "on" / "focus.json").write_text(json.dumps(dict(meta, candidate_gate=bad)))
     with pytest.raises(AssetError, match="'candidate_gate' must be a finite number >= 0"):
+      load_focus_asset(tmp_path / "on")
+  for bad in (0, 2.5, "8"):
+    (tmp_path / "on" / "focus.json").write_text(json.dumps(dict(meta, gate_top_k=bad)))
+    with pytest.raises(AssetError, match="'gate_top_k' must be an integer >= 1"):
       load_focus_asset(tmp_path / "on")
 
 

@@ -183,6 +183,32 @@ def test_peer_reference_is_the_lower_median_of_the_other_chunks():
   assert np.ptp(got[0]) > 0.1  # the slots differ: not one value for every chunk
 
 
+def test_peer_reference_max_is_the_largest_of_the_other_chunks_for_each_of_k_tokens():
+  """``statistic="max"`` with ``[B, Cmax, K]`` tokens: for slot i and each of its K tokens, the
+  largest over the prompt's other valid slots j of ``log p_j(y)``; -inf for a prompt's only
+  chunk; the median with K tokens equals the median of each token alone."""
+  rng = np.random.default_rng(4)
+  logp = np.log(rng.dirichlet(np.ones(6), size=7)).astype(np.float32)
+  top3 = np.argsort(-logp, axis=-1)[:, :3]  # each row's 3 most likely tokens
+  gather = np.array([[0, 1, 2, 3, 4], [5, 6, 0, 0, 0]], np.int32)
+  valid = np.array([[1, 1, 1, 1, 1], [1, 0, 0, 0, 0]], bool)
+  args = (jnp.asarray(logp), jnp.asarray(top3[gather], jnp.int32), jnp.asarray(gather),
+          jnp.asarray(valid))
+  got = np.asarray(C.peer_log_reference(*args, statistic="max"))
+  assert got.shape == (2, 5, 3)
+  for i in range(5):
+    for k in range(3):
+      y = top3[gather[0, i], k]
+      want = max(logp[gather[0, j], y] for j in range(5) if j != i)
+      assert got[0, i, k] == pytest.approx(want, abs=1e-6)
+  assert (got[1, 0] == -np.inf).all()
+  med = np.asarray(C.peer_log_reference(*args))
+  for k in range(3):
+    one = C.peer_log_reference(args[0], args[1][..., k], args[2], args[3])
+    np.testing.assert_array_equal(med[..., k], np.asarray(one))
+  assert (got[0] > med[0]).any()  # the largest is not the median
+
+
 def _row_logprobs(cfg, params, cb):
   """Per chunk row, the base's next-token log-probabilities ``[V]`` over the row alone (nan
   for an empty row)."""
@@ -227,6 +253,57 @@ def test_gate_peer_gain_measures_each_chunk_token_against_the_other_chunks(tiny)
   assert np.max(np.abs(np.asarray(logits) - np.asarray(other))) > 1e-3
 
 
+def test_gate_top_k_weighs_each_chunk_by_the_best_of_its_k_tokens(tiny):
+  """``gate_top_k`` K: chunk i's bias is ``beta * min(0, max_k (log p_i(y_k) - level(y_k)))``
+  over its K most likely tokens, ``level(y) = max(log tau, log kappa_p + log m_i(y))`` with
+  ``m_i`` the other chunks' lower median of ``p_j(y)`` for the top token and their largest for a
+  later one, each row read by the base alone. kappa_p is taken so that some chunk keeps full
+  weight only through a token after its first."""
+  cfg, params = tiny
+  x = prompt(140, 2)  # 8 chunks
+  plain = FocusLLM(cfg, tiny_focus(candidate_gate=BETA), bucket=16)
+  cb, lb, cap = plain._pack([plain.plan(x)], 0)
+  lp = _row_logprobs(cfg, params, cb)
+  real = np.flatnonzero(np.asarray(cb.lengths) > 0)
+  assert len(real) == 8
+  k, tau = 3, 1e-3
+  tops = np.argsort(-lp[real], axis=-1)[:, :k]  # [C, K]
+  def peer(i, y, rank):  # the other chunks' lower median (the top token) or largest
+    others = sorted(lp[real[j], y] for j in range(len(real)) if j != i)
+    return others[(len(others) - 1) // 2] if rank == 0 else others[-1]
+
+  gap = np.array([[lp[real[i], y] - peer(i, y, r) for r, y in enumerate(tops[i])]
+                  for i in range(len(real))])  # [C, K]: log p_i(y) - log m_i(y)
+  # kappa_p just under the best later gap of a chunk whose first is lower: that chunk keeps full
+  # weight through a later token only, and the chunk clipping the most others is taken
+  later = gap[:, 1:].max(-1) - 0.01
+  fits = np.flatnonzero(later > gap[:, 0] + 0.01)
+  i = int(fits[np.argmax([(gap.max(-1) < later[c]).sum() for c in fits])])
+  kappa = float(np.exp(later[i]))
+  m = FocusLLM(cfg, tiny_focus(candidate_gate=BETA, gate_threshold=tau, gate_peer_gain=kappa,
+                               gate_top_k=k), bucket=16)
+  logits, _ = m.prefill(params, x[None], np.array([len(x)], np.int32), 2)
+  conf = np.take_along_axis(lp[real], tops, axis=-1)
+  level = np.maximum(np.log(tau), np.log(kappa) + conf - gap)
+  clipped = np.zeros(cb.tokens.shape[0])
+  clipped[real] = np.minimum((conf - level).max(-1), 0.0)
+  assert clipped[real][i] == 0 and (conf - level)[i, 0] < 0  # kept by a later token
+  assert (clipped[real] < -0.01).sum() >= 2  # others are clipped
+  want = _local_logits_with_bias(plain, params, cb, lb, cap, clipped)
+  np.testing.assert_allclose(logits, want, atol=2e-5, rtol=1e-5)
+  # its top token alone gives other logits: the later tokens decide
+  top1 = FocusLLM(cfg, tiny_focus(candidate_gate=BETA, gate_threshold=tau, gate_peer_gain=kappa),
+                  bucket=16)
+  other, _ = top1.prefill(params, x[None], np.array([len(x)], np.int32), 2)
+  assert np.max(np.abs(np.asarray(logits) - np.asarray(other))) > 1e-3
+
+
+@pytest.mark.parametrize("value", [0, -1, 2.0, True, "3"])
+def test_gate_top_k_must_be_a_positive_integer(value):
+  with pytest.raises(FocusError, match="gate_top_k must be an integer >= 1"):
+    tiny_focus(candidate_gate=1.0, gate_top_k=value)
+
+
 @pytest.mark.parametrize("value", [-1.0, float("nan"), float("inf"), True, "2"])
 def test_gate_peer_gain_must_be_a_finite_non_negative_number(value):
   with pytest.raises(FocusError, match="gate_peer_gain must be a finite number >= 0"):
@@ -248,7 +325,9 @@ def test_gate_threshold_must_be_in_zero_one(value):
 @pytest.mark.parametrize("setting,steps,seed", [
     (dict(), 3, 0),
     # both references: the prompt's row and the other chunks
-    (dict(gate_threshold=0.01, gate_gain=1.5, gate_peer_gain=2.0), 2, 2)])
+    (dict(gate_threshold=0.01, gate_gain=1.5, gate_peer_gain=2.0), 2, 2),
+    # and each chunk's best of its 3 most likely tokens
+    (dict(gate_threshold=0.01, gate_gain=1.5, gate_peer_gain=2.0, gate_top_k=3), 2, 3)])
 def test_gated_cached_decode_equals_the_gated_closed_form(tiny, setting, steps, seed):
   """Each decode step equals the gated forward over the prompt and the tokens fed so far."""
   cfg, params = tiny

@@ -221,6 +221,11 @@ def test_ruler_end_to_end(lms, tok_dir, monkeypatch):
     (dict(method="focus", asset="smollm2_focus", gate_peer_gain="nan"),
      "gate_peer_gain='nan': must be a finite number >= 0"),
     (dict(method="beacon", asset="smollm2_beacon", gate_peer_gain=4), "applies to method=focus"),
+    (dict(method="focus", asset="smollm2_focus", gate_top_k="0"),
+     "gate_top_k=0: must be an integer >= 1"),
+    (dict(method="focus", asset="smollm2_focus", gate_top_k=2.5),
+     "gate_top_k=2.5: must be an integer >= 1"),
+    (dict(method="plain", checkpoint="smollm2", gate_top_k=8), "applies to method=focus"),
 ])
 def test_bad_model_args_one_line_before_loading(kwargs, msg, monkeypatch):
   monkeypatch.setattr(harness, "load_parts", lambda a: pytest.fail("loaded a model"))
@@ -236,9 +241,10 @@ def test_candidate_gate_model_arg_is_read_for_focus():
   assert default.candidate_gate is None and default.chunk_overlap is None  # the asset's own
   args = harness.check_model_args(dict(method="focus", asset="smollm2_focus", chunk_overlap="32",
                                        gate_threshold="0.5", gate_gain="1.5",
-                                       gate_peer_gain="4"))
+                                       gate_peer_gain="4", gate_top_k="8"))
   assert args.chunk_overlap == 32 and args.gate_threshold == 0.5 and args.gate_gain == 1.5
-  assert args.gate_peer_gain == 4.0
+  assert args.gate_peer_gain == 4.0 and args.gate_top_k == 8
+  assert default.gate_top_k is None
 
 
 def test_prompt_past_capacity_refused_before_running(base, monkeypatch):

@@ -196,6 +196,7 @@ FIELD_KINDS = {
              "an integer or a non-empty list of integers"),
     "int?": (lambda v: v is None or _int(v), "an integer or null"),
     "int>=0": (lambda v: _int(v) and v >= 0, "an integer >= 0"),
+    "int>=1": (lambda v: _int(v) and v >= 1, "an integer >= 1"),
     "number>=0": (lambda v: (not isinstance(v, bool) and isinstance(v, (int, float))
                              and math.isfinite(v) and v >= 0), "a finite number >= 0"),
     "str": (_str, "a string"),

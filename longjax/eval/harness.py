@@ -66,9 +66,10 @@ TRUNCATION = "truncation"  # the plain decoder reading the last `window` prompt 
 METHODS = (PLAIN, TRUNCATION, BEACON, FOCUS)
 WITH_ASSET = (BEACON, FOCUS)
 MODEL_ARGS = ("method", "checkpoint", "asset", "window", "tokenizer", "dtype", "batch_size", "loop",
-              "candidate_gate", "gate_threshold", "gate_gain", "gate_peer_gain", "chunk_overlap")
+              "candidate_gate", "gate_threshold", "gate_gain", "gate_peer_gain", "gate_top_k",
+              "chunk_overlap")
 # FocusLLM reading settings that override the asset's
-FOCUS_READING = ("candidate_gate", "gate_threshold", "gate_gain", "gate_peer_gain",
+FOCUS_READING = ("candidate_gate", "gate_threshold", "gate_gain", "gate_peer_gain", "gate_top_k",
                  "chunk_overlap")
 # lm-eval's CLI hands every model these (None is dropped): JAX places arrays on its own device.
 IGNORED_ARGS = ("device", "max_batch_size")
@@ -109,6 +110,7 @@ class Args:
   gate_threshold: Optional[float] = None  # FocusLLM: the asset's own when None
   gate_gain: Optional[float] = None  # FocusLLM: the asset's own when None
   gate_peer_gain: Optional[float] = None  # FocusLLM: the asset's own when None
+  gate_top_k: Optional[int] = None  # FocusLLM: the asset's own when None
 
 
 def _int(key, value, minimum=1) -> int:
@@ -224,8 +226,10 @@ def check_model_args(kwargs: dict) -> Args:
   gain = None if gain is None else _number_ge0("gate_gain", gain)
   peer = kw.get("gate_peer_gain")
   peer = None if peer is None else _number_ge0("gate_peer_gain", peer)
+  top_k = kw.get("gate_top_k")
+  top_k = None if top_k is None else _int("gate_top_k", top_k)
   return Args(method, ckpt, asset, window or 0, tok, dtype, _int("batch_size", bs), loop, gate,
-              overlap, tau, gain, peer)
+              overlap, tau, gain, peer, top_k)
 
 
 def checkpoint_dir(args: Args) -> str:

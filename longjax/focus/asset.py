@@ -28,7 +28,7 @@ META = f"{STEM}.json"
 FIELDS = {"local_window": "int", "memory_stride": "ints", "beacon_param": "strs",
           "prompt_cap": "int?", "min_len_threshold": "int", "candidate_gate": "number>=0",
           "chunk_overlap": "int>=0", "gate_threshold": "number>=0", "gate_gain": "number>=0",
-          "gate_peer_gain": "number>=0"}
+          "gate_peer_gain": "number>=0", "gate_top_k": "int>=1"}
 
 
 def _is_candidate(name: str) -> bool:
@@ -60,6 +60,8 @@ def save_focus_asset(out_dir, cfg, fcfg, params, *, base: str, dtype: str = "bfl
     meta["gate_gain"] = fcfg.gate_gain
   if fcfg.gate_peer_gain:  # likewise (absent: 0, no peer reference)
     meta["gate_peer_gain"] = fcfg.gate_peer_gain
+  if fcfg.gate_top_k != 1:  # likewise (absent: 1, each chunk's top token)
+    meta["gate_top_k"] = fcfg.gate_top_k
   if fcfg.chunk_overlap:  # likewise (absent: 0, the official chunks)
     meta["chunk_overlap"] = fcfg.chunk_overlap
   if lowrank_entry is not None:
@@ -83,6 +85,7 @@ def _settings(meta: dict, base: str):
                              gate_threshold=meta.get("gate_threshold", 1.0),
                              gate_gain=meta.get("gate_gain", 0.0),
                              gate_peer_gain=meta.get("gate_peer_gain", 0.0),
+                             gate_top_k=meta.get("gate_top_k", 1),
                              chunk_overlap=meta.get("chunk_overlap", 0))
 
 

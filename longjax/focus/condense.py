@@ -264,60 +264,82 @@ def _base_reading(model: Decoder, params, tokens, positions, memory: KVPrefix) -
 
 
 def gate_bias(signal: GateSignal, gather, cand_valid, strength: float, threshold: float = 1.0,
-              gain: float = 0.0, ref_row=None, head=None, peer_gain: float = 0.0):
+              gain: float = 0.0, ref_row=None, head=None, peer_gain: float = 0.0,
+              top_k: int = 1):
   """Each prompt's candidate score biases ``[B, Cmax]``: ``strength * min(0, log p_i - level)``
   with ``p_i`` the base's confidence at the candidate slot of the chunk row in slot i
   (``signal`` from :func:`slot_gate_signal`), 0 in empty slots. At strength 0 the bias is 0 (the
   official method); as it grows the local model reads less of the chunks where the base is
   unsure. The level is ``log threshold`` (chunks at least ``threshold`` sure keep their full
-  weight; 1: none does), raised by two optional references of chunk i's top token ``y_i``
+  weight; 1: none does), raised by two optional references of chunk i's token ``y``
   (docs/focusllm.md §4.5), ``head`` mapping hidden states ``[..., H]`` to logits ``[..., V]``:
 
-  * ``gain`` kappa > 0: to ``log kappa + log r_i``, ``r_i`` the probability that the prompt's
-    reference row ``ref_row [B]`` (the dynamic prompt without a chunk) gives ``y_i``. Only chunks
+  * ``gain`` kappa > 0: to ``log kappa + log r(y)``, ``r`` the probability that the prompt's
+    reference row ``ref_row [B]`` (the dynamic prompt without a chunk) gives ``y``. Only chunks
     that make the base kappa times surer of their token than it is without them keep their
     weight.
-  * ``peer_gain`` kappa_p > 0: to ``log kappa_p + log m_i``, ``m_i`` the median over the prompt's
-    other chunks j of ``p_j(y_i)`` (:func:`peer_log_reference`). A token every chunk predicts
-    comes from any text before the prompt, not from what chunk i holds."""
+  * ``peer_gain`` kappa_p > 0: to ``log kappa_p + log m_i(y)``, ``m_i`` the lower median over
+    the prompt's other chunks j of ``p_j(y)`` (:func:`peer_log_reference`). A token every chunk
+    predicts comes from any text before the prompt, not from what chunk i holds.
+
+  ``top_k`` K: ``y`` ranges over chunk i's K most likely tokens, and the chunk is weighed by the
+  one that clears its level by most (K = 1: its top token). A chunk whose first choice is what
+  the prompt itself expects may hold the answer as its second. A later token's ``m_i`` is the
+  other chunks' *largest* probability of it: a runner-up counts only where no other chunk is as
+  sure of it (a continuation several chunks expect, the prompt not, is the document's, not a
+  fact one chunk holds)."""
   signal = jax.lax.stop_gradient(signal)
-  level = jnp.log(jnp.float32(threshold))
-  if (gain or peer_gain) and head is None:
-    raise FocusError("gate_bias: a gain or a peer gain needs the head")
+  if (gain or peer_gain or top_k > 1) and head is None:
+    raise FocusError("gate_bias: a gain, a peer gain or top_k > 1 needs the head")
   if gain and ref_row is None:
     raise FocusError("gate_bias: a gain needs the reference rows (ref_row)")
   row_logp = lambda h: jax.nn.log_softmax(  # noqa: E731
       jax.lax.stop_gradient(head(h)).astype(jnp.float32), axis=-1)
-  # the peers read every row's distribution [N, V]; the reference rows' are among them
-  every = row_logp(signal.hidden) if peer_gain else None
-  tokens = jnp.take(signal.token, gather, axis=0)  # [B, Cmax] each slot's y_i
+  # the peers and the top K read every row's distribution [N, V]; the reference rows' are in it
+  every = row_logp(signal.hidden) if (peer_gain or top_k > 1) else None
+  if top_k > 1:
+    row_conf, row_tok = jax.lax.top_k(every, top_k)  # [N, K]
+  else:
+    row_conf, row_tok = signal.log_conf[:, None], signal.token[:, None]
+  tokens = jnp.take(row_tok, gather, axis=0)  # [B, Cmax, K] each slot's candidate tokens y
+  level = jnp.full(tokens.shape, jnp.log(jnp.float32(threshold)))
   if gain:
     ref = jnp.maximum(ref_row, 0)
     ref_logp = (jnp.take(every, ref, axis=0) if every is not None
                 else row_logp(jnp.take(signal.hidden, ref, axis=0)))  # [B, V]
-    same = jnp.take_along_axis(ref_logp, tokens, axis=1)
+    same = jax.vmap(lambda lp, t: lp[t])(ref_logp, tokens)
     level = jnp.maximum(level, jnp.log(jnp.float32(gain)) + same)
   if peer_gain:
-    level = jnp.maximum(level, jnp.log(jnp.float32(peer_gain))
-                        + peer_log_reference(every, tokens, gather, cand_valid))
-  below = jnp.minimum(jnp.take(signal.log_conf, gather, axis=0) - level, 0.0)
-  return jnp.where(cand_valid, jnp.float32(strength) * below, 0.0)
+    peer = peer_log_reference(every, tokens[..., :1], gather, cand_valid)  # the top token
+    if top_k > 1:  # the runner-ups
+      peer = jnp.concatenate(
+          [peer, peer_log_reference(every, tokens[..., 1:], gather, cand_valid, "max")], axis=-1)
+    level = jnp.maximum(level, jnp.log(jnp.float32(peer_gain)) + peer)
+  margin = jnp.max(jnp.take(row_conf, gather, axis=0) - level, axis=-1)  # the best of the K
+  return jnp.where(cand_valid, jnp.float32(strength) * jnp.minimum(margin, 0.0), 0.0)
 
 
-def peer_log_reference(row_logp, tokens, gather, cand_valid):
-  """``[B, Cmax]``: for the chunk in slot i, the log of the (lower) median over the prompt's
-  other valid chunks j of ``p_j(y_i)``, the base's probability at chunk j's candidate slot of
-  chunk i's top token; ``-inf`` where the prompt has no other chunk. ``row_logp [N, V]``: every
-  row's log-probabilities at its candidate slot (the head on :class:`GateSignal`'s hidden
-  states); ``tokens [B, Cmax]``: each slot's ``y_i``. The ``[B, Cmax, Cmax]`` probabilities are
+def peer_log_reference(row_logp, tokens, gather, cand_valid, statistic: str = "median"):
+  """``[B, Cmax]`` (``[B, Cmax, K]``): for the chunk in slot i, the log of the lower median
+  (``statistic="max"``: the largest) over the prompt's other valid chunks j of ``p_j(y)``, the
+  base's probability at chunk j's candidate slot of chunk i's token ``y``; ``-inf`` where the
+  prompt has no other chunk. ``row_logp [N, V]``: every row's log-probabilities at its
+  candidate slot (the head on :class:`GateSignal`'s hidden states); ``tokens [B, Cmax]`` (or
+  ``[B, Cmax, K]``): each slot's tokens. The ``[B, Cmax, Cmax(, K)]`` probabilities are
   gathered from ``row_logp``."""
-  pair = row_logp[gather[:, :, None], tokens[:, None, :]]  # [B, j, i] = log p_j(y_i)
+  squeeze = tokens.ndim == 2
+  tokens = tokens[..., None] if squeeze else tokens
+  pair = row_logp[gather[:, :, None, None], tokens[:, None]]  # [B, j, i, K] = log p_j(y_ik)
   c = gather.shape[1]
-  other = cand_valid[:, :, None] & ~jnp.eye(c, dtype=bool)[None]
-  ranked = jnp.sort(jnp.where(other, pair, jnp.inf), axis=1)
-  count = jnp.sum(other, axis=1)  # [B, i]
-  median = jnp.take_along_axis(ranked, (jnp.maximum(count, 1) - 1)[:, None, :] // 2, axis=1)[:, 0]
-  return jnp.where(count > 0, median, -jnp.inf)
+  other = (cand_valid[:, :, None] & ~jnp.eye(c, dtype=bool)[None])[..., None]  # [B, j, i, 1]
+  count = jnp.sum(other, axis=1)  # [B, i, 1]
+  if statistic == "max":
+    stat = jnp.max(jnp.where(other, pair, -jnp.inf), axis=1)
+  else:
+    ranked = jnp.sort(jnp.where(other, pair, jnp.inf), axis=1)
+    stat = jnp.take_along_axis(ranked, ((jnp.maximum(count, 1) - 1) // 2)[:, None], axis=1)[:, 0]
+  out = jnp.where(count > 0, stat, -jnp.inf)
+  return out[..., 0] if squeeze else out
 
 
 def gather_candidates(cand, gather):

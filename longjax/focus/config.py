@@ -47,6 +47,11 @@ class FocusConfig:
     its full weight only where the base is also kappa_p times surer of its top token ``y`` than
     at the median of the prompt's other chunks (``p(y) >= kappa_p * median_j p_j(y)``): a token
     every chunk predicts comes from the text before the prompt, not from what one chunk holds.
+  * ``gate_top_k`` K (longjax; 1 = the top token): with the gate on, a chunk is weighed by the one
+    of its K most likely tokens that clears its level by most: a chunk whose first choice is what
+    the prompt itself expects may hold the answer as its second. A later token's peer reference
+    is the other chunks' *largest* probability of it, not their median: a runner-up counts only
+    where it is this chunk's alone.
   * ``chunk_overlap`` O (longjax; 0 = the official method): every chunk but the first also reads
     the O memory tokens before it (chunk i is ``x[max(0, i*S-O) : (i+1)*S]``), so a fact cut by a
     chunk boundary is whole in one chunk row; the number of chunks (candidates) is unchanged
@@ -63,6 +68,7 @@ class FocusConfig:
   gate_threshold: float = 1.0
   gate_gain: float = 0.0
   gate_peer_gain: float = 0.0
+  gate_top_k: int = 1
   chunk_overlap: int = 0
 
   def __post_init__(self):
@@ -89,6 +95,10 @@ class FocusConfig:
     object.__setattr__(self, "gate_threshold", float(tau))
     self._finite_ge0("gate_gain", "no reference row")
     self._finite_ge0("gate_peer_gain", "no peer reference")
+    k = self.gate_top_k
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+      raise FocusError(f"FocusConfig.gate_top_k must be an integer >= 1 (1: each chunk's top "
+                       f"token), got {k!r}")
     o = self.chunk_overlap
     if not isinstance(o, int) or isinstance(o, bool) or o < 0 or o >= self.chunk_stride:
       raise FocusError(f"FocusConfig.chunk_overlap must be an integer in [0, chunk_stride="
@@ -111,6 +121,12 @@ class FocusConfig:
     """Whether the candidate gate reads each prompt's reference row (``gate_gain`` with the gate
     on)."""
     return bool(self.candidate_gate and self.gate_gain)
+
+  @property
+  def gate_reading(self) -> dict:
+    """The candidate gate's settings as ``condense.gate_bias`` takes them."""
+    return dict(strength=self.candidate_gate, threshold=self.gate_threshold, gain=self.gate_gain,
+                peer_gain=self.gate_peer_gain, top_k=self.gate_top_k)
 
   @property
   def prompt_len(self) -> int:
@@ -169,7 +185,7 @@ class FocusConfig:
                bos_id=int(bos_id) if bos_id is not None else 1,
                candidate_gate=f.candidate_gate, gate_threshold=f.gate_threshold,
                gate_gain=f.gate_gain, gate_peer_gain=f.gate_peer_gain,
-               chunk_overlap=f.chunk_overlap)
+               gate_top_k=f.gate_top_k, chunk_overlap=f.chunk_overlap)
 
 
 def check_model(cfg, fcfg: FocusConfig, params: Optional[dict] = None):

@@ -190,10 +190,8 @@ class FocusLoss:
     """The candidate gate's score biases (None: the gate is off)."""
     if not conf:
       return None
-    f = self.fcfg
-    return C.gate_bias(conf[0], gather, cand_valid, f.candidate_gate, f.gate_threshold,
-                       f.gate_gain, ref_row, head=functools.partial(lm_head, self.cfg, params),
-                       peer_gain=f.gate_peer_gain)
+    return C.gate_bias(conf[0], gather, cand_valid, ref_row=ref_row,
+                       head=functools.partial(lm_head, self.cfg, params), **self.fcfg.gate_reading)
 
   @property
   def _gate_kw(self) -> dict:

@@ -210,10 +210,9 @@ class FocusLLM:
     args = (self.model if model is None else model, params, s.cand_k, s.cand_v, s.gather,
             s.cand_valid, s.local_tokens, s.local_len, s.n_chunks)
     bias = (None if s.gate_signal is None
-            else C.gate_bias(s.gate_signal, s.gather, s.cand_valid, self.fcfg.candidate_gate,
-                             self.fcfg.gate_threshold, self.fcfg.gate_gain, s.ref_row,
+            else C.gate_bias(s.gate_signal, s.gather, s.cand_valid, ref_row=s.ref_row,
                              head=functools.partial(lm_head, self.cfg, params),
-                             peer_gain=self.fcfg.gate_peer_gain))
+                             **self.fcfg.gate_reading))
     kw = dict(mesh=self.mesh, axis=self.axis, cand_bias=bias)
     if all_logits:
       return lm_head(self.cfg, params, C.local_hidden(*args, **kw))

@@ -211,6 +211,9 @@ class FocusSection:
   gate_gain: float = 0.0
   # and this many times surer than the median of the prompt's other chunks (0: off)
   gate_peer_gain: float = 0.0
+  # a chunk is weighed by the best of its this many most likely tokens, a later one against the
+  # other chunks' largest probability of it (1: its top token)
+  gate_top_k: int = 1
   # every chunk but the first also reads this many memory tokens before it (docs/focusllm.md,
   # "Chunk overlap"; 0: the official method)
   chunk_overlap: int = 0
