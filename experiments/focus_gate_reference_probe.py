@@ -31,6 +31,17 @@ its top ``DIST_TOP_K`` with the largest gain ``log p_i(y) - log max(r(y), m_i(y)
 references, and gates on that token's probability: a needle chunk whose first choice is the
 prompt's own token (" a") may hold the key as its second.
 
+The *unique token* (``uniqBETA@TAUxKAPPA``) is the distinctive token with the other chunks'
+*largest* probability of the token as their reference instead of their median: a needle is in
+one chunk, while a continuation that several chunks expect and the prompt does not (the same
+name or phrase recurring through a document) is not what any one chunk alone knows.
+
+The *runner-up* reading (``topkBETA@TAUxKAPPA``, the library's ``gate_top_k``) weighs each chunk
+by the best margin ``log p_i(y) - log max(tau, kappa * ref(y))`` over its top ``DIST_TOP_K``
+tokens, where the top token's peer reference is the other chunks' median (as ``peer``) and a
+later token's is their largest (as ``uniq``): a chunk's first choice may be shared with other
+chunks, a runner-up must be its own.
+
 Two held-out sets, read with the committed candidates (no training):
 
 * ``prose``: ``--docs`` pydoc documents of 3072 tokens, the last ``--reserve`` teacher-forced as
@@ -76,15 +87,16 @@ READING_SETS = dict(
         for b, t, k in ((8, 0.5, 2.0), (16, 0.5, 2.0), (16, 0.8, 2.0), (8, 0.3, 2.0),
                         (16, 0.5, 4.0), (16, 1.0, 2.0))])
 READINGS = READING_SETS["reference"]
-_KINDS = {"gate": None, "gain": "prompt", "same": "same", "peer": "peer", "dist": "dist"}
+_KINDS = {"gate": None, "gain": "prompt", "same": "same", "peer": "peer", "dist": "dist",
+          "uniq": "uniq", "topk": "topk"}
 DIST_TOP_K = 8  # the distinctive token is chosen among each chunk's top 8
 
 
 def parse_reading(spec: str):
-  """``all`` or ``{gate|gain|same|peer|dist}BETA[@TAU[xKAPPA]]`` (``gate8@0.5``,
+  """``all`` or ``{gate|gain|same|peer|dist|uniq|topk}BETA[@TAU[xKAPPA]]`` (``gate8@0.5``,
   ``same16@0.8x3``): a reading as in :data:`READING_SETS`; None when ``spec`` is not one."""
-  m = re.fullmatch(r"(gate|gain|same|peer|dist)(\d+(?:\.\d+)?)(?:@(\d*\.?\d+)(?:x(\d*\.?\d+))?)?",
-                   spec)
+  m = re.fullmatch(r"(gate|gain|same|peer|dist|uniq|topk)(\d+(?:\.\d+)?)"
+                   r"(?:@(\d*\.?\d+)(?:x(\d*\.?\d+))?)?", spec)
   if spec == "all":
     return ("all", 0, 1.0, 0.0, None)
   if not m:
@@ -109,10 +121,10 @@ def peer_reference(chunk_lp, top_tok):
   return out
 
 
-def distinctive(chunk_lp, prompt_lp, k: int = DIST_TOP_K):
+def distinctive(chunk_lp, prompt_lp, k: int = DIST_TOP_K, peers: str = "median"):
   """Per chunk i: ``(p_i(y*), ref(y*), y*)`` lists, ``y*`` the token among chunk i's top ``k``
   with the largest ``log p_i(y) - log max(p_prompt(y), m_i(y))``, ``m_i(y)`` the lower median
-  over the other chunks of ``p_j(y)`` (0 with none)."""
+  (``peers="max"``: the largest) over the other chunks of ``p_j(y)`` (0 with none)."""
   lp = np.asarray(chunk_lp, np.float64)
   c = lp.shape[0]
   ps, refs, toks = [], [], []
@@ -121,7 +133,8 @@ def distinctive(chunk_lp, prompt_lp, k: int = DIST_TOP_K):
     best = None
     for y in cand:
       others = np.sort(np.exp(np.delete(lp[:, y], i)))
-      m = others[(len(others) - 1) // 2] if len(others) else 0.0
+      m = (0.0 if not len(others) else others[-1] if peers == "max"
+           else others[(len(others) - 1) // 2])
       ref = max(float(np.exp(prompt_lp[y])), float(m))
       gain = lp[i, y] - np.log(max(ref, 1e-30))
       if best is None or gain > best[0]:
@@ -130,6 +143,28 @@ def distinctive(chunk_lp, prompt_lp, k: int = DIST_TOP_K):
     refs.append(best[2])
     toks.append(best[3])
   return ps, refs, toks
+
+
+def runner_up(chunk_lp, prompt_lp, tau: float, kappa: float, k: int = DIST_TOP_K):
+  """Per chunk i: ``(margin, p_i(y*), level(y*), y*)`` lists, ``y*`` the token among chunk i's
+  top ``k`` with the largest ``margin = log p_i(y) - log max(tau, kappa * max(p_prompt(y),
+  m_i(y)))``, ``m_i`` the other chunks' lower median for chunk i's top token and their largest
+  for a later one (0 with no other chunk)."""
+  lp = np.asarray(chunk_lp, np.float64)
+  c = lp.shape[0]
+  out = []
+  for i in range(c):
+    best = None
+    for rank, y in enumerate(np.argsort(-lp[i])[:k]):
+      others = np.sort(np.exp(np.delete(lp[:, y], i)))
+      m = (0.0 if not len(others) else others[(len(others) - 1) // 2] if rank == 0
+           else others[-1])
+      level = max(tau, kappa * max(float(np.exp(prompt_lp[y])), float(m)))
+      margin = lp[i, y] - np.log(level)
+      if best is None or margin > best[0]:
+        best = (float(margin), float(np.exp(lp[i, y])), level, int(y))
+    out.append(best)
+  return [list(x) for x in zip(*out)] if out else [[], [], [], []]
 
 
 def gain_bias(top_p, ref, cmax: int, beta: float, tau: float, kappa: float):
@@ -191,13 +226,21 @@ class Reader:
     same = np.exp(prompt_lp[top_tok]).tolist()
     peer = peer_reference(chunk_lp, top_tok).tolist()
     both = np.maximum(same, peer).tolist()
-    if any(r[4] == "dist" for r in self.readings):
-      out["dist_p"], out["dist_ref"], out["dist_tok"] = distinctive(chunk_lp, prompt_lp)
+    for kind, peers in (("dist", "median"), ("uniq", "max")):
+      if any(r[4] == kind for r in self.readings):
+        out[f"{kind}_p"], out[f"{kind}_ref"], out[f"{kind}_tok"] = distinctive(
+            chunk_lp, prompt_lp, peers=peers)
     for name, beta, tau, kappa, ref in self.readings:
+      if ref == "topk":
+        margin, out["topk_p"], out["topk_ref"], _ = runner_up(chunk_lp, prompt_lp, tau, kappa)
+        b = np.zeros((1, valid.shape[1]), np.float32)
+        b[0, :len(margin)] = beta * np.minimum(margin, 0.0)
+        out[name] = local(valid, b)
+        continue
       p, r = top, (same if ref == "same" else both if ref == "peer" else 0.0 if ref is None
-                   else (out["dist_ref"] if ref == "dist" else refs[ref]))
-      if ref == "dist":
-        p = out["dist_p"]
+                   else (out[f"{ref}_ref"] if ref in ("dist", "uniq") else refs[ref]))
+      if ref in ("dist", "uniq"):
+        p = out[f"{ref}_p"]
       out[name] = local(valid, gain_bias(p, r, valid.shape[1], beta, tau, kappa))
     out["refs"] = refs
     out["same_ref"] = same
@@ -212,6 +255,13 @@ class Reader:
     toks[0, :len(prompt)] = prompt
     valid = np.arange(t)[None] < len(prompt)
     return np.asarray(self._top(toks, valid, np.array([len(prompt) - 1], np.int32))[0])
+
+
+def token_records(r):
+  """The distinctive, unique and runner-up tokens' probabilities and references (the runner-up's
+  level, its threshold included), where read."""
+  return {f"{k}_{f}": [round(x, 4) for x in r[f"{k}_{f}"]]
+          for k in ("dist", "uniq", "topk") if f"{k}_p" in r for f in ("p", "ref")}
 
 
 def names(readings):
@@ -236,9 +286,7 @@ def prose(reader, tok, n_docs: int, reserve: int, only=None):
                             top_p=[round(x, 4) for x in r["top_p"]],
                             same_ref=[round(x, 4) for x in r["same_ref"]],
                             peer_ref=[round(x, 4) for x in r["peer_ref"]],
-                            **({"dist_p": [round(x, 4) for x in r["dist_p"]],
-                                "dist_ref": [round(x, 4) for x in r["dist_ref"]]}
-                               if "dist_p" in r else {}),
+                            **token_records(r),
                             nll={k: round(v[-1], 3) for k, v in nll.items()})), flush=True)
     for k in keys:
       doc_nll[k].append(float(np.mean(nll[k])))
@@ -262,8 +310,7 @@ def answers(reader, lm, items, whole: bool = False, kind: str = "ruler"):
     rec = dict(set=kind, target=target, refs=r["refs"], top_p=r["top_p"],
                same_ref=[round(x, 4) for x in r["same_ref"]],
                peer_ref=[round(x, 4) for x in r["peer_ref"]],
-               **({"dist_p": [round(x, 4) for x in r["dist_p"]],
-                   "dist_ref": [round(x, 4) for x in r["dist_ref"]]} if "dist_p" in r else {}),
+               **token_records(r),
                first={k: tok.decode([int(np.argmax(r[k]))]) for k in keys})
     ok = {k: int(np.argmax(r[k]) == t_ids[start]) for k in keys}
     if whole:  # the rest of the answer, teacher-forced, while some reading is still right
@@ -325,7 +372,9 @@ def main(argv=None):
                   help="compare these readings instead of --set's (comma list: all, gate8, "
                        "gate16@0.5, gain16@0.8x2 (top against the prompt's top), same16@0.8x3 "
                        "(the same-token gain), peer16@0.3x4 (and the other chunks' median), "
-                       "dist16@0.15x4 (the chunk's most distinctive token))")
+                       "dist16@0.15x4 (the chunk's most distinctive token), uniq16@0.15x4 (against "
+                       "the other chunks' largest probability), topk16@0.3x4 (the best of each "
+                       "chunk's top 8, a later token against the other chunks' largest))")
   ap.add_argument("--out", help="also write the summary to this JSON file")
   a = ap.parse_args(argv)
   bad = (f"--asset {a.asset}: no such directory (give an exported FocusLLM asset)"
@@ -338,7 +387,8 @@ def main(argv=None):
   if not bad and None in readings:
     wrong = [x for x, r in zip(a.readings.split(","), readings) if r is None]
     bad = (f"--readings: {wrong[0].strip()!r} is not a reading (all, gateBETA[@TAU], "
-           "gainBETA@TAUxKAPPA, sameBETA@TAUxKAPPA, peerBETA@TAUxKAPPA or distBETA@TAUxKAPPA, "
+           "gainBETA@TAUxKAPPA, sameBETA@TAUxKAPPA, peerBETA@TAUxKAPPA, distBETA@TAUxKAPPA, "
+           "uniqBETA@TAUxKAPPA or topkBETA@TAUxKAPPA, "
            "TAU in (0, 1], KAPPA > 0)")
   if bad:
     print(f"focus_gate_reference_probe.py: error: {bad}", file=sys.stderr)

@@ -123,6 +123,24 @@ def test_distinctive_token_is_the_top_k_token_with_the_largest_gain_over_both_re
   np.testing.assert_allclose(refs, [0.01, 0.6, 0.6], rtol=1e-9)
 
 
+def test_unique_token_is_measured_against_the_other_chunks_largest_probability():
+  """Chunks 0 and 1 both expect token 1, which the prompt and chunk 2 do not: against the peers'
+  median (with two peers, the lower one) token 1 is distinctive for both; against their largest
+  it is not, and each chunk falls back to its token with the best gain over the largest peer."""
+  import focus_gate_reference_probe as rp
+  p = np.array([[0.30, 0.50, 0.15, 0.05], [0.35, 0.45, 0.12, 0.08], [0.80, 0.01, 0.09, 0.10]])
+  prompt = np.log(np.array([0.7, 0.01, 0.1, 0.19]))
+  _, _, med = rp.distinctive(np.log(p), prompt, k=3)
+  assert med[:2] == [1, 1]
+  ps, refs, toks = rp.distinctive(np.log(p), prompt, k=3, peers="max")
+  # chunk 0: token 1 0.50 / 0.45 (chunk 1), token 0 0.30 / 0.80, token 2 0.15 / 0.12 (chunk
+  # 1): token 2 wins; chunk 1: token 1 0.45 / 0.50, token 0 0.35 / 0.80, token 2 0.12 / 0.15:
+  # token 1 wins; chunk 2: token 0 0.80 / 0.70 (the prompt) beats tokens 3 and 2
+  assert toks == [2, 1, 0]
+  np.testing.assert_allclose(ps, [0.15, 0.45, 0.80], rtol=1e-9)
+  np.testing.assert_allclose(refs, [0.12, 0.50, 0.70], rtol=1e-9)
+
+
 @pytest.mark.parametrize("spec,want", [
     ("all", ("all", 0, 1.0, 0.0, None)), ("gate8", ("gate8", 8.0, 1.0, 0.0, None)),
     ("gate16@0.5", ("gate16@0.5", 16.0, 0.5, 0.0, None)),
@@ -130,6 +148,7 @@ def test_distinctive_token_is_the_top_k_token_with_the_largest_gain_over_both_re
     ("same16@0.8x3", ("same16@0.8x3", 16.0, 0.8, 3.0, "same")),
     ("peer16@0.3x4", ("peer16@0.3x4", 16.0, 0.3, 4.0, "peer")), ("peer8", None),
     ("dist16@0.15x4", ("dist16@0.15x4", 16.0, 0.15, 4.0, "dist")),
+    ("uniq16@0.15x4", ("uniq16@0.15x4", 16.0, 0.15, 4.0, "uniq")), ("uniq16", None),
     ("same16", None), ("gate8@0.5x2", None), ("same16@1.5x2", None), ("same16@0x2", None),
     ("bogus", None)])
 def test_reference_probe_parses_readings(spec, want):
