@@ -77,12 +77,13 @@ def run_gated(ckpt, mesh=None):
   """The candidate gate on: each device reads its own chunk rows' signal (prefill and every cached
   step, the device loop) and the training condensing returns it split by row (2 decode steps per
   sample: the ``[N, J]`` signal), with its reference rows (``gate_gain``: one more row per
-  prompt, split over the devices with the chunk rows) and its peer reference
-  (``gate_peer_gain``: every row's distribution, gathered per prompt across the devices)."""
+  prompt, split over the devices with the chunk rows), its peer reference (``gate_peer_gain``:
+  every row's distribution, gathered per prompt across the devices) and each chunk's best of
+  its 3 most likely tokens (``gate_top_k``)."""
   import dataclasses
   cfg, fcfg, params = load_focus(ckpt, prompt_cap=8, min_len_threshold=0)
   fcfg = dataclasses.replace(fcfg, candidate_gate=2.0, gate_threshold=0.01, gate_gain=1.5,
-                             gate_peer_gain=2.0)
+                             gate_peer_gain=2.0, gate_top_k=3)
   m = FocusLLM(cfg, fcfg, mesh=mesh, bucket=16, chunk_bucket=1)
   prompts, tokens, lengths = prompt_batch()
   res, _ = decode_logits(m, params, tokens, lengths, 4, np.asarray(FEED).T)
