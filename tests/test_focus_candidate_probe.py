@@ -141,6 +141,23 @@ def test_unique_token_is_measured_against_the_other_chunks_largest_probability()
   np.testing.assert_allclose(refs, [0.12, 0.50, 0.70], rtol=1e-9)
 
 
+def test_runner_up_reading_weighs_each_chunk_by_its_best_margin():
+  """``topk``: each of a chunk's top k tokens against ``max(tau, kappa * max(prompt, peers))``,
+  the peers' lower median for the top token and their largest for a later one; the best margin
+  is the chunk's. Chunk 0's top token (0.40) is what the others expect (median 0.7); its second
+  (0.35) has the peers' largest 0.02 and wins; chunks 1 and 2 keep their top token."""
+  import focus_gate_reference_probe as rp
+  p = np.array([[0.40, 0.35, 0.15, 0.10], [0.80, 0.01, 0.12, 0.07], [0.70, 0.02, 0.18, 0.10]])
+  prompt = np.log(np.array([0.6, 0.004, 0.3, 0.096]))
+  margin, ps, levels, toks = rp.runner_up(np.log(p), prompt, tau=0.01, kappa=2.0, k=2)
+  assert toks == [1, 0, 0]
+  np.testing.assert_allclose(ps, [0.35, 0.80, 0.70], rtol=1e-9)
+  # chunk 0: 2 x the peers' largest 0.02 (their median, 0.01, would give 0.02); chunks 1 and 2:
+  # 2 x the prompt's 0.6 (above their peers' median 0.4)
+  np.testing.assert_allclose(levels, [0.04, 1.2, 1.2], rtol=1e-9)
+  np.testing.assert_allclose(margin, np.log([0.35 / 0.04, 0.8 / 1.2, 0.7 / 1.2]), rtol=1e-9)
+
+
 @pytest.mark.parametrize("spec,want", [
     ("all", ("all", 0, 1.0, 0.0, None)), ("gate8", ("gate8", 8.0, 1.0, 0.0, None)),
     ("gate16@0.5", ("gate16@0.5", 16.0, 0.5, 0.0, None)),
@@ -149,6 +166,7 @@ def test_unique_token_is_measured_against_the_other_chunks_largest_probability()
     ("peer16@0.3x4", ("peer16@0.3x4", 16.0, 0.3, 4.0, "peer")), ("peer8", None),
     ("dist16@0.15x4", ("dist16@0.15x4", 16.0, 0.15, 4.0, "dist")),
     ("uniq16@0.15x4", ("uniq16@0.15x4", 16.0, 0.15, 4.0, "uniq")), ("uniq16", None),
+    ("topk16@0.15x4", ("topk16@0.15x4", 16.0, 0.15, 4.0, "topk")),
     ("same16", None), ("gate8@0.5x2", None), ("same16@1.5x2", None), ("same16@0x2", None),
     ("bogus", None)])
 def test_reference_probe_parses_readings(spec, want):
