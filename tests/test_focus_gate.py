@@ -59,6 +59,14 @@ def _local_logits_with_bias(m, params, cb, lb, cap, level_gap):
                              lb.lengths, lb.n_chunks, cand_bias=jnp.asarray(bias, jnp.float32))
 
 
+def _assert_other_reading_differs(cfg, params, x, logits, **setting):
+  """The gate at ``setting`` (strength ``BETA``) gives other prefill logits for prompt ``x``
+  than ``logits``: the setting under test decides them."""
+  other, _ = FocusLLM(cfg, tiny_focus(candidate_gate=BETA, **setting), bucket=16).prefill(
+      params, x[None], np.array([len(x)], np.int32), 2)
+  assert np.max(np.abs(np.asarray(logits) - np.asarray(other))) > 1e-3
+
+
 def test_gated_prefill_reads_candidates_biased_by_the_base_confidence(tiny):
   cfg, params = tiny
   m = FocusLLM(cfg, tiny_focus(candidate_gate=BETA), bucket=16)
@@ -247,10 +255,7 @@ def test_gate_peer_gain_measures_each_chunk_token_against_the_other_chunks(tiny)
   want = _local_logits_with_bias(plain, params, cb, lb, cap, clipped)
   np.testing.assert_allclose(logits, want, atol=2e-5, rtol=1e-5)
   # the prompt's own reading as the reference instead gives other logits: the peers decide
-  lone = FocusLLM(cfg, tiny_focus(candidate_gate=BETA, gate_threshold=tau, gate_gain=kappa),
-                  bucket=16)
-  other, _ = lone.prefill(params, x[None], np.array([len(x)], np.int32), 2)
-  assert np.max(np.abs(np.asarray(logits) - np.asarray(other))) > 1e-3
+  _assert_other_reading_differs(cfg, params, x, logits, gate_threshold=tau, gate_gain=kappa)
 
 
 def test_gate_top_k_weighs_each_chunk_by_the_best_of_its_k_tokens(tiny):
@@ -292,10 +297,7 @@ def test_gate_top_k_weighs_each_chunk_by_the_best_of_its_k_tokens(tiny):
   want = _local_logits_with_bias(plain, params, cb, lb, cap, clipped)
   np.testing.assert_allclose(logits, want, atol=2e-5, rtol=1e-5)
   # its top token alone gives other logits: the later tokens decide
-  top1 = FocusLLM(cfg, tiny_focus(candidate_gate=BETA, gate_threshold=tau, gate_peer_gain=kappa),
-                  bucket=16)
-  other, _ = top1.prefill(params, x[None], np.array([len(x)], np.int32), 2)
-  assert np.max(np.abs(np.asarray(logits) - np.asarray(other))) > 1e-3
+  _assert_other_reading_differs(cfg, params, x, logits, gate_threshold=tau, gate_peer_gain=kappa)
 
 
 @pytest.mark.parametrize("value", [0, -1, 2.0, True, "3"])
