@@ -80,6 +80,27 @@ def test_bad_inputs(tmp_path):
   assert len(pipeline.build_dataset(dc(sources=f"jsonl:{f}", max_length=10), TOK, 0)) == 1
 
 
+def test_distilled_samples_past_the_teachers_context_are_refused(tmp_path):
+  """The teacher reads a distilled sample whole, so one longer than the base's positions is
+  refused before training, whether its source or the run's data.loss_on distills it; the same
+  length trained on its answer (no teacher) passes."""
+  long, short = tmp_path / "long.json", tmp_path / "short.json"
+  long.write_text(json.dumps({"input": "x" * 60, "output": "ans"}) + "\n")
+  short.write_text(json.dumps({"input": "x" * 20, "output": "ans"}) + "\n")
+  n = len(pipeline.build_dataset(dc(sources=f"jsonl:{long}"), TOK, 0).ids[0])
+  ds = pipeline.build_dataset(dc(sources=f"jsonl:{long}@distill,jsonl:{short}"), TOK, 0)
+  with pytest.raises(DataError, match=rf"1 distilled training samples \(the longest {n} tokens\)"
+                                      r".*base's 48 positions.*'@answer'"):
+    pipeline.check_teacher_context(ds, "all", 48)
+  pipeline.check_teacher_context(ds, "all", n)  # exactly the base's positions: readable
+  mixed = pipeline.build_dataset(dc(sources=f"jsonl:{long}@answer,jsonl:{short}"), TOK, 0)
+  pipeline.check_teacher_context(mixed, "all", 48)
+  with pytest.raises(DataError, match="1 distilled"):  # data.loss_on="distill" is the default
+    pipeline.check_teacher_context(
+        pipeline.build_dataset(dc(sources=f"jsonl:{long},jsonl:{short}"), TOK, 0), "distill", 48)
+  pipeline.check_teacher_context(mixed, "distill", 48)  # '@answer' overrides it
+
+
 def test_synthetic_deterministic_and_answer_spans():
   a = pipeline.build_dataset(dc(sources="synthetic:passkey"), TOK, 3)
   b = pipeline.build_dataset(dc(sources="synthetic:passkey"), TOK, 3)

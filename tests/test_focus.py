@@ -468,6 +468,29 @@ def test_distill_loss_is_kl_to_the_base_on_every_step(tiny):
     assert (np.abs(leaf).max() > 0) == t, jax.tree_util.keystr(path)  # the base stays frozen
 
 
+def test_teacher_reads_only_the_distilled_samples():
+  """A sample scored on its targets (not distilled) adds no teacher row: the teacher's width
+  comes from the distilled samples alone, so a long answer-loss document next to a short
+  distilled one is never read whole by the base."""
+  from longjax.focus.losses import dense_teacher_batch, teacher_batch
+  from longjax.focus.planner import split_dense
+  f = tiny_focus()
+  xs = [prompt(300, 5), prompt(60, 6)]
+  ix = [dict(memory_len=t0 - 16, local_start=t0 - 16, local_size=16, stride=f.chunk_stride)
+        for t0 in (290, 50)]
+  tb = teacher_batch(xs, ix, [False, True], 3, multiple=16)
+  assert tb.ids.shape == (2, 64)  # 50 + 3 - 1 = 52 tokens -> 64 (not 290 + 2 -> 384)
+  np.testing.assert_array_equal(tb.ids[1, :52], xs[1][:52])
+  assert not tb.ids[0].any() and not tb.rows[0].any()
+  np.testing.assert_array_equal(tb.rows[1], [49, 50, 51])
+  assert teacher_batch(xs, ix, [True, True], 3, multiple=16).ids.shape == (2, 384)
+  rows = [split_dense(x, memory_len=a, local_size=20, stride=f.chunk_stride,
+                      prompt_cap=f.prompt_cap, bos_id=f.bos_id) for x, a in zip(xs, (260, 30))]
+  dt = dense_teacher_batch(xs, rows, [False, True], 32, multiple=16)
+  assert dt.ids.shape == (2, 64) and not dt.ids[0].any() and not dt.rows[0].any()
+  assert dense_teacher_batch(xs, rows, [True, True], 32, multiple=16).ids.shape == (2, 384)
+
+
 def _dense_reference(cfg, f, params, x, a, ls):
   """Per local row k, the inference functions' next-token log-probabilities behind the
   candidates of ``x[0:a]``'s chunks read with the prompt ``bos(x[a-P:a])``: the chunk rows come

@@ -112,6 +112,22 @@ def build_dataset(dc, tokenizer, seed: int) -> Dataset:
                  ratio_out if any(r is not None for r in ratio_out) else None)
 
 
+def check_teacher_context(ds: Dataset, default_objective: str, positions: int) -> None:
+  """Distillation's teacher is the frozen base reading a whole sample: a distilled sample longer
+  than the base's ``positions`` would be scored against a teacher past its own context (rotary
+  positions it never saw). Refused before any step, naming the fix: such documents train on
+  their answers (``@answer``), which needs no teacher."""
+  objectives = ds.objective or [None] * len(ds)
+  over = [int(n) for n, o in zip(ds.lengths, objectives)
+          if (o or default_objective) == "distill" and n > positions]
+  if over:
+    raise DataError(
+        f"{len(over)} distilled training samples (the longest {max(over)} tokens) are longer "
+        f"than the base's {positions} positions, and the teacher reads each one whole: give "
+        "their source '@answer' (the answer loss needs no teacher) or lower data.max_length to "
+        f"{positions}")
+
+
 def source_options(specs):
   """``SOURCE[@OBJECTIVE][@ratio=N]`` -> one ``SourceOptions`` per spec (``run_config``)."""
   try:

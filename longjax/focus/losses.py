@@ -74,16 +74,18 @@ class TeacherBatch:
 
 def teacher_batch(tokens: Sequence, indices: Sequence[Mapping], soft: Sequence[bool],
                   steps: int = 1, multiple: int = 256) -> TeacherBatch:
-  """The teacher's inputs for samples planned with ``indices`` and ``steps``: the sample's
-  tokens before its last target, padded to ``multiple x 2^k`` or ``multiple x 3 x 2^k`` (few
-  compiled widths, padding below 1.5x)."""
+  """The teacher's inputs for samples planned with ``indices`` and ``steps``: each distilled
+  sample's tokens before its last target, padded to ``multiple x 2^k`` or ``multiple x 3 x 2^k``
+  (few compiled widths, padding below 1.5x). A sample that is not distilled is scored on its
+  targets alone: its teacher row stays empty and does not widen the batch (a long answer-loss
+  document next to short distilled ones would otherwise make the teacher read it whole)."""
   ends = [int(ix["local_start"]) + int(ix["local_size"]) for ix in indices]
-  width = half_octave_bucket(max(e + steps - 1 for e in ends), multiple)
-  ids = np.zeros((len(ends), width), np.int32)
-  for b, (x, e) in enumerate(zip(tokens, ends)):
-    n = e + steps - 1
+  read = [e + steps - 1 if s else 0 for e, s in zip(ends, soft)]
+  ids = np.zeros((len(ends), half_octave_bucket(max(read), multiple)), np.int32)
+  for b, (x, n) in enumerate(zip(tokens, read)):
     ids[b, :n] = np.asarray(x)[:n]
-  rows = np.asarray([[e - 1 + j for j in range(steps)] for e in ends], np.int32)
+  rows = np.asarray([[e - 1 + j if s else 0 for j in range(steps)] for e, s in zip(ends, soft)],
+                    np.int32)
   return TeacherBatch(ids, rows, np.asarray(soft, bool))
 
 
@@ -110,9 +112,12 @@ def dense_teacher_batch(tokens: Sequence, rows, soft: Sequence[bool], width: int
   """The teacher's inputs for dense rows (:func:`planner.split_dense`, memory ``x[0:a]``, span
   ``x[a : a+ls]``): the sample's tokens ``x[0 : a+ls]``, padded to ``multiple x 2^k``, and for
   the local row of ``x[a+k]`` (predicting ``x[a+k+1]``) the teacher row ``a+k``; unscored rows
-  point at row 0."""
+  point at row 0. A sample that is not distilled gets an empty row, as in :func:`teacher_batch`."""
   ends, rr = [], np.zeros((len(rows), width), np.int32)
-  for b, r in enumerate(rows):
+  for b, (r, s) in enumerate(zip(rows, soft)):
+    if not s:
+      ends.append(0)
+      continue
     t = r.row_targets
     first = int(np.argmax(t >= 0))
     a = int(sum(len(c) for c in r.chunks))

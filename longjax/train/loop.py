@@ -392,6 +392,7 @@ class Trainer:
     check_data = getattr(self.task, "check_data", None)
     if check_data is not None:  # data the task cannot draw from: one error before any compile
       check_data(self.ds)
+    pipeline.check_teacher_context(self.ds, c.data.loss_on, self.cfg.max_position_embeddings)
     gb = tc.global_batch
     accum = tc.grad_accum
     if gb % accum:
