@@ -484,11 +484,32 @@ def test_teacher_reads_only_the_distilled_samples():
   assert not tb.ids[0].any() and not tb.rows[0].any()
   np.testing.assert_array_equal(tb.rows[1], [49, 50, 51])
   assert teacher_batch(xs, ix, [True, True], 3, multiple=16).ids.shape == (2, 384)
+  mem = (260, 30)
   rows = [split_dense(x, memory_len=a, local_size=20, stride=f.chunk_stride,
-                      prompt_cap=f.prompt_cap, bos_id=f.bos_id) for x, a in zip(xs, (260, 30))]
-  dt = dense_teacher_batch(xs, rows, [False, True], 32, multiple=16)
+                      prompt_cap=f.prompt_cap, bos_id=f.bos_id) for x, a in zip(xs, mem)]
+  dt = dense_teacher_batch(xs, rows, [False, True], 32, mem, multiple=16)
   assert dt.ids.shape == (2, 64) and not dt.ids[0].any() and not dt.rows[0].any()
-  assert dense_teacher_batch(xs, rows, [True, True], 32, multiple=16).ids.shape == (2, 384)
+  assert dense_teacher_batch(xs, rows, [True, True], 32, mem, multiple=16).ids.shape == (2, 384)
+
+
+def test_dense_teacher_rows_with_overlapping_chunks():
+  """With chunk_overlap the chunks repeat tokens, so the memory's length is not their summed
+  length: the local row of x[a+k] still reads the teacher's row a+k, the teacher x[0 : a+ls]."""
+  from longjax.focus.losses import dense_teacher_batch
+  from longjax.focus.planner import split_dense
+  f = tiny_focus()
+  x, a, ls = prompt(120, 7), 70, 20
+  for overlap in (0, 5):
+    r = split_dense(x, memory_len=a, local_size=ls, stride=f.chunk_stride,
+                    prompt_cap=f.prompt_cap, bos_id=f.bos_id, overlap=overlap)
+    assert (sum(r.chunk_lens) > a) == (overlap > 0)  # 5 chunks, 4 of them 5 tokens longer
+    dt = dense_teacher_batch([x], [r], [True], 32, [a], multiple=16)
+    first = int(np.argmax(r.row_targets >= 0))
+    np.testing.assert_array_equal(dt.rows[0, first:first + ls], a + np.arange(ls))
+    np.testing.assert_array_equal(dt.ids[0, :a + ls], x[:a + ls])
+    assert not dt.ids[0, a + ls:].any()
+    # the teacher's row a+k is followed by x[a+k+1]: the local row's own target
+    np.testing.assert_array_equal(x[dt.rows[0, first:first + ls] + 1], r.row_targets[first:])
 
 
 def _dense_reference(cfg, f, params, x, a, ls):
@@ -531,7 +552,7 @@ def test_dense_rows_equal_fixed_candidate_prefixes(tiny):
   width = lb.tokens.shape[1]
   batch = DenseBatch(pack_chunks(rows, length_multiple=16), lb, pack_dense_targets(rows, width))
   logq = np.asarray(fl.dense_logq(params, batch))
-  tb = dense_teacher_batch(xs, rows, [True, False], width, multiple=16)
+  tb = dense_teacher_batch(xs, rows, [True, False], width, [a for a, _ in spans], multiple=16)
   got = np.asarray(fl.per_sample_dense(params, batch, tb, top_k=k))
   nll_only = np.asarray(fl.per_sample_dense(params, batch))
   want_kl, want_nll = [], []

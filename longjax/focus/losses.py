@@ -108,19 +108,21 @@ def pack_dense_targets(rows, width: int) -> np.ndarray:
 
 
 def dense_teacher_batch(tokens: Sequence, rows, soft: Sequence[bool], width: int,
-                        multiple: int = 256) -> TeacherBatch:
-  """The teacher's inputs for dense rows (:func:`planner.split_dense`, memory ``x[0:a]``, span
-  ``x[a : a+ls]``): the sample's tokens ``x[0 : a+ls]``, padded to ``multiple x 2^k``, and for
-  the local row of ``x[a+k]`` (predicting ``x[a+k+1]``) the teacher row ``a+k``; unscored rows
-  point at row 0. A sample that is not distilled gets an empty row, as in :func:`teacher_batch`."""
+                        memory_lens: Sequence[int], multiple: int = 256) -> TeacherBatch:
+  """The teacher's inputs for dense rows (:func:`planner.split_dense`, memory ``x[0:a]`` with
+  ``a = memory_lens[b]``, span ``x[a : a+ls]``): the sample's tokens ``x[0 : a+ls]``, padded to
+  ``multiple x 2^k``, and for the local row of ``x[a+k]`` (predicting ``x[a+k+1]``) the teacher
+  row ``a+k``; unscored rows point at row 0. ``a`` is given, not summed from the chunks: with
+  ``chunk_overlap`` the chunks repeat tokens. A sample that is not distilled gets an empty row,
+  as in :func:`teacher_batch`."""
   ends, rr = [], np.zeros((len(rows), width), np.int32)
-  for b, (r, s) in enumerate(zip(rows, soft)):
+  for b, (r, s, a) in enumerate(zip(rows, soft, memory_lens)):
     if not s:
       ends.append(0)
       continue
     t = r.row_targets
     first = int(np.argmax(t >= 0))
-    a = int(sum(len(c) for c in r.chunks))
+    a = int(a)
     ends.append(a + len(t) - first)
     rr[b, first:len(t)] = a + np.arange(len(t) - first)
   ids = np.zeros((len(rows), half_octave_bucket(max(ends), multiple)), np.int32)

@@ -175,7 +175,8 @@ class FocusTask:
                  dense=pack_dense_targets(rows, width))
     if any(soft):
       batch["teacher"] = dataclasses.asdict(
-          dense_teacher_batch([ds.ids[int(i)] for i in idx], rows, soft, width))
+          dense_teacher_batch([ds.ids[int(i)] for i in idx], rows, soft, width,
+                              [ix["memory_len"] for ix in recs]))
     return dict(plans=batch, tokens=int(sum(ix["memory_len"] + ix["local_size"] for ix in recs)),
                 occupancy=_occupancy(batch), indices=recs)
 
