@@ -106,6 +106,10 @@ def build_methods(hf_dir, window, asset, which, workdir=None, focus_asset=None):
       fmodel_cfg, fcfg, fparams = load_focus_asset(focus_asset, hf_dir)
       desc = (f"local window = chunk = {fcfg.local_window}, trained candidate projections "
               f"({_shown(focus_asset)})")
+      if fcfg.candidate_gate:  # the asset's own reading (focus.json; docs/focusllm.md §4.5)
+        desc += (f", candidate gate β {fcfg.candidate_gate:g}, τ {fcfg.gate_threshold:g}, "
+                 f"κ {fcfg.gate_gain:g}, κ_p {fcfg.gate_peer_gain:g}, top {fcfg.gate_top_k}, "
+                 f"overlap {fcfg.chunk_overlap}")
     else:
       fcfg = FocusConfig(local_window=window, chunk_stride=window, min_len_threshold=0,
                          bos_id=int(cfg.bos_token_id))
