@@ -37,17 +37,15 @@ import numpy as np  # noqa: E402
 import learn_passkey_real as lpr  # noqa: E402
 from learn_focus import Focus, _tok  # noqa: E402
 
-WINDOW = 256  # the local window of the committed asset (truncation reads the same tokens)
-
-
-def truncation_nll(cfg, bos: int, params, ids, n: int) -> np.ndarray:
+def truncation_nll(cfg, bos: int, window: int, params, ids, n: int) -> np.ndarray:
   """``[n]``: each of the last ``n`` tokens of ``ids`` scored by the plain base reading BOS, the
-  ``WINDOW`` context tokens before them and the scored tokens before it (one causal forward)."""
+  ``window`` context tokens before them (FocusLLM's local window: the same local tokens) and the
+  scored tokens before it (one causal forward)."""
   import jax
   import jax.numpy as jnp
   from longjax.models.decoder import CAUSAL_PREFILL, Decoder
   from longjax.models.head import head_nll
-  toks = np.concatenate([[bos], ids[len(ids) - n - WINDOW:]]).astype(np.int32)
+  toks = np.concatenate([[bos], ids[len(ids) - n - window:]]).astype(np.int32)
   model = Decoder(cfg, rule=CAUSAL_PREFILL)
   t = len(toks)
   hidden, _ = jax.jit(lambda p, x: model.apply({"params": p}, x, jnp.arange(t)[None],
@@ -193,8 +191,8 @@ def main(argv=None):
   reading = parse_reading(args.reading)
   only = {int(x) for x in args.only_docs.split(",") if x}
   variants = parse_variants(args.variants)
-  if args.out.exists() and args.out.resolve() == Path(args.asset).resolve():
-    raise SystemExit("--out must not be the asset")
+  if args.out.resolve().is_relative_to(Path(args.asset).resolve()):
+    raise SystemExit(f"--out {args.out} is inside the asset {args.asset}: write it elsewhere")
   from longjax.runtime import compile_cache
   compile_cache.enable("auto")  # a rerun loads its programs from disk
   tok = _tok()
@@ -221,7 +219,8 @@ def main(argv=None):
               else dict(focus=focus_nll(model, ids, args.reserve)))
     scores = {("probe_truncation" if k == "truncation" else k): v for k, v in scores.items()}
     scores["truncation"] = truncation_nll(model.lm.cfg, int(model.lm.fcfg.bos_id),
-                                          model.params, ids, args.reserve)
+                                          model.lm.fcfg.local_window, model.params, ids,
+                                          args.reserve)
     res["docs"].append(dict(doc=i, target=[int(x) for x in ids[-args.reserve:]],
                             **{k: [float(x) for x in v] for k, v in scores.items()}))
     print(f"doc {i}: " + " ".join(f"{k} {v.mean():.4f}" for k, v in scores.items())
