@@ -65,22 +65,25 @@ def focus_nll(model: Focus, ids, n: int) -> np.ndarray:
 
 READING_FIELDS = {"candidate_gate": float, "gate_threshold": float, "gate_gain": float,
                   "gate_peer_gain": float, "gate_top_k": int, "chunk_overlap": int}
+VARIANT_KEYS = {"strength": float, "threshold": float, "gain": float, "peer_gain": float,
+                "top_k": int, "cut": float}
+
+
+def parse_fields(body: str, types: dict, flag: str) -> dict:
+  """``key=value,...`` -> ``{key: types[key](value)}``; anything else is one error naming
+  ``flag`` and the keys it takes."""
+  out = {}
+  for item in filter(None, body.split(",")):
+    k, _, v = item.partition("=")
+    if k not in types or not v:
+      raise SystemExit(f"{flag}: {item!r} is not KEY=VALUE with KEY one of {', '.join(types)}")
+    out[k] = types[k](v)
+  return out
 
 
 def parse_reading(spec: str) -> dict:
   """``field=value,...`` over :data:`READING_FIELDS` (empty: none)."""
-  out = {}
-  for item in filter(None, spec.split(",")):
-    name, _, value = item.partition("=")
-    if name not in READING_FIELDS or not value:
-      raise SystemExit(f"--reading: {item!r} is not FIELD=VALUE with FIELD one of "
-                       f"{', '.join(READING_FIELDS)}")
-    out[name] = READING_FIELDS[name](value)
-  return out
-
-
-VARIANT_KEYS = {"strength": float, "threshold": float, "gain": float, "peer_gain": float,
-                "top_k": int, "cut": float}
+  return parse_fields(spec, READING_FIELDS, "--reading")
 
 
 def parse_variants(spec: str) -> dict:
@@ -88,14 +91,7 @@ def parse_variants(spec: str) -> dict:
   out = {}
   for item in filter(None, spec.split(";")):
     name, _, body = item.partition(":")
-    kw = {}
-    for kv in filter(None, body.split(",")):
-      k, _, v = kv.partition("=")
-      if k not in VARIANT_KEYS or not v:
-        raise SystemExit(f"--variants: {kv!r} in {name!r} is not KEY=VALUE with KEY one of "
-                         f"{', '.join(VARIANT_KEYS)}")
-      kw[k] = VARIANT_KEYS[k](v)
-    out[name] = kw
+    out[name] = parse_fields(body, VARIANT_KEYS, f"--variants {name!r}")
   return out
 
 
