@@ -8,8 +8,9 @@ adds one candidate per chunk. This script keeps every token's NLL under both, so
 read per step (does it grow as the dynamic prompt grows?) and per token (a few large losses or
 many small ones?).
 
-Output: per document the two NLL lists, then a summary: the mean NLL difference per block of
-``--block`` steps, and the tokens where FocusLLM loses or gains most.
+Output: per document the two NLL lists ("method": the asset at its reading, and "truncation"),
+then a summary: the mean NLL difference per block of ``--block`` steps, and the tokens where
+FocusLLM loses or gains most.
 
   python experiments/focus_prose_profile.py --docs 8 --reserve 128 \\
       --out results/focus_prose_profile.json
@@ -132,9 +133,9 @@ def focus_variant_nll(model: Focus, ids, n: int, variants: dict) -> dict:
 
   ctx, tgt = ids[:len(ids) - n], ids[len(ids) - n:]
   logits, state = lm.prefill(params, ctx[None], np.array([len(ctx)], np.int32), n)
-  out = {k: [] for k in ("focus", *variants)}
+  out = {k: [] for k in ("method", *variants)}
   for t in range(n):
-    out["focus"].append(nll(logits, tgt[t]))
+    out["method"].append(nll(logits, tgt[t]))
     for name, lg in zip(variants, logits_of(params, state)):
       out[name].append(nll(lg, tgt[t]))
     if t + 1 < n:
@@ -143,7 +144,7 @@ def focus_variant_nll(model: Focus, ids, n: int, variants: dict) -> dict:
 
 
 def summarise(docs: list, block: int, tok) -> dict:
-  diffs = np.array([np.asarray(d["focus"]) - np.asarray(d["truncation"]) for d in docs])
+  diffs = np.array([np.asarray(d["method"]) - np.asarray(d["truncation"]) for d in docs])
   names = [k for k in docs[0] if k not in ("doc", "target", "truncation")]
   per_reading = {k: dict(mean_diff=float(np.mean([np.mean(np.asarray(d[k]) - d["truncation"])
                                                   for d in docs])),
@@ -159,7 +160,7 @@ def summarise(docs: list, block: int, tok) -> dict:
   def row(x):
     d, i, j = x
     return dict(doc=docs[i]["doc"], step=j, token=tok.decode([docs[i]["target"][j]]),
-                focus=round(docs[i]["focus"][j], 3),
+                method=round(docs[i]["method"][j], 3),
                 truncation=round(docs[i]["truncation"][j], 3), diff=round(d, 3))
 
   pos = diffs[diffs > 0].sum()
@@ -212,7 +213,7 @@ def main(argv=None):
     ids = np.asarray(ids, np.int32)
     t0 = time.time()
     scores = (focus_variant_nll(model, ids, args.reserve, variants) if variants
-              else dict(focus=focus_nll(model, ids, args.reserve)))
+              else dict(method=focus_nll(model, ids, args.reserve)))
     scores = {("probe_truncation" if k == "truncation" else k): v for k, v in scores.items()}
     scores["truncation"] = truncation_nll(model.lm.cfg, int(model.lm.fcfg.bos_id),
                                           model.lm.fcfg.local_window, model.params, ids,

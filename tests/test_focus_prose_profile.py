@@ -30,17 +30,17 @@ class _Tok:
 
 
 def test_summary_blocks_readings_and_extremes():
-  docs = [dict(doc=3, target=[0, 1, 2, 3], focus=[1.0, 1.0, 3.0, 1.0], b=[1.0] * 4,
+  docs = [dict(doc=3, target=[0, 1, 2, 3], method=[1.0, 1.0, 3.0, 1.0], b=[1.0] * 4,
                truncation=[1.0, 2.0, 1.0, 1.0]),
-          dict(doc=5, target=[4, 5, 6, 7], focus=[1.0, 1.0, 1.0, 1.5], b=[2.0] * 4,
+          dict(doc=5, target=[4, 5, 6, 7], method=[1.0, 1.0, 1.0, 1.5], b=[2.0] * 4,
                truncation=[1.0, 1.0, 1.0, 1.0])]
   s = pp.summarise(docs, 2, _Tok())
-  # focus - truncation: doc 3 [0, -1, 2, 0], doc 5 [0, 0, 0, 0.5]
+  # method - truncation: doc 3 [0, -1, 2, 0], doc 5 [0, 0, 0, 0.5]
   assert s["per_block"] == pytest.approx({"0-1": -0.25, "2-3": 0.625})
   assert s["mean_diff"] == pytest.approx(1.5 / 8)
-  assert s["per_reading"]["focus"]["per_doc"] == pytest.approx([0.25, 0.125])
+  assert s["per_reading"]["method"]["per_doc"] == pytest.approx([0.25, 0.125])
   assert s["per_reading"]["b"]["per_doc"] == pytest.approx([-0.25, 1.0])
-  assert s["worst"][0] == dict(doc=3, step=2, token="c", focus=3.0, truncation=1.0, diff=2.0)
+  assert s["worst"][0] == dict(doc=3, step=2, token="c", method=3.0, truncation=1.0, diff=2.0)
   assert s["best"][0]["step"] == 1 and s["best"][0]["diff"] == -1.0
   assert s["tokens_worse_by_1_nat"] == 1 and s["tokens_better_by_1_nat"] == 0
   assert s["loss_mass_in_top10_tokens"] == pytest.approx(1.0)
