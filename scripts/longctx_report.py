@@ -18,7 +18,11 @@ lm-eval model ``longjax`` (longjax/eval/harness.py), greedy, chat template appli
   lower is better.
 
 Each finished cell is saved at once (``<out>/longctx_cells/<method>__<task>__<length>.json``,
-written atomically); a rerun skips finished cells, so a stopped report resumes. After every cell
+written atomically); a rerun skips finished cells, so a stopped report resumes. Inside a
+generation cell every answer is logged as it comes (``longctx_cells/.answers/``, JSON lines keyed
+by the request, dropped once the cell is saved): a rerun of a stopped cell reuses them and only
+the rest run (the cell's ``seconds`` then count the rerun only; ``resumed_answers`` says how many
+were reused). After every cell
 the table (``<out>/longctx.md``, ``longctx.json``) and the figure (``longctx.png``: score against
 length, one line per method, one panel per task) are rewritten.
 
@@ -91,6 +95,21 @@ def write_atomic(path: Path, text: str):
 
 def cell_path(out: Path, method, task, length) -> Path:
   return out / "longctx_cells" / f"{method}__{task}__{length}.json"
+
+
+def answer_log_path(out: Path, method, task, length) -> Path:
+  """A generation cell's answers as they come (longjax.eval.answer_log), gone once it is saved."""
+  return out / "longctx_cells" / ".answers" / f"{method}__{task}__{length}.jsonl"
+
+
+def answer_identity(lm, model_args: str) -> str:
+  """What a cell's logged answers must match to be reused: the model arguments, the settings the
+  method reads and the bytes of its asset (one retrained under the same name answers anew)."""
+  from lm_eval.utils import simple_parse_args_string
+  from longjax.eval.answer_log import files_fingerprint
+  asset = simple_parse_args_string(model_args).get("asset")
+  return json.dumps(dict(model_args=model_args, settings=repr(lm.parts.settings),
+                         asset=files_fingerprint(harness.resolve_asset(asset)) if asset else ""))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -410,6 +429,16 @@ def main(argv=None):
         lm_cache[m] = LongjaxLM(**simple_parse_args_string(args.model_args[m]))
         t0 = time.time()
       lm = lm_cache[m]
+      if t != "perplexity":  # a generation cell: answers logged as they come, reused by a rerun
+        from longjax.eval.answer_log import AnswerLog
+        lm.answer_log = AnswerLog(answer_log_path(out, m, t, n),
+                                  answer_identity(lm, args.model_args[m]))
+        if lm.answer_log.stale:
+          print(f"  answers logged by another model set aside: {lm.answer_log.stale}", flush=True)
+        if len(lm.answer_log):
+          rec["resumed_answers"] = len(lm.answer_log)
+          print(f"  {m} {t} {n}: {len(lm.answer_log)} answers logged before a stop, reused",
+                flush=True)
       tok_dir = lm.parts.tokenizer.name
       extra = {}  # what a generation cell keeps besides its score: the answers
       if t in RULER:
@@ -427,6 +456,9 @@ def main(argv=None):
     except SkipCell as e:
       rec.update(not_run=str(e))
     write_atomic(path, json.dumps(rec))
+    if lm_cache.get(m) is not None and lm_cache[m].answer_log is not None:
+      lm_cache[m].answer_log.discard()  # the cell is saved: its answers live there now
+      lm_cache[m].answer_log = None
     print(f"[{k}/{len(todo)}] {m} {t} {n}: " + (f"not run: {rec['not_run']}" if "not_run" in rec
           else f"{rec['score']:.3g} (n={rec['n']}, {rec['seconds']:.0f} s)"), flush=True)
     render(out, done(), args)

@@ -120,6 +120,32 @@ def test_stop_strings_cut_as_lm_eval(lms):
   assert got[0] == full[:full.index(one)]
 
 
+def test_answer_log_resumes_a_stopped_run(lms, tmp_path, monkeypatch):
+  """With an answer log, a rerun answers the logged requests from it and generates only the
+  rest; what it returns equals an uninterrupted run."""
+  from longjax.eval.answer_log import AnswerLog
+  lm = lms["plain"]
+  reqs = [req(p, {"until": [], "max_gen_toks": 5}) for p in (TEXT, TEXT[:60], TEXT[:90])]
+  want = lm.generate_until(reqs, disable_tqdm=True)
+  real, rows = lm._generate, []
+
+  def counting(batch, *a, **k):
+    rows.extend(map(len, batch))
+    return real(batch, *a, **k)
+
+  monkeypatch.setattr(lm, "_generate", counting)
+  path = tmp_path / "cell.jsonl"
+  try:
+    lm.answer_log = AnswerLog(path, "plain")
+    assert lm.generate_until(reqs[:2], disable_tqdm=True) == want[:2]  # stopped after two
+    assert len(rows) == 2
+    lm.answer_log = AnswerLog(path, "plain")  # the rerun
+    assert lm.generate_until(reqs, disable_tqdm=True) == want
+    assert len(rows) == 3  # only the third request ran again
+  finally:
+    lm.answer_log = None
+
+
 def _independent_nll(cfg, params, ids, n):
   logits = forward(cfg, params, np.asarray(ids)[None])[0].astype(np.float64)
   lp = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) \

@@ -33,7 +33,9 @@ own protocol (``longjax.methods``: ``suffix_nll``: one forward for the plain mod
 prefill + teacher-forced decode steps for FocusLLM), so perplexity tasks measure the method; the
 rolling score reads the whole document through the method (``truncation``: disjoint windows of
 ``W`` tokens). ``is_greedy`` is whether greedy generation through the method reproduces the
-continuation. A prompt longer than the method holds is refused before any request runs.
+continuation. A prompt longer than the method holds is refused before any request runs. With
+``answer_log`` set (``longjax.eval.answer_log.AnswerLog``), every generated answer is logged as it
+comes and a rerun answers logged requests from the log (how a stopped long cell resumes).
 
 lm-eval is an optional extra (``pip install -r requirements-eval.txt``), imported only here.
 """
@@ -320,6 +322,8 @@ class LongjaxLM(_LM):
       self.batch_size = _int("batch_size", model_args.get("batch_size", 1))
       self.loop = model_args.get("loop", "auto")
     self.parts = parts
+    # an AnswerLog (longjax.eval.answer_log): answers logged as they come, reused by a rerun
+    self.answer_log = None
 
   # --- what lm-eval reads ------------------------------------------------------------------------
   @property
@@ -441,7 +445,12 @@ class LongjaxLM(_LM):
 
   def generate_until(self, requests, disable_tqdm: bool = False) -> list:
     jobs = []
+    results = [None] * len(requests)
+    log = self.answer_log
     for i, req in enumerate(requests):
+      if log is not None and (hit := log.get("generate_until", req.args)) is not None:
+        results[i] = hit  # answered before a stop: the rerun goes on from there
+        continue
       context, gen_kwargs = req.args
       until, max_new, sampling = self._gen_settings(dict(gen_kwargs or {}))
       ids = self.tok_encode(context)
@@ -454,7 +463,6 @@ class LongjaxLM(_LM):
       jobs.append((i, ids, until, max_new, sampling))
     # longest first (a failure or a memory limit shows at once), equal settings batched
     jobs.sort(key=lambda j: (-len(j[1]), j[3], repr(j[4]), j[0]))
-    results = [None] * len(jobs)
     bar = self._progress(len(jobs), "generate_until", disable_tqdm)
     k = 0
     while k < len(jobs):
@@ -472,6 +480,8 @@ class LongjaxLM(_LM):
         text = self.cut(self.parts.tokenizer.decode(gen), until)
         results[i] = text
         self.cache_hook.add_partial("generate_until", requests[i].args, text)
+        if log is not None:
+          log.add("generate_until", requests[i].args, text)
       bar.update(len(batch))
       k += len(batch)
     bar.close()
