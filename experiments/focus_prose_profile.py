@@ -97,7 +97,13 @@ def parse_variants(spec: str) -> dict:
 
 
 def focus_variant_nll(model: Focus, ids, n: int, variants: dict) -> dict:
-  """``{name: [n]}``: the asset's reading (``focus``) and each variant, every token teacher-forced
+  """``{name: [n]}``: the NLL of :func:`focus_variant_scores`."""
+  return {k: v[0] for k, v in focus_variant_scores(model, ids, n, variants).items()}
+
+
+def focus_variant_scores(model: Focus, ids, n: int, variants: dict) -> dict:
+  """``{name: (nll [n], top [n])}``: each of the last ``n`` tokens' NLL and the greedy token at
+  its step, under the asset's reading (``method``) and each variant, every token teacher-forced
   through host steps; the chunk states are the asset's reading's (the variants change only the
   candidates' bias in the local forward)."""
   import functools
@@ -128,19 +134,21 @@ def focus_variant_nll(model: Focus, ids, n: int, variants: dict) -> dict:
                                 s.local_tokens, s.local_len, s.n_chunks,
                                 cand_bias=bias_of(s, kw)) for kw in variants.values()]
 
-  def nll(logits, y):
-    return float(-jax.nn.log_softmax(jnp.asarray(logits[0], jnp.float32))[y])
+  def score(logits, y):
+    lp = np.asarray(jax.nn.log_softmax(jnp.asarray(logits[0], jnp.float32)))
+    return float(-lp[y]), int(lp.argmax())
 
   ctx, tgt = ids[:len(ids) - n], ids[len(ids) - n:]
   logits, state = lm.prefill(params, ctx[None], np.array([len(ctx)], np.int32), n)
   out = {k: [] for k in ("method", *variants)}
   for t in range(n):
-    out["method"].append(nll(logits, tgt[t]))
+    out["method"].append(score(logits, tgt[t]))
     for name, lg in zip(variants, logits_of(params, state)):
-      out[name].append(nll(lg, tgt[t]))
+      out[name].append(score(lg, tgt[t]))
     if t + 1 < n:
       logits, state = lm.step(params, state, tgt[t:t + 1])
-  return {k: np.asarray(v) for k, v in out.items()}
+  return {k: (np.asarray([a for a, _ in v]), np.asarray([b for _, b in v], np.int64))
+          for k, v in out.items()}
 
 
 def summarise(docs: list, block: int, tok) -> dict:
