@@ -74,7 +74,9 @@ def test_variant_readings_agree_with_the_methods_own_paths():
   ids = np.random.default_rng(0).integers(2, 64, 90).astype(np.int32)
   n = 6
   got = pp.focus_variant_scores(model, ids, n, {"same": {"strength": 1.0}, "truncation": {},
-                                                "steep": {"strength": 16.0}})
+                                                "steep": {"strength": 16.0},
+                                                "mute": {"vote": 1.0, "vote_min": 1.5},
+                                                "vote": {"vote": 1.0}})
   np.testing.assert_allclose(got["method"][0], pp.focus_nll(model, ids, n), atol=1e-4)
   np.testing.assert_allclose(got["same"][0], got["method"][0], atol=1e-4)
   np.testing.assert_array_equal(got["same"][1], got["method"][1])
@@ -84,3 +86,6 @@ def test_variant_readings_agree_with_the_methods_own_paths():
   # a steep one fades them to truncation
   assert np.abs(got["method"][0] - got["truncation"][0]).max() > 1e-2
   np.testing.assert_allclose(got["steep"][0], got["truncation"][0], atol=1e-3)
+  # a vote no chunk is sure enough to cast changes nothing; one that is cast does
+  np.testing.assert_allclose(got["mute"][0], got["method"][0], atol=1e-4)
+  assert np.abs(got["vote"][0] - got["method"][0]).max() > 1e-2
