@@ -22,8 +22,9 @@ reading fields of docs/focusllm.md §4.5-4.6); ``--only_docs 1,6`` scores some d
 the same chunk states (one host step per token, one local forward per variant): the keys of
 ``condense.gate_bias`` (strength, threshold, gain, peer_gain, top_k) and ``cut`` (a probe only: a
 candidate whose bias is below ``-cut`` is masked, so a faded chunk leaks nothing), ``vote`` and
-``vote_min`` (a probe only: the local distribution times the surest chunk's own next-token
-distribution to the power ``vote``, where that chunk is at least ``vote_min`` sure). The variant
+``vote_min`` (``FocusConfig.chunk_vote`` / ``vote_min``: the local distribution times the surest
+chunk's own next-token distribution to the power ``vote``, where that chunk is at least
+``vote_min`` sure). The variant
 ``truncation`` masks every candidate: it must give truncation's NLL (a check of the harness).
 """
 import argparse
@@ -131,25 +132,18 @@ def focus_variant_scores(model: Focus, ids, n: int, variants: dict) -> dict:
       b = jnp.where(b < -kw["cut"], -1e9, b)
     return b
 
-  def vote(s, logits, kw, params):
-    """The local distribution times the surest chunk's own (the base's next-token distribution
-    at that chunk row's candidate slot) to the power ``vote``, where that chunk is at least
-    ``vote_min`` sure of its top token: a product of experts, the chunk's reading of the needle
-    next to the local model's."""
-    every = jax.nn.log_softmax(lm_head(lm.cfg, params, s.gate_signal.hidden).astype(jnp.float32))
-    conf = jnp.where(s.cand_valid, jnp.take(every.max(-1), s.gather, axis=0), -jnp.inf)
-    rows = jnp.take_along_axis(s.gather, conf.argmax(-1)[:, None], axis=1)[:, 0]  # [B]
-    ok = conf.max(-1) >= jnp.log(jnp.float32(kw.get("vote_min", 0.0)))
-    lp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    return lp + jnp.where(ok[:, None], kw["vote"] * jnp.take(every, rows, axis=0), 0.0)
-
   @jax.jit
   def logits_of(params, s):
     out = []
     for kw in variants.values():
       lg = C.local_next_logits(lm.model, params, s.cand_k, s.cand_v, s.gather, s.cand_valid,
-                               s.local_tokens, s.local_len, s.n_chunks, cand_bias=bias_of(s, kw, params))
-      out.append(vote(s, lg, kw, params) if kw.get("vote") else lg)
+                               s.local_tokens, s.local_len, s.n_chunks,
+                               cand_bias=bias_of(s, kw, params))
+      if kw.get("vote"):  # FocusConfig.chunk_vote / vote_min, read on these chunk states
+        lg = C.chunk_vote(lg, s.gate_signal, s.gather, s.cand_valid,
+                          functools.partial(lm_head, lm.cfg, params), kw["vote"],
+                          kw.get("vote_min", 0.0))
+      out.append(lg)
     return out
 
   def score(logits, y):

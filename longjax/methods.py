@@ -145,11 +145,12 @@ class Focus:
   section = method_names.FOCUS.section
   eval_protocols = method_names.FOCUS  # the FocusLLM paper's
   assets = True  # its candidate projections travel as a small asset (longjax/focus/asset.py)
-  # the candidate gate weighs the candidates when they are read (docs/focusllm.md §4.5) and the
-  # chunk overlap widens what each chunk row reads; the projections are the same tensors, so a
-  # run with either may start from an asset without them
+  # the candidate gate weighs the candidates when they are read (docs/focusllm.md §4.5), the
+  # chunk overlap widens what each chunk row reads and the chunk vote mixes the surest chunk's
+  # own prediction in; the projections are the same tensors, so a run with any of them may start
+  # from an asset without them
   layout_only_fields = ("candidate_gate", "gate_threshold", "gate_gain", "gate_peer_gain",
-                        "gate_top_k", "chunk_overlap")
+                        "gate_top_k", "chunk_overlap", "chunk_vote", "vote_min")
   reads_bos = True  # every chunk starts with the model's BOS
   plan_batch_axis = 0
   groups_by_windows = False

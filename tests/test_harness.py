@@ -252,6 +252,11 @@ def test_ruler_end_to_end(lms, tok_dir, monkeypatch):
     (dict(method="focus", asset="smollm2_focus", gate_top_k=2.5),
      "gate_top_k=2.5: must be an integer >= 1"),
     (dict(method="plain", checkpoint="smollm2", gate_top_k=8), "applies to method=focus"),
+    (dict(method="focus", asset="smollm2_focus", chunk_vote="-1"),
+     "chunk_vote='-1': must be a finite number >= 0"),
+    (dict(method="focus", asset="smollm2_focus", vote_min="1"),
+     "vote_min='1': must be a number in [0, 1)"),
+    (dict(method="plain", checkpoint="smollm2", chunk_vote=1), "applies to method=focus"),
 ])
 def test_bad_model_args_one_line_before_loading(kwargs, msg, monkeypatch):
   monkeypatch.setattr(harness, "load_parts", lambda a: pytest.fail("loaded a model"))
@@ -271,6 +276,10 @@ def test_candidate_gate_model_arg_is_read_for_focus():
   assert args.chunk_overlap == 32 and args.gate_threshold == 0.5 and args.gate_gain == 1.5
   assert args.gate_peer_gain == 4.0 and args.gate_top_k == 8
   assert default.gate_top_k is None
+  args = harness.check_model_args(dict(method="focus", asset="smollm2_focus", chunk_vote="1",
+                                       vote_min="0.5"))
+  assert (args.chunk_vote, args.vote_min) == (1.0, 0.5)
+  assert default.chunk_vote is None and default.vote_min is None
 
 
 def test_prompt_past_capacity_refused_before_running(base, monkeypatch):

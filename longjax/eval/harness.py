@@ -69,10 +69,10 @@ METHODS = (PLAIN, TRUNCATION, BEACON, FOCUS)
 WITH_ASSET = (BEACON, FOCUS)
 MODEL_ARGS = ("method", "checkpoint", "asset", "window", "tokenizer", "dtype", "batch_size", "loop",
               "candidate_gate", "gate_threshold", "gate_gain", "gate_peer_gain", "gate_top_k",
-              "chunk_overlap")
+              "chunk_overlap", "chunk_vote", "vote_min")
 # FocusLLM reading settings that override the asset's
 FOCUS_READING = ("candidate_gate", "gate_threshold", "gate_gain", "gate_peer_gain", "gate_top_k",
-                 "chunk_overlap")
+                 "chunk_overlap", "chunk_vote", "vote_min")
 # lm-eval's CLI hands every model these (None is dropped): JAX places arrays on its own device.
 IGNORED_ARGS = ("device", "max_batch_size")
 DTYPES = ("float32", "bfloat16")
@@ -113,6 +113,8 @@ class Args:
   gate_gain: Optional[float] = None  # FocusLLM: the asset's own when None
   gate_peer_gain: Optional[float] = None  # FocusLLM: the asset's own when None
   gate_top_k: Optional[int] = None  # FocusLLM: the asset's own when None
+  chunk_vote: Optional[float] = None  # FocusLLM: the asset's own when None
+  vote_min: Optional[float] = None  # FocusLLM: the asset's own when None
 
 
 def _int(key, value, minimum=1) -> int:
@@ -230,8 +232,15 @@ def check_model_args(kwargs: dict) -> Args:
   peer = None if peer is None else _number_ge0("gate_peer_gain", peer)
   top_k = kw.get("gate_top_k")
   top_k = None if top_k is None else _int("gate_top_k", top_k)
+  vote = kw.get("chunk_vote")
+  vote = None if vote is None else _number_ge0("chunk_vote", vote)
+  vote_min = kw.get("vote_min")
+  vote_min = None if vote_min is None else _number_ge0("vote_min", vote_min)
+  if vote_min is not None and not vote_min < 1:
+    raise HarnessError(f"model_args vote_min={kw['vote_min']!r}: must be a number in [0, 1) (0: "
+                       "the surest chunk always votes)")
   return Args(method, ckpt, asset, window or 0, tok, dtype, _int("batch_size", bs), loop, gate,
-              overlap, tau, gain, peer, top_k)
+              overlap, tau, gain, peer, top_k, vote, vote_min)
 
 
 def checkpoint_dir(args: Args) -> str:

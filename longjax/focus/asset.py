@@ -28,7 +28,8 @@ META = f"{STEM}.json"
 FIELDS = {"local_window": "int", "memory_stride": "ints", "beacon_param": "strs",
           "prompt_cap": "int?", "min_len_threshold": "int", "candidate_gate": "number>=0",
           "chunk_overlap": "int>=0", "gate_threshold": "number>=0", "gate_gain": "number>=0",
-          "gate_peer_gain": "number>=0", "gate_top_k": "int>=1"}
+          "gate_peer_gain": "number>=0", "gate_top_k": "int>=1", "chunk_vote": "number>=0",
+          "vote_min": "number>=0"}
 
 
 def _is_candidate(name: str) -> bool:
@@ -64,6 +65,10 @@ def save_focus_asset(out_dir, cfg, fcfg, params, *, base: str, dtype: str = "bfl
     meta["gate_top_k"] = fcfg.gate_top_k
   if fcfg.chunk_overlap:  # likewise (absent: 0, the official chunks)
     meta["chunk_overlap"] = fcfg.chunk_overlap
+  if fcfg.chunk_vote:  # likewise (absent: 0, no chunk votes)
+    meta["chunk_vote"] = fcfg.chunk_vote
+  if fcfg.vote_min:  # likewise (absent: 0, the surest chunk always votes)
+    meta["vote_min"] = fcfg.vote_min
   if lowrank_entry is not None:
     meta[lowrank.KEY] = lowrank_entry
   assets.check_replaceable(out_dir, overwrite, META, STEM, FOCUS.title)
@@ -86,7 +91,9 @@ def _settings(meta: dict, base: str):
                              gate_gain=meta.get("gate_gain", 0.0),
                              gate_peer_gain=meta.get("gate_peer_gain", 0.0),
                              gate_top_k=meta.get("gate_top_k", 1),
-                             chunk_overlap=meta.get("chunk_overlap", 0))
+                             chunk_overlap=meta.get("chunk_overlap", 0),
+                             chunk_vote=meta.get("chunk_vote", 0.0),
+                             vote_min=meta.get("vote_min", 0.0))
 
 
 def load_focus_asset(asset_dir, base_dir: Optional[str] = None):

@@ -56,6 +56,14 @@ class FocusConfig:
     the O memory tokens before it (chunk i is ``x[max(0, i*S-O) : (i+1)*S]``), so a fact cut by a
     chunk boundary is whole in one chunk row; the number of chunks (candidates) is unchanged
     (docs/focusllm.md, "Chunk overlap").
+  * ``chunk_vote`` lambda (longjax; 0 = the official method): the next-token distribution is the
+    local model's times the surest chunk's own to the power lambda (renormalised; a product of
+    experts). A chunk's own distribution is the frozen base's at its candidate slot, which reads
+    the chunk and the dynamic prompt whole (the candidate gate's signal); the surest chunk is the
+    one whose top token is likeliest. The local model reads one candidate per chunk and may
+    repeat or drop a digit the chunk itself copies exactly (docs/focusllm.md, "Chunk vote").
+  * ``vote_min`` (longjax; 0 = always): the surest chunk votes only where its top token's
+    probability is at least this.
   """
   local_window: int = 1024
   chunk_stride: int = 1024
@@ -70,6 +78,8 @@ class FocusConfig:
   gate_peer_gain: float = 0.0
   gate_top_k: int = 1
   chunk_overlap: int = 0
+  chunk_vote: float = 0.0
+  vote_min: float = 0.0
 
   def __post_init__(self):
     object.__setattr__(self, "candidate_projections", tuple(self.candidate_projections))
@@ -103,6 +113,12 @@ class FocusConfig:
     if not isinstance(o, int) or isinstance(o, bool) or o < 0 or o >= self.chunk_stride:
       raise FocusError(f"FocusConfig.chunk_overlap must be an integer in [0, chunk_stride="
                        f"{self.chunk_stride}) (0: the official method), got {o!r}")
+    self._finite_ge0("chunk_vote", "the official method")
+    m = self.vote_min
+    if isinstance(m, bool) or not isinstance(m, (int, float)) or not 0 <= m < 1:
+      raise FocusError(f"FocusConfig.vote_min must be a number in [0, 1) (0: the surest chunk "
+                       f"always votes), got {m!r}")
+    object.__setattr__(self, "vote_min", float(m))
     bad = [p for p in self.candidate_projections if p not in ALT_PROJECTIONS]
     if bad or not self.candidate_projections or len(set(self.candidate_projections)) != len(
         self.candidate_projections):
@@ -127,6 +143,12 @@ class FocusConfig:
     """The candidate gate's settings as ``condense.gate_bias`` takes them."""
     return dict(strength=self.candidate_gate, threshold=self.gate_threshold, gain=self.gate_gain,
                 peer_gain=self.gate_peer_gain, top_k=self.gate_top_k)
+
+  @property
+  def slot_signal(self) -> bool:
+    """Whether the chunks' candidate slots are read by the frozen base (the candidate gate's and
+    the chunk vote's signal)."""
+    return bool(self.candidate_gate or self.chunk_vote)
 
   @property
   def prompt_len(self) -> int:

@@ -195,7 +195,7 @@ class FocusLLM:
     cand_k, cand_v, k, v = self._condense(params, cb, cache_cap)
     last = jnp.maximum(cb.lengths - 1, 0)
     cand_tok = jnp.take_along_axis(cb.tokens, last[:, None], axis=1)[:, 0]
-    signal = (self._slot_signal(params, k, v, last, cand_tok) if self.fcfg.candidate_gate
+    signal = (self._slot_signal(params, k, v, last, cand_tok) if self.fcfg.slot_signal
               else None)
     state = FocusState(
         cache_k=k, cache_v=v, cache_len=last,
@@ -209,14 +209,24 @@ class FocusLLM:
   def _local_logits(self, params, s: FocusState, all_logits: bool, model=None):
     args = (self.model if model is None else model, params, s.cand_k, s.cand_v, s.gather,
             s.cand_valid, s.local_tokens, s.local_len, s.n_chunks)
-    bias = (None if s.gate_signal is None
-            else C.gate_bias(s.gate_signal, s.gather, s.cand_valid, ref_row=s.ref_row,
-                             head=functools.partial(lm_head, self.cfg, params),
-                             **self.fcfg.gate_reading))
+    head = functools.partial(lm_head, self.cfg, params)
+    bias = (C.gate_bias(s.gate_signal, s.gather, s.cand_valid, ref_row=s.ref_row, head=head,
+                        **self.fcfg.gate_reading) if self.fcfg.candidate_gate else None)
     kw = dict(mesh=self.mesh, axis=self.axis, cand_bias=bias)
+    vote = functools.partial(C.chunk_vote, signal=s.gate_signal, gather=s.gather,
+                             cand_valid=s.cand_valid, head=head, weight=self.fcfg.chunk_vote,
+                             min_conf=self.fcfg.vote_min)
     if all_logits:
-      return lm_head(self.cfg, params, C.local_hidden(*args, **kw))
-    return C.local_next_logits(*args, **kw)
+      logits = lm_head(self.cfg, params, C.local_hidden(*args, **kw))
+      if not self.fcfg.chunk_vote:
+        return logits
+      # the chunks' slots predict the token after the whole local context: its last real row
+      last = jnp.maximum(s.local_len - 1, 0)
+      b = jnp.arange(logits.shape[0])
+      logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+      return logp.at[b, last].set(vote(logp[b, last]))
+    logits = C.local_next_logits(*args, **kw)
+    return vote(logits) if self.fcfg.chunk_vote else logits
 
   def _step_impl(self, params, s: FocusState, tokens, model=None):
     """One cached decode step. ``model``: the decoder to step with, ``params`` in its layout
