@@ -24,7 +24,8 @@ the same chunk states (one host step per token, one local forward per variant): 
 candidate whose bias is below ``-cut`` is masked, so a faded chunk leaks nothing), ``vote`` and
 ``vote_min`` (``FocusConfig.chunk_vote`` / ``vote_min``: the local distribution times the surest
 chunk's own next-token distribution to the power ``vote``, where that chunk is at least
-``vote_min`` sure). The variant
+``vote_min`` sure) and ``vote_open`` (a probe only: only chunks the gate reads at full weight,
+bias at least ``-vote_open``, may vote). The variant
 ``truncation`` masks every candidate: it must give truncation's NLL (a check of the harness).
 """
 import argparse
@@ -70,8 +71,10 @@ def focus_nll(model: Focus, ids, n: int) -> np.ndarray:
 READING_FIELDS = {"candidate_gate": float, "gate_threshold": float, "gate_gain": float,
                   "gate_peer_gain": float, "gate_top_k": int, "chunk_overlap": int}
 VARIANT_KEYS = {"strength": float, "threshold": float, "gain": float, "peer_gain": float,
-                "top_k": int, "cut": float, "vote": float, "vote_min": float}
-PROBE_ONLY = ("cut", "vote", "vote_min")  # variant keys that are no gate_bias argument
+                "top_k": int, "cut": float, "vote": float, "vote_min": float,
+                "vote_open": float}
+# variant keys that are no gate_bias argument
+PROBE_ONLY = ("cut", "vote", "vote_min", "vote_open")
 
 
 def parse_fields(body: str, types: dict, flag: str) -> dict:
@@ -136,13 +139,14 @@ def focus_variant_scores(model: Focus, ids, n: int, variants: dict) -> dict:
   def logits_of(params, s):
     out = []
     for kw in variants.values():
+      bias = bias_of(s, kw, params)
       lg = C.local_next_logits(lm.model, params, s.cand_k, s.cand_v, s.gather, s.cand_valid,
-                               s.local_tokens, s.local_len, s.n_chunks,
-                               cand_bias=bias_of(s, kw, params))
+                               s.local_tokens, s.local_len, s.n_chunks, cand_bias=bias)
       if kw.get("vote"):  # FocusConfig.chunk_vote / vote_min, read on these chunk states
         lg = C.chunk_vote(lg, s.gate_signal, s.gather, s.cand_valid,
                           functools.partial(lm_head, lm.cfg, params), kw["vote"],
-                          kw.get("vote_min", 0.0))
+                          kw.get("vote_min", 0.0),
+                          eligible=bias >= -kw["vote_open"] if "vote_open" in kw else None)
       out.append(lg)
     return out
 

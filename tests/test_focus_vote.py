@@ -104,3 +104,28 @@ def test_voted_device_loop_equals_host_steps(tiny):
 def test_vote_settings_are_checked(field, value):
   with pytest.raises(FocusError, match=field):
     tiny_focus(**{field: value})
+
+
+def test_only_eligible_chunks_vote():
+  """``condense.chunk_vote``: the surest of the eligible chunks votes; none eligible, none does."""
+  import jax.numpy as jnp
+  from longjax.focus import condense as C
+  rng = np.random.default_rng(0)
+  hidden = jnp.asarray(rng.normal(size=(3, 4)), jnp.float32)  # rows' hidden states, head = id
+  own = np.asarray(jax.nn.log_softmax(hidden, -1))
+  signal = C.GateSignal(log_conf=jnp.asarray(own.max(-1)), token=jnp.asarray(own.argmax(-1)),
+                        hidden=hidden)
+  gather, valid = jnp.asarray([[0, 1, 2]]), jnp.asarray([[True, True, True]])
+  local = jnp.asarray(rng.normal(size=(1, 4)), jnp.float32)
+  lp = np.asarray(jax.nn.log_softmax(local, -1))
+  order = np.argsort(-own.max(-1))
+
+  def vote(eligible=None):
+    return np.asarray(C.chunk_vote(local, signal, gather, valid, lambda h: h, 1.0,
+                                   eligible=eligible))
+
+  np.testing.assert_allclose(vote(), jax.nn.log_softmax(lp + own[order[0]], -1), atol=1e-6)
+  skip_best = jnp.asarray([[i != order[0] for i in range(3)]])
+  np.testing.assert_allclose(vote(skip_best), jax.nn.log_softmax(lp + own[order[1]], -1),
+                             atol=1e-6)
+  np.testing.assert_allclose(vote(jnp.zeros((1, 3), bool)), lp, atol=1e-6)

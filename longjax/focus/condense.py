@@ -320,20 +320,22 @@ def gate_bias(signal: GateSignal, gather, cand_valid, strength: float, threshold
 
 
 def chunk_vote(logits, signal: GateSignal, gather, cand_valid, head, weight: float,
-               min_conf: float = 0.0):
+               min_conf: float = 0.0, eligible=None):
   """``[B, V]`` next-token log-probabilities: the local model's ``logits [B, V]`` times the surest
   chunk's own distribution to the power ``weight``, renormalised (docs/focusllm.md, "Chunk vote").
 
   A chunk's own distribution is the frozen base's at its candidate slot (``signal.hidden``, read
   by ``head``); the surest of a prompt's valid chunks is the one with the largest top-token
   probability (``signal.log_conf``). Where it is below ``min_conf``, or the prompt has no chunk,
-  the local distribution stands alone."""
+  the local distribution stands alone. ``eligible [B, Cmax]``: only these chunks may vote
+  (default: every valid one)."""
   signal = jax.lax.stop_gradient(signal)
-  conf = jnp.where(cand_valid, jnp.take(signal.log_conf, gather, axis=0), -jnp.inf)  # [B, Cmax]
+  may = cand_valid if eligible is None else cand_valid & eligible
+  conf = jnp.where(may, jnp.take(signal.log_conf, gather, axis=0), -jnp.inf)  # [B, Cmax]
   best = jnp.argmax(conf, axis=-1)
   rows = jnp.take_along_axis(gather, best[:, None], axis=1)[:, 0]  # [B] the surest chunk's row
   votes = jnp.max(conf, axis=-1) >= jnp.log(jnp.float32(min_conf))
-  votes &= jnp.any(cand_valid, axis=-1)
+  votes &= jnp.any(may, axis=-1)
   own = jax.nn.log_softmax(head(jnp.take(signal.hidden, rows, axis=0)).astype(jnp.float32), -1)
   local = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
   return jax.nn.log_softmax(local + jnp.where(votes[:, None], jnp.float32(weight) * own, 0.0),
