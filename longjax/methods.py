@@ -150,7 +150,8 @@ class Focus:
   # own prediction in; the projections are the same tensors, so a run with any of them may start
   # from an asset without them
   layout_only_fields = ("candidate_gate", "gate_threshold", "gate_gain", "gate_peer_gain",
-                        "gate_top_k", "chunk_overlap", "chunk_vote", "vote_min")
+                        "gate_top_k", "chunk_overlap", "chunk_vote", "vote_min",
+                        "vote_open")
   reads_bos = True  # every chunk starts with the model's BOS
   plan_batch_axis = 0
   groups_by_windows = False

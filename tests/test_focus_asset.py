@@ -119,12 +119,13 @@ def test_asset_carries_its_candidate_gate(tmp_path, base):
     with pytest.raises(AssetError, match="'candidate_gate' must be a finite number >= 0"):
       load_focus_asset(tmp_path / "on")
   assert "chunk_vote" not in json.loads((tmp_path / "off" / "focus.json").read_text())
-  save_focus_asset(tmp_path / "vote", cfg, tiny_focus(chunk_vote=1.0, vote_min=0.5), params,
+  save_focus_asset(tmp_path / "vote", cfg, tiny_focus(candidate_gate=2.0, chunk_vote=1.0,
+                                                      vote_min=0.5, vote_open=True), params,
                    base=str(base))
   voted = json.loads((tmp_path / "vote" / "focus.json").read_text())
-  assert (voted["chunk_vote"], voted["vote_min"]) == (1.0, 0.5)
+  assert (voted["chunk_vote"], voted["vote_min"], voted["vote_open"]) == (1.0, 0.5, True)
   got = load_focus_asset(tmp_path / "vote")[1]
-  assert (got.chunk_vote, got.vote_min) == (1.0, 0.5)
+  assert (got.chunk_vote, got.vote_min, got.vote_open) == (1.0, 0.5, True)
   assert load_focus_asset(tmp_path / "off")[1].chunk_vote == 0.0
   for bad in (0, 2.5, "8"):
     (tmp_path / "on" / "focus.json").write_text(json.dumps(dict(meta, gate_top_k=bad)))

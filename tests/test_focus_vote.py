@@ -129,3 +129,30 @@ def test_only_eligible_chunks_vote():
   np.testing.assert_allclose(vote(skip_best), jax.nn.log_softmax(lp + own[order[1]], -1),
                              atol=1e-6)
   np.testing.assert_allclose(vote(jnp.zeros((1, 3), bool)), lp, atol=1e-6)
+
+
+def test_vote_open_lets_only_chunks_the_gate_reads_whole_vote(tiny):
+  """With the gate at threshold tau and no references, the gate reads a chunk at full weight
+  exactly where the base is at least tau sure of it: ``vote_open`` is then ``vote_min = tau``.
+  tau lies between two prompts' surest chunks, so one prompt votes and the other does not."""
+  cfg, params = tiny
+  prompts = [prompt(100, 0), prompt(61, 1), prompt(20, 2)]
+  tokens, lengths = padded(prompts)
+  alone = FocusLLM(cfg, tiny_focus(candidate_gate=3.0), bucket=16)
+  tops = [s.max() for s in _surest_rows(cfg, params, alone, prompts)[:2]]
+  tau = float(np.exp(np.mean(tops)))
+  gate = dict(candidate_gate=3.0, gate_threshold=tau, chunk_vote=VOTE)
+  got, _ = FocusLLM(cfg, tiny_focus(vote_open=True, **gate), bucket=16).prefill(
+      params, tokens, lengths, 2)
+  want, _ = FocusLLM(cfg, tiny_focus(vote_min=tau, **gate), bucket=16).prefill(
+      params, tokens, lengths, 2)
+  np.testing.assert_allclose(jax.nn.log_softmax(got, -1), jax.nn.log_softmax(want, -1),
+                             atol=3e-5)
+  local, _ = FocusLLM(cfg, tiny_focus(candidate_gate=3.0, gate_threshold=tau), bucket=16).prefill(
+      params, tokens, lengths, 2)
+  moved = np.abs(np.asarray(jax.nn.log_softmax(got, -1) - jax.nn.log_softmax(local, -1))).max(-1)
+  assert (moved > 1e-3).sum() == 1 and moved[2] < 1e-5  # one prompt voted; no chunks, no vote
+  with pytest.raises(FocusError, match="vote_open"):
+    tiny_focus(chunk_vote=1.0, vote_open=True)  # no gate to ask
+  with pytest.raises(FocusError, match="vote_open"):
+    tiny_focus(candidate_gate=3.0, chunk_vote=1.0, vote_open=1)

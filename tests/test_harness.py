@@ -257,6 +257,8 @@ def test_ruler_end_to_end(lms, tok_dir, monkeypatch):
     (dict(method="focus", asset="smollm2_focus", vote_min="1"),
      "vote_min='1': must be a number in [0, 1)"),
     (dict(method="plain", checkpoint="smollm2", chunk_vote=1), "applies to method=focus"),
+    (dict(method="focus", asset="smollm2_focus", vote_open="maybe"),
+     "vote_open='maybe': give true or false"),
 ])
 def test_bad_model_args_one_line_before_loading(kwargs, msg, monkeypatch):
   monkeypatch.setattr(harness, "load_parts", lambda a: pytest.fail("loaded a model"))
@@ -277,8 +279,8 @@ def test_candidate_gate_model_arg_is_read_for_focus():
   assert args.gate_peer_gain == 4.0 and args.gate_top_k == 8
   assert default.gate_top_k is None
   args = harness.check_model_args(dict(method="focus", asset="smollm2_focus", chunk_vote="1",
-                                       vote_min="0.5"))
-  assert (args.chunk_vote, args.vote_min) == (1.0, 0.5)
+                                       vote_min="0.5", vote_open="True"))
+  assert (args.chunk_vote, args.vote_min, args.vote_open) == (1.0, 0.5, True)
   assert default.chunk_vote is None and default.vote_min is None
 
 

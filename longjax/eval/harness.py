@@ -69,10 +69,10 @@ METHODS = (PLAIN, TRUNCATION, BEACON, FOCUS)
 WITH_ASSET = (BEACON, FOCUS)
 MODEL_ARGS = ("method", "checkpoint", "asset", "window", "tokenizer", "dtype", "batch_size", "loop",
               "candidate_gate", "gate_threshold", "gate_gain", "gate_peer_gain", "gate_top_k",
-              "chunk_overlap", "chunk_vote", "vote_min")
+              "chunk_overlap", "chunk_vote", "vote_min", "vote_open")
 # FocusLLM reading settings that override the asset's
 FOCUS_READING = ("candidate_gate", "gate_threshold", "gate_gain", "gate_peer_gain", "gate_top_k",
-                 "chunk_overlap", "chunk_vote", "vote_min")
+                 "chunk_overlap", "chunk_vote", "vote_min", "vote_open")
 # lm-eval's CLI hands every model these (None is dropped): JAX places arrays on its own device.
 IGNORED_ARGS = ("device", "max_batch_size")
 DTYPES = ("float32", "bfloat16")
@@ -115,6 +115,7 @@ class Args:
   gate_top_k: Optional[int] = None  # FocusLLM: the asset's own when None
   chunk_vote: Optional[float] = None  # FocusLLM: the asset's own when None
   vote_min: Optional[float] = None  # FocusLLM: the asset's own when None
+  vote_open: Optional[bool] = None  # FocusLLM: the asset's own when None
 
 
 def _int(key, value, minimum=1) -> int:
@@ -239,8 +240,14 @@ def check_model_args(kwargs: dict) -> Args:
   if vote_min is not None and not vote_min < 1:
     raise HarnessError(f"model_args vote_min={kw['vote_min']!r}: must be a number in [0, 1) (0: "
                        "the surest chunk always votes)")
+  vote_open = kw.get("vote_open")
+  if vote_open is not None:
+    flag = str(vote_open).strip().lower()
+    if flag not in ("true", "false", "1", "0"):
+      raise HarnessError(f"model_args vote_open={vote_open!r}: give true or false")
+    vote_open = flag in ("true", "1")
   return Args(method, ckpt, asset, window or 0, tok, dtype, _int("batch_size", bs), loop, gate,
-              overlap, tau, gain, peer, top_k, vote, vote_min)
+              overlap, tau, gain, peer, top_k, vote, vote_min, vote_open)
 
 
 def checkpoint_dir(args: Args) -> str:

@@ -29,7 +29,7 @@ FIELDS = {"local_window": "int", "memory_stride": "ints", "beacon_param": "strs"
           "prompt_cap": "int?", "min_len_threshold": "int", "candidate_gate": "number>=0",
           "chunk_overlap": "int>=0", "gate_threshold": "number>=0", "gate_gain": "number>=0",
           "gate_peer_gain": "number>=0", "gate_top_k": "int>=1", "chunk_vote": "number>=0",
-          "vote_min": "number>=0"}
+          "vote_min": "number>=0", "vote_open": "bool"}
 
 
 def _is_candidate(name: str) -> bool:
@@ -69,6 +69,8 @@ def save_focus_asset(out_dir, cfg, fcfg, params, *, base: str, dtype: str = "bfl
     meta["chunk_vote"] = fcfg.chunk_vote
   if fcfg.vote_min:  # likewise (absent: 0, the surest chunk always votes)
     meta["vote_min"] = fcfg.vote_min
+  if fcfg.vote_open:  # likewise (absent: false, any chunk may vote)
+    meta["vote_open"] = True
   if lowrank_entry is not None:
     meta[lowrank.KEY] = lowrank_entry
   assets.check_replaceable(out_dir, overwrite, META, STEM, FOCUS.title)
@@ -93,7 +95,8 @@ def _settings(meta: dict, base: str):
                              gate_top_k=meta.get("gate_top_k", 1),
                              chunk_overlap=meta.get("chunk_overlap", 0),
                              chunk_vote=meta.get("chunk_vote", 0.0),
-                             vote_min=meta.get("vote_min", 0.0))
+                             vote_min=meta.get("vote_min", 0.0),
+                             vote_open=meta.get("vote_open", False))
 
 
 def load_focus_asset(asset_dir, base_dir: Optional[str] = None):

@@ -64,6 +64,9 @@ class FocusConfig:
     repeat or drop a digit the chunk itself copies exactly (docs/focusllm.md, "Chunk vote").
   * ``vote_min`` (longjax; 0 = always): the surest chunk votes only where its top token's
     probability is at least this.
+  * ``vote_open`` (longjax; False = any chunk): only chunks the candidate gate reads at full
+    weight may vote (the gate on): on prose, where a chunk is sure of its own text's next token,
+    the gate's references fade it and it stays silent.
   """
   local_window: int = 1024
   chunk_stride: int = 1024
@@ -80,6 +83,7 @@ class FocusConfig:
   chunk_overlap: int = 0
   chunk_vote: float = 0.0
   vote_min: float = 0.0
+  vote_open: bool = False
 
   def __post_init__(self):
     object.__setattr__(self, "candidate_projections", tuple(self.candidate_projections))
@@ -119,6 +123,12 @@ class FocusConfig:
       raise FocusError(f"FocusConfig.vote_min must be a number in [0, 1) (0: the surest chunk "
                        f"always votes), got {m!r}")
     object.__setattr__(self, "vote_min", float(m))
+    if not isinstance(self.vote_open, bool):
+      raise FocusError(f"FocusConfig.vote_open must be True or False, got {self.vote_open!r}")
+    if self.vote_open and not (self.chunk_vote and self.candidate_gate):
+      raise FocusError("FocusConfig.vote_open asks the candidate gate which chunks may vote: set "
+                       f"chunk_vote > 0 and candidate_gate > 0 too (got chunk_vote="
+                       f"{self.chunk_vote}, candidate_gate={self.candidate_gate}), or drop it")
     bad = [p for p in self.candidate_projections if p not in ALT_PROJECTIONS]
     if bad or not self.candidate_projections or len(set(self.candidate_projections)) != len(
         self.candidate_projections):

@@ -215,7 +215,9 @@ class FocusLLM:
     kw = dict(mesh=self.mesh, axis=self.axis, cand_bias=bias)
     vote = functools.partial(C.chunk_vote, signal=s.gate_signal, gather=s.gather,
                              cand_valid=s.cand_valid, head=head, weight=self.fcfg.chunk_vote,
-                             min_conf=self.fcfg.vote_min)
+                             min_conf=self.fcfg.vote_min,
+                             # the chunks the gate reads at full weight (its bias is exactly 0)
+                             eligible=bias >= 0 if self.fcfg.vote_open else None)
     if all_logits:
       logits = lm_head(self.cfg, params, C.local_hidden(*args, **kw))
       if not self.fcfg.chunk_vote:
