@@ -329,7 +329,9 @@ def test_gate_threshold_must_be_in_zero_one(value):
     # both references: the prompt's row and the other chunks
     (dict(gate_threshold=0.01, gate_gain=1.5, gate_peer_gain=2.0), 2, 2),
     # and each chunk's best of its 3 most likely tokens
-    (dict(gate_threshold=0.01, gate_gain=1.5, gate_peer_gain=2.0, gate_top_k=3), 2, 3)])
+    (dict(gate_threshold=0.01, gate_gain=1.5, gate_peer_gain=2.0, gate_top_k=3), 2, 3),
+    # and the chunk vote (docs/focusllm.md "Chunk vote") on the gated reading
+    (dict(gate_threshold=0.05, chunk_vote=0.7, vote_min=0.01), 2, 4)])
 def test_gated_cached_decode_equals_the_gated_closed_form(tiny, setting, steps, seed):
   """Each decode step equals the gated forward over the prompt and the tokens fed so far."""
   cfg, params = tiny
