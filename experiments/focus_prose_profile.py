@@ -19,9 +19,10 @@ FocusLLM loses or gains most.
 reading fields of docs/focusllm.md §4.5-4.6); ``--only_docs 1,6`` scores some documents only.
 
 ``--variants "b32:strength=32;cut1:cut=1"`` also scores every token under other gate biases on
-the same chunk states (one host step per token, one local forward per variant): the keys of
-``condense.gate_bias`` (strength, threshold, gain, peer_gain, top_k) and ``cut`` (a probe only: a
-candidate whose bias is below ``-cut`` is masked, so a faded chunk leaks nothing), ``vote`` and
+the same chunk states (one host step per token; one local forward per variant that changes the
+gate, while a variant that only votes reads the step's own): the keys of ``condense.gate_bias``
+(strength, threshold, gain, peer_gain, top_k) and ``cut`` (a probe only: a candidate whose bias is
+below ``-cut`` is masked, so a faded chunk leaks nothing), ``vote`` and
 ``vote_min`` (``FocusConfig.chunk_vote`` / ``vote_min``: the local distribution times the surest
 chunk's own next-token distribution to the power ``vote``, where that chunk is at least
 ``vote_min`` sure) and ``vote_open`` (a probe only: only chunks the gate reads at full weight,
@@ -75,6 +76,7 @@ VARIANT_KEYS = {"strength": float, "threshold": float, "gain": float, "peer_gain
                 "vote_open": float}
 # variant keys that are no gate_bias argument
 PROBE_ONLY = ("cut", "vote", "vote_min", "vote_open")
+VOTE_ONLY = ("vote", "vote_min", "vote_open")
 
 
 def parse_fields(body: str, types: dict, flag: str) -> dict:
@@ -135,13 +137,19 @@ def focus_variant_scores(model: Focus, ids, n: int, variants: dict) -> dict:
       b = jnp.where(b < -kw["cut"], -1e9, b)
     return b
 
+  # a variant that only votes reads the asset's own local forward (the step's logits), unless
+  # the asset votes itself: then every variant runs its own
+  reuse = {k: lm.fcfg.chunk_vote == 0 and bool(kw) and set(kw) <= set(VOTE_ONLY)
+           for k, kw in variants.items()}
+
   @jax.jit
-  def logits_of(params, s):
+  def logits_of(params, s, method_logits):
     out = []
-    for kw in variants.values():
+    for name, kw in variants.items():
       bias = bias_of(s, kw, params)
-      lg = C.local_next_logits(lm.model, params, s.cand_k, s.cand_v, s.gather, s.cand_valid,
-                               s.local_tokens, s.local_len, s.n_chunks, cand_bias=bias)
+      lg = method_logits if reuse[name] else C.local_next_logits(
+          lm.model, params, s.cand_k, s.cand_v, s.gather, s.cand_valid, s.local_tokens,
+          s.local_len, s.n_chunks, cand_bias=bias)
       if kw.get("vote"):  # FocusConfig.chunk_vote / vote_min, read on these chunk states
         lg = C.chunk_vote(lg, s.gate_signal, s.gather, s.cand_valid,
                           functools.partial(lm_head, lm.cfg, params), kw["vote"],
@@ -159,7 +167,7 @@ def focus_variant_scores(model: Focus, ids, n: int, variants: dict) -> dict:
   out = {k: [] for k in ("method", *variants)}
   for t in range(n):
     out["method"].append(score(logits, tgt[t]))
-    for name, lg in zip(variants, logits_of(params, state)):
+    for name, lg in zip(variants, logits_of(params, state, logits)):
       out[name].append(score(lg, tgt[t]))
     if t + 1 < n:
       logits, state = lm.step(params, state, tgt[t:t + 1])

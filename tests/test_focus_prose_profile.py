@@ -89,3 +89,8 @@ def test_variant_readings_agree_with_the_methods_own_paths():
   # a vote no chunk is sure enough to cast changes nothing; one that is cast does
   np.testing.assert_allclose(got["mute"][0], got["method"][0], atol=1e-4)
   assert np.abs(got["vote"][0] - got["method"][0]).max() > 1e-2
+  # the vote column (read on the step's own local forward) is the method read with the vote
+  import dataclasses
+  voted = types.SimpleNamespace(
+      lm=reg.inference_model(cfg, dataclasses.replace(fcfg, chunk_vote=1.0)), params=params)
+  np.testing.assert_allclose(got["vote"][0], pp.focus_nll(voted, ids, n), atol=1e-4)
