@@ -34,7 +34,8 @@ def get_config():
                                            objective="answer", steps=1,
                                            dense_share=0.0, candidate_gate=0.0,
                                            gate_threshold=1.0, gate_gain=0.0, gate_peer_gain=0.0,
-                                           gate_top_k=1, chunk_overlap=0))
+                                           gate_top_k=1, chunk_overlap=0, chunk_vote=0.0,
+                                           vote_min=0.0, vote_open=False))
   c.data = common.data_defaults(sources="jsonl:runs/campaign/prose.jsonl,"
                                         "jsonl:runs/campaign/copy.jsonl,"
                                         "jsonl:runs/campaign/passkey.jsonl",

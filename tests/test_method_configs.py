@@ -39,6 +39,22 @@ def test_focus_settings_carry_the_models_bos(name, bos):
   assert got.bos_id == bos and got.chunk_stride == c.focus.stride
 
 
+def test_every_focus_reading_field_reaches_the_method_from_the_run_config():
+  """Each reading field an asset may carry (``Focus.layout_only_fields``) is a ``focus`` section
+  field that ``settings`` hands to FocusConfig, so an asset exported from a run reads as the run
+  did; a field left out of the section would export silently at its default."""
+  c = _config("tiny_focus")
+  with c.unlocked():
+    for name, value in dict(candidate_gate=3.0, gate_threshold=0.2, gate_gain=1.5,
+                            gate_peer_gain=2.0, gate_top_k=4, chunk_overlap=8, chunk_vote=0.5,
+                            vote_min=0.9, vote_open=True).items():
+      setattr(c.focus, name, value)
+  got = methods.get("focus").settings(from_config(c), 1)
+  for name in methods.get("focus").layout_only_fields:
+    assert getattr(got, name) == c.focus[name], name
+    assert getattr(got, name) != getattr(FocusConfig(), name), name  # the value travelled
+
+
 def test_focus_config_from_hf_reads_the_checkpoints_bos():
   assert FocusConfig.from_hf({"bos_token_id": 0}).bos_id == 0
   assert FocusConfig.from_hf({}).bos_id == 1  # the official hard-coded id when the config has none

@@ -217,7 +217,8 @@ class FocusConfig:
                bos_id=int(bos_id) if bos_id is not None else 1,
                candidate_gate=f.candidate_gate, gate_threshold=f.gate_threshold,
                gate_gain=f.gate_gain, gate_peer_gain=f.gate_peer_gain,
-               gate_top_k=f.gate_top_k, chunk_overlap=f.chunk_overlap)
+               gate_top_k=f.gate_top_k, chunk_overlap=f.chunk_overlap,
+               chunk_vote=f.chunk_vote, vote_min=f.vote_min, vote_open=f.vote_open)
 
 
 def check_model(cfg, fcfg: FocusConfig, params: Optional[dict] = None):

@@ -217,5 +217,10 @@ class FocusSection:
   # every chunk but the first also reads this many memory tokens before it (docs/focusllm.md,
   # "Chunk overlap"; 0: the official method)
   chunk_overlap: int = 0
+  # the chunk vote (docs/focusllm.md, "Chunk vote"; 0: off): a reading only, which the training
+  # losses do not apply; here so that an asset exported from the run reads as the run was read
+  chunk_vote: float = 0.0
+  vote_min: float = 0.0  # the surest chunk votes only when at least this sure
+  vote_open: bool = False  # and only when the candidate gate reads it at full weight
   distills: ClassVar[bool] = True  # KL to the base on its scored steps (focusllm.md §5.2)
   windowed: ClassVar[bool] = False
